@@ -204,3 +204,15 @@ def count_params(arch: dict) -> dict[str, int]:
     newline = th if arch.get("anyres") and arch["anyres"].get("image_newline") else 0
     return {"vision": vision, "projector": projector + newline, "text": text,
             "total": vision + projector + newline + text}
+
+
+_DISPLAY_NAMES = {
+    "tiny-llava": "Tiny LLaVA", "llava-1.6-vicuna-7b": "LLaVA1.6 7B", "llava-1.6-vicuna-13b": "LLaVA1.6 13B",
+    "qwen2-vl-2b": "Qwen2VL 2B", "qwen2-vl-7b": "Qwen2VL 7B", "sd-1.5": "Stable Diffusion 1.5",
+    "sd-3-medium": "Stable Diffusion 3",
+}
+
+
+def display_name(preset: str) -> str:
+    """The model's name as seed 003's table writes it."""
+    return _DISPLAY_NAMES.get(preset, preset)

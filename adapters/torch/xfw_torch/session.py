@@ -1,0 +1,219 @@
+"""The PyTorch side of the harness protocol: build, apply settings, step, time, report.
+
+Neutral settings map to PyTorch's native mechanisms (DESIGN.md §5):
+
+* O1: ``torch.autocast`` over fp32 weights.
+* O2: weights cast to the low-precision dtype, autocast kept for its fp32 islands (softmax,
+  losses), and fp32 master copies of the trainable weights owned by the optimizer
+  (:class:`MasterWeights`) — what Paddle's ``decorate(level='O2', master_weight=True)`` does.
+* fp16 adds a ``GradScaler``. Recompute is transformers' per-layer activation checkpointing.
+
+Timestamps are CUDA events on GPU and ``perf_counter`` on CPU (where execution is
+synchronous); losses leave the GPU through pinned memory so reading them never syncs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import resource
+import time
+
+import torch
+
+from xfw.harness import InvalidSpec, Unsupported
+from xfw_torch import llava
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+KNOBS = {"fused_optimizer", "attn_implementation"}
+BUILDERS = {"llava": (llava.build_llava, llava.trainable_parts, llava.loss_fn)}
+
+
+def _library_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"torch": torch.__version__}
+    for name in ("transformers", "diffusers", "peft", "accelerate", "numpy"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def describe() -> dict:
+    cuda = torch.cuda.is_available()
+    return {
+        "backend": "torch", "framework": "torch", "framework_version": torch.__version__,
+        "versions": _library_versions(), "device": "cuda:0" if cuda else "cpu",
+        "device_name": torch.cuda.get_device_name(0) if cuda else _cpu_name(),
+        "cuda_version": torch.version.cuda, "cudnn_version": str(torch.backends.cudnn.version()) if cuda else None,
+        "launcher": ["{python}", "-m", "torch.distributed.run", "--nproc_per_node", "{nproc}", "-m", "xfw_torch"],
+    }
+
+
+class MasterWeights:
+    """fp32 master copies of low-precision trainable weights; the optimizer updates these."""
+
+    def __init__(self, params: list[torch.nn.Parameter]):
+        self.model_params = params
+        self.master_params = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
+
+    def grads_to_master(self) -> None:
+        for p, m in zip(self.model_params, self.master_params):
+            m.grad = None if p.grad is None else p.grad.float()
+
+    def master_to_model(self) -> None:
+        with torch.no_grad():
+            for p, m in zip(self.model_params, self.master_params):
+                p.copy_(m)
+                p.grad = None
+
+
+class TorchSession:
+    def __init__(self, spec: dict):
+        knobs = spec["backend_knobs"]
+        unknown = sorted(set(knobs) - KNOBS)
+        if unknown:
+            raise InvalidSpec(f"backends.torch.{unknown[0]}: unknown knob (known: {', '.join(sorted(KNOBS))})")
+        if spec["derived"]["num_processes"] != 1 or spec["parallel"]["sharding"] != "none":
+            raise Unsupported("multi-process and sharded runs are not in this adapter yet")
+        family = spec["model"]["family"]
+        if family not in BUILDERS:
+            raise Unsupported(f"model family {family!r} is not built by this adapter yet")
+        build, parts, self._loss_fn = BUILDERS[family]
+
+        self.rank, self.num_ranks = 0, 1
+        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        self.cuda = self.device.type == "cuda"
+        torch.manual_seed(spec["measure"]["seed"])
+        attn = knobs.get("attn_implementation", "sdpa")
+        model = build(spec["model"]["arch"], attn_implementation=attn)
+        model.requires_grad_(False)
+        for part in parts(model, spec["stage"]):
+            part.requires_grad_(True)
+        if spec["recompute"]:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+
+        dtype_name, level = spec["precision"]["dtype"], spec["precision"]["amp_level"]
+        self.dtype = DTYPES[dtype_name]
+        model.to(self.device, dtype=self.dtype if level == "O2" else torch.float32)
+        self.model = model
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.master = MasterWeights(trainable) if level == "O2" else None
+        opt_params = self.master.master_params if self.master else trainable
+        self.fused = bool(knobs.get("fused_optimizer", self.cuda))
+        o = spec["optimizer"]
+        self.optimizer = torch.optim.AdamW(opt_params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
+                                           weight_decay=o["weight_decay"], fused=self.fused)
+        self.autocast = level in ("O1", "O2")
+        self.scaler = torch.amp.GradScaler(self.device.type) if dtype_name == "fp16" else None
+        self.num_params_total = sum(p.numel() for p in model.parameters())
+        self.num_params_trainable = sum(p.numel() for p in trainable)
+        self.spec, self.attn = spec, attn
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    # -- the step ---------------------------------------------------------------------------
+    def to_device(self, batch: dict) -> dict:
+        return {k: torch.from_numpy(v).to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def _autocast(self):
+        if not self.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def train_step(self, micro_batches: list) -> torch.Tensor:
+        total = torch.zeros((), device=self.device)
+        for batch in micro_batches:
+            with self._autocast():
+                loss = self._loss_fn(self.model, batch) / len(micro_batches)
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += loss.detach().float()
+        if self.master:
+            self.master.grads_to_master()
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.master:
+            self.master.master_to_model()
+        return total
+
+    # -- timing and memory ------------------------------------------------------------------
+    def loss_token(self, loss: torch.Tensor):
+        if not self.cuda:
+            return loss
+        host = torch.empty((), dtype=torch.float32, pin_memory=True)
+        host.copy_(loss, non_blocking=True)  # async D2H; valid once the next timestamp is done
+        return host
+
+    def loss_value(self, token: torch.Tensor) -> float:
+        return float(token.item())
+
+    def timestamp(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def is_done(self, stamp) -> bool:
+        return stamp.query() if self.cuda else True
+
+    def elapsed_s(self, start, end) -> float:
+        if not self.cuda:
+            return end - start
+        return start.elapsed_time(end) / 1000.0
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def memory_peaks(self) -> tuple[int | None, int | None]:
+        if self.cuda:
+            return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+        # ru_maxrss is in KiB on Linux: the whole process's peak, not an allocator's.
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, None
+
+    def is_oom(self, error: BaseException) -> bool:
+        return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+    def applied(self) -> dict:
+        level = self.spec["precision"]["amp_level"]
+        weight_dtype = next(self.model.parameters()).dtype
+        compute = str(self.dtype).removeprefix("torch.") if self.autocast else "float32"
+        notes = {"O0": "fp32 throughout", "O1": "torch.autocast over fp32 weights",
+                 "O2": "low-precision weights + autocast + fp32 master weights in the optimizer"}[level]
+        if self.scaler:
+            notes += "; GradScaler"
+        versions = {f"version_{k}": v for k, v in _library_versions().items()}
+        return dict(
+            framework="torch", framework_version=torch.__version__, device=str(self.device),
+            device_name=torch.cuda.get_device_name(0) if self.cuda else _cpu_name(),
+            weight_dtype=str(weight_dtype).removeprefix("torch."), compute_dtype=compute, amp_level=level,
+            master_weights=self.master is not None, sharding_impl="none", attention_impl=self.attn,
+            tf32=bool(self.cuda and torch.backends.cuda.matmul.allow_tf32), fused_optimizer=self.fused,
+            recompute=bool(self.spec["recompute"]), num_params_total=self.num_params_total,
+            num_params_trainable=self.num_params_trainable, num_processes=self.num_ranks,
+            grad_accum_steps=self.spec["derived"]["grad_accum_steps"],
+            mem_source="cuda_allocator" if self.cuda else "peak_rss", notes=notes, **versions,
+        )
+
+
+def build_session(spec: dict) -> TorchSession:
+    return TorchSession(spec)

@@ -1,0 +1,162 @@
+"""The ``xfw`` command line: a thin click shell over :mod:`xfw.workflow`.
+
+    xfw validate recipes/tiny/llava_sft.yaml
+    xfw run recipes/tiny/llava_sft.yaml --backend torch
+    xfw compare recipes/tiny/llava_sft.yaml --backends paddle,torch
+    xfw report runs/20261122-161500-tiny-llava-sft
+    xfw env
+
+Exit codes: 0 success; 1 a run failed (its result and the others are still written);
+2 bad input, found before anything launched.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from xfw import workflow
+from xfw.recipe import to_dict
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}" if "\n" not in message else
+               "error:\n" + "\n".join(f"  {m}" for m in message.splitlines()), err=True)
+    sys.exit(2)
+
+
+def _interpreters(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or not name or not path:
+            _fail(f"--python {pair!r}: expected NAME=PATH, e.g. --python paddle=/opt/paddle/bin/python")
+        out[name] = path
+    return out
+
+
+def _backend_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if len(set(names)) != len(names):
+        _fail(f"--backends {text!r}: a backend is named twice")
+    return names
+
+
+set_option = click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+                          help="Override a recipe field (value parsed as YAML), e.g. --set batch.micro=2. Repeatable.")
+python_option = click.option("--python", "pythons", multiple=True, metavar="NAME=PATH",
+                             help="Interpreter for a backend (default: .venv/NAME/bin/python). Repeatable.")
+out_option = click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+                          help="Directory for run directories and the report (default: runs/<time>-<recipe>).")
+
+
+def _execute(recipe_paths, backend_names, overrides, pythons, out_dir) -> int:
+    from xfw.progress import make_progress
+
+    try:
+        recipes = workflow.load_all(list(recipe_paths), list(overrides))
+        backends = workflow.prepare_backends(backend_names, _interpreters(pythons))
+    except workflow.UsageError as err:
+        _fail(str(err))
+    out_dir = out_dir or workflow.default_out_dir(recipes)
+    click.echo(f"runs in {out_dir}", err=True)
+    results = workflow.run_all(recipes, backends, out_dir, make_progress())
+    report = workflow.write_report(results, backend_names, out_dir)
+    click.echo(report.markdown)
+    for kind, path in report.paths.items():
+        click.echo(f"{kind}: {path}", err=True)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        click.echo(f"{len(failed)} of {len(results)} runs failed (see 'Failed runs' above)", err=True)
+    return 1 if failed else 0
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="xfw")
+def main() -> None:
+    """Compare one training recipe across frameworks: throughput, memory, settings."""
+
+
+@main.command()
+@click.argument("recipes", nargs=-1, required=True, type=click.Path())
+@set_option
+@click.option("--print-spec", is_flag=True, help="Print the resolved spec (every default filled in) as JSON.")
+def validate(recipes, overrides, print_spec) -> None:
+    """Check recipes without launching anything."""
+    try:
+        loaded = workflow.load_all(list(recipes), list(overrides))
+    except workflow.UsageError as err:
+        _fail(str(err))
+    for path, recipe in zip(recipes, loaded):
+        click.echo(f"{path}: ok ({recipe.name}: {recipe.model.preset} {recipe.stage}, "
+                   f"global batch {recipe.batch.global_size} = micro {recipe.batch.micro} x "
+                   f"{recipe.num_processes} proc x {recipe.grad_accum_steps} accum)")
+        if print_spec:
+            click.echo(json.dumps(to_dict(recipe), indent=2))
+
+
+@main.command()
+@click.argument("recipe", type=click.Path())
+@click.option("--backend", required=True, help="Backend to run, e.g. torch or paddle.")
+@set_option
+@python_option
+@out_option
+def run(recipe, backend, overrides, pythons, out_dir) -> None:
+    """Run one recipe on one backend and report it."""
+    sys.exit(_execute([recipe], [backend], overrides, pythons, out_dir))
+
+
+@main.command()
+@click.argument("recipes", nargs=-1, required=True, type=click.Path())
+@click.option("--backends", "backends", default="paddle,torch", show_default=True,
+              help="Comma-separated backends; contrast = (first - second) / second.")
+@set_option
+@python_option
+@out_option
+def compare(recipes, backends, overrides, pythons, out_dir) -> None:
+    """Run recipes on several backends, one at a time, and print the contrast table."""
+    sys.exit(_execute(recipes, _backend_list(backends), overrides, pythons, out_dir))
+
+
+@main.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--backends", default=None, help="Comma-separated backends and their order (default: as found).")
+@out_option
+def report(run_dirs, backends, out_dir) -> None:
+    """Rebuild the table, CSV and chart from existing run directories."""
+    try:
+        rep = workflow.report_from_dirs(list(run_dirs), _backend_list(backends) if backends else None, out_dir)
+    except workflow.UsageError as err:
+        _fail(str(err))
+    click.echo(rep.markdown)
+    for kind, path in rep.paths.items():
+        click.echo(f"{kind}: {path}", err=True)
+
+
+@main.command(name="env")
+@click.option("--backends", default="paddle,torch", show_default=True, help="Backends to describe.")
+@python_option
+def env_command(backends, pythons) -> None:
+    """Show each backend's interpreter, whether its adapter imports, and its versions."""
+    from xfw import launcher
+
+    interpreters, status = _interpreters(pythons), 0
+    for name in _backend_list(backends):
+        try:
+            backend = launcher.resolve_backend(name, interpreters)
+            info = launcher.describe_backend(backend)
+        except launcher.BackendError as err:
+            click.echo(f"{name}: NOT AVAILABLE — {err}")
+            status = 1
+            continue
+        versions = ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items())
+        click.echo(f"{name}: {backend.python}\n  device: {info.get('device')} ({info.get('device_name')})\n"
+                   f"  versions: {versions}")
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Run directories and the RunResult loaded from them.
+
+One backend's run of one recipe lives in a directory::
+
+    runs/20261122-161500-compare/tiny-llava-sft/torch/
+        spec.json      the resolved recipe the adapter read
+        env.json       host, interpreter, framework/library versions, device, xfw git SHA
+        steps.jsonl    raw records, appended by the adapter
+        summary.json   status, reason, statistics, applied settings (a cache for people and programs)
+        stderr.log     the adapter's stderr (kept: it explains crashes)
+
+Every JSON file is written atomically (temp file + rename), so a run killed at any moment
+leaves either the old file or the new one, never half of one. Statistics are recomputed
+from ``steps.jsonl`` when a run is loaded; ``summary.json`` is never the source of truth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xfw import records as rec
+from xfw.measure import Measurement, summarize
+
+STATUSES = ("ok", "oom", "timeout", "crashed", "unsupported", "invalid")
+SUMMARY_SCHEMA = 1
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    backend: str
+    recipe: str
+    """The recipe's name."""
+    preset: str
+    stage: str
+    status: str
+    """ok | oom | timeout | crashed | unsupported | invalid"""
+    reason: str = ""
+    """One line saying why, when status is not ok."""
+    measurement: Measurement
+    applied: dict = field(default_factory=dict)
+    """The settings the adapter actually applied (rank 0's ``applied`` record)."""
+    env: dict = field(default_factory=dict)
+    exit_code: int | None = None
+    wall_time_s: float | None = None
+    repeat_index: int = 0
+    run_dir: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["schema"] = SUMMARY_SCHEMA
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunResult":
+        data = {k: v for k, v in data.items() if k != "schema"}
+        data["measurement"] = Measurement.from_dict(data["measurement"])
+        return cls(**data)
+
+    def save(self, run_dir: str | os.PathLike) -> None:
+        write_json_atomic(Path(run_dir) / "summary.json", self.to_dict())
+
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike) -> "RunResult":
+        """Load a run directory, recomputing statistics from its raw records."""
+        run_dir = Path(run_dir)
+        summary = _read_json(run_dir / "summary.json")
+        spec = _read_json(run_dir / "spec.json")
+        if not summary and not spec:
+            raise FileNotFoundError(f"{run_dir}: not a run directory (no summary.json or spec.json)")
+        records = rec.load_records(run_dir / "steps.jsonl")
+        applied = next((r for r in records if r.get("kind") == "applied" and r.get("rank") == 0), {})
+        return cls(
+            backend=summary.get("backend", spec.get("backend", run_dir.name)),
+            recipe=summary.get("recipe", spec.get("name", "?")),
+            preset=summary.get("preset", spec.get("model", {}).get("preset", "?")),
+            stage=summary.get("stage", spec.get("stage", "?")),
+            status=summary.get("status", "crashed"),
+            reason=summary.get("reason", "no summary.json: the run did not finish"),
+            measurement=summarize(records),
+            applied={k: v for k, v in applied.items() if k not in ("schema", "kind", "rank")},
+            env=_read_json(run_dir / "env.json"),
+            exit_code=summary.get("exit_code"),
+            wall_time_s=summary.get("wall_time_s"),
+            repeat_index=summary.get("repeat_index", 0),
+            run_dir=str(run_dir),
+        )
+
+
+def find_run_dirs(paths: list[str | os.PathLike]) -> list[Path]:
+    """Run directories at or below the given paths (a run directory holds spec.json)."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such file or directory")
+        if (path / "spec.json").exists():
+            found.append(path)
+        else:
+            found.extend(sorted(p.parent for p in path.rglob("spec.json")))
+    return found
+
+
+def load_runs(paths: list[str | os.PathLike]) -> list[RunResult]:
+    return [RunResult.load(d) for d in find_run_dirs(paths)]
