@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Create the two environments xfw needs, from nothing, and skip what is already up to date.
+#   .venv/torch   PyTorch stack + the xfw core with its CLI/reporting extras + xfw_torch
+#   .venv/paddle  Paddle stack (numpy<=1.26, DESIGN.md §7) + the bare xfw core + xfw_paddle
+# The two stacks cannot share one environment: paddlenlp pins numpy<=1.26, pandas 3 needs numpy 2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=python3
+if command -v python3.11 >/dev/null 2>&1; then PYTHON=python3.11; fi
+
+quiet_pip() {  # pip's progress lines, without the index's repetitive location warnings
+  "$@" 2>&1 | sed -u '/is ignored: it is neither a file nor a directory/d; /^Requirement already satisfied/d'
+}
+
+make_env() {
+  local name=$1; shift
+  local requirements=$1; shift
+  local dir=.venv/$name
+  local stamp="$dir/.xfw-setup-stamp"
+  local want
+  want=$(cat "$requirements" pyproject.toml adapters/"$name"/pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$dir/bin/python" -c "import xfw_$name" 2>/dev/null; then
+    echo "==> .venv/$name is up to date"
+    return
+  fi
+  echo "==> creating .venv/$name (about 2 minutes on a fresh machine)"
+  rm -rf "$dir"
+  "$PYTHON" -m venv "$dir"
+  quiet_pip "$dir/bin/python" -m pip install --progress-bar off --upgrade pip
+  quiet_pip "$dir/bin/python" -m pip install --progress-bar off -r "$requirements" "$@"
+  "$dir/bin/python" -c "import xfw_$name"
+  echo "$want" > "$stamp"
+  echo "==> .venv/$name ready"
+}
+
+make_env torch adapters/torch/requirements.txt -e ".[cli,test]" -e adapters/torch
+make_env paddle adapters/paddle/requirements.txt -e . -e adapters/paddle

@@ -1,0 +1,54 @@
+"""Shared fixtures: paths to the project, the backends' interpreters, and a tiny recipe."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKES = Path(__file__).resolve().parent / "fakes"
+
+
+def interpreter(backend: str) -> Path:
+    return ROOT / ".venv" / backend / "bin" / "python"
+
+
+def require_interpreter(backend: str) -> Path:
+    python = interpreter(backend)
+    if not python.exists():
+        pytest.skip(f".venv/{backend} is missing: run `make setup` (make test does it)")
+    return python
+
+
+TINY_RECIPE = {
+    "name": "tiny-test",
+    "model": {"preset": "tiny-llava"},
+    "stage": "sft",
+    "batch": {"global": 4, "micro": 2},
+    "optimizer": {"lr": 1.0e-3},
+    "measure": {"warmup_steps": 1, "steps": 4, "timeout_s": 120},
+}
+
+
+@pytest.fixture
+def write_recipe(tmp_path):
+    """Write a recipe (TINY_RECIPE updated with the given top-level sections) and return its path."""
+
+    def write(name: str = "recipe.yaml", **sections) -> Path:
+        data = {**TINY_RECIPE, **sections}
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def fake_backend(monkeypatch):
+    """Make the fake adapter importable by the interpreter running the tests; return --python args."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")]))
+    return {"fake": sys.executable, "fake2": sys.executable}

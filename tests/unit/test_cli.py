@@ -1,0 +1,98 @@
+"""The CLI as a user drives it: bad input stops before launch; a failed backend loses nothing."""
+
+import json
+
+from click.testing import CliRunner
+
+from xfw import cli
+from xfw.results import load_runs
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli.main, [str(a) for a in args], catch_exceptions=False)
+
+
+def python_args(fake_backend):
+    return [x for name, path in fake_backend.items() for x in ("--python", f"{name}={path}")]
+
+
+def test_validate_reports_file_and_key_and_exits_2(write_recipe):
+    path = write_recipe(batch={"global": 5, "micro": 2})
+    result = invoke("validate", path)
+    assert result.exit_code == 2
+    assert f"{path}: batch.global: 5 is not divisible" in result.output
+
+
+def test_validate_prints_the_batch_split(write_recipe):
+    result = invoke("validate", write_recipe())
+    assert result.exit_code == 0 and "global batch 4 = micro 2 x 1 proc x 2 accum" in result.output
+
+
+def test_compare_with_an_invalid_recipe_launches_nothing(write_recipe, tmp_path, fake_backend):
+    bad = write_recipe(stage="nonsense")
+    result = invoke("compare", bad, "--backends", "fake,fake2", "--out", tmp_path / "out", *python_args(fake_backend))
+    assert result.exit_code == 2 and "stage: must be one of" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_compare_with_an_unavailable_backend_launches_nothing(write_recipe, tmp_path, fake_backend):
+    result = invoke("compare", write_recipe(), "--backends", "fake,nosuch", "--out", tmp_path / "out",
+                    *python_args(fake_backend))
+    assert result.exit_code == 2 and "backend 'nosuch'" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_compare_writes_table_csv_chart_and_run_directories(write_recipe, tmp_path, fake_backend):
+    recipe = write_recipe(backends={"fake": {"ips": 120}, "fake2": {"ips": 100}})
+    out = tmp_path / "out"
+    result = invoke("compare", recipe, "--backends", "fake,fake2", "--out", out, *python_args(fake_backend))
+    assert result.exit_code == 0, result.output
+    assert "| Tiny LLaVA | SFT | 120 | +20% | 100 |" in result.output
+    for name in ("report.md", "report.csv", "chart.png"):
+        assert (out / name).exists()
+    assert {r.backend for r in load_runs([out])} == {"fake", "fake2"}
+
+
+def test_one_backend_crashing_keeps_the_other_result_and_marks_the_failed_side(write_recipe, tmp_path,
+                                                                               fake_backend):
+    recipe = write_recipe(backends={"fake": {"behave": "crash"}, "fake2": {"ips": 100}})
+    out = tmp_path / "out"
+    result = invoke("compare", recipe, "--backends", "fake,fake2", "--out", out, *python_args(fake_backend))
+    assert result.exit_code == 1
+    assert "| Tiny LLaVA | SFT | **crashed** | n/a | 100 |" in result.output
+    assert "fake: crashed — RuntimeError: fake adapter crashed on purpose" in result.output
+    summary = json.loads((out / "tiny-test" / "fake2" / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["measurement"]["ips"] == 100.0
+
+
+def test_one_backend_timing_out_keeps_the_other_result(write_recipe, tmp_path, fake_backend):
+    recipe = write_recipe(backends={"fake": {"behave": "hang"}, "fake2": {"ips": 100}},
+                          measure={"warmup_steps": 1, "steps": 3, "timeout_s": 3})
+    result = invoke("compare", recipe, "--backends", "fake,fake2", "--out", tmp_path / "out",
+                    *python_args(fake_backend))
+    assert result.exit_code == 1
+    assert "| **timeout** | n/a | 100 |" in result.output
+
+
+def test_report_rebuilds_the_same_table_from_run_directories(write_recipe, tmp_path, fake_backend):
+    recipe = write_recipe(backends={"fake": {"ips": 120}, "fake2": {"ips": 100}})
+    out = tmp_path / "out"
+    first = invoke("compare", recipe, "--backends", "fake,fake2", "--out", out, *python_args(fake_backend))
+    again = invoke("report", out, "--backends", "fake,fake2", "--out", tmp_path / "again")
+    assert again.exit_code == 0
+    table = [line for line in first.output.splitlines() if line.startswith("| Tiny")]
+    assert table and table[0] in again.output
+
+
+def test_report_on_a_directory_without_runs_is_a_clear_error(tmp_path):
+    result = invoke("report", tmp_path)
+    assert result.exit_code == 2 and "no run directories" in result.output
+
+
+def test_repeat_runs_each_backend_k_times_and_reports_the_median(write_recipe, tmp_path, fake_backend):
+    recipe = write_recipe(backends={"fake": {"ips": 120}, "fake2": {"ips": 100}},
+                          measure={"warmup_steps": 0, "steps": 2, "repeat": 2})
+    out = tmp_path / "out"
+    result = invoke("compare", recipe, "--backends", "fake,fake2", "--out", out, *python_args(fake_backend))
+    assert result.exit_code == 0
+    assert sorted(p.name for p in (out / "tiny-test").iterdir()) == ["fake-r0", "fake-r1", "fake2-r0", "fake2-r1"]

@@ -1,0 +1,110 @@
+"""Comparator and renderers: contrast as in seed 003, failed sides kept, units on memory."""
+
+import pandas as pd
+import pytest
+
+from xfw import render
+from xfw.compare import compare_runs
+from xfw.measure import Measurement
+from xfw.plot import plot_comparison
+from xfw.results import RunResult
+
+
+def measurement(ips, alloc=2 * 1024**3, reserved=3 * 1024**3, source="cuda_allocator"):
+    return Measurement(num_ranks=1, ips=ips, tokens_per_s=ips * 100 if ips else None, step_time_median_s=1.0,
+                       step_time_p10_s=0.9, step_time_p90_s=1.1, window_time_s=10.0, num_measured_steps=10,
+                       num_warmup_steps=2, mem_alloc_peak_bytes=alloc, mem_reserved_peak_bytes=reserved,
+                       mem_source=source, loss_first=5.0, loss_last=4.0)
+
+
+def result(backend, ips, status="ok", recipe="llava7b-sft", preset="llava-1.6-vicuna-7b", params=7_063_000_000,
+           repeat=0, **applied):
+    return RunResult(backend=backend, recipe=recipe, preset=preset, stage="sft", status=status,
+                     reason="" if status == "ok" else "it broke", measurement=measurement(ips if status == "ok" else None),
+                     applied={"num_params_total": params, "compute_dtype": "bfloat16", "mem_source": "cuda_allocator",
+                              **applied}, repeat_index=repeat)
+
+
+def test_contrast_is_first_minus_second_over_second():
+    (row,) = compare_runs([result("paddle", 82.0), result("torch", 65.0)], ["paddle", "torch"])
+    assert row.contrast == pytest.approx((82 - 65) / 65)
+    assert row.model == "LLaVA1.6 7B" and row.stage == "SFT"
+    assert render.fmt_contrast(row) == "+26%"
+
+
+def test_small_contrasts_keep_a_decimal():
+    (row,) = compare_runs([result("paddle", 66.0), result("torch", 67.0)], ["paddle", "torch"])
+    assert render.fmt_contrast(row) == "-1.5%"
+
+
+def test_a_failed_side_keeps_the_row_and_shows_its_status():
+    rows = compare_runs([result("paddle", 0, status="timeout"), result("torch", 65.0)], ["paddle", "torch"])
+    header, cells = render.contrast_table(rows, ["paddle", "torch"])
+    (line,) = cells
+    assert line[header.index("paddle ips")] == "**timeout**"
+    assert line[header.index("torch ips")] == "65.0"
+    assert line[header.index("Contrast")] == "n/a"
+    assert "paddle: timeout — it broke" in render.report_markdown(rows, ["paddle", "torch"])
+
+
+def test_a_backend_with_no_run_is_reported_missing():
+    (row,) = compare_runs([result("torch", 65.0)], ["paddle", "torch"])
+    assert row.sides["paddle"].status == "missing" and row.contrast is None
+
+
+def test_memory_cells_carry_unit_and_source():
+    (row,) = compare_runs([result("paddle", 1.0), result("torch", 1.0)], ["paddle", "torch"])
+    assert render.fmt_memory(row.sides["torch"]) == "2.00/3.00 GiB (GPU allocator)"
+
+
+def test_unequal_parameter_counts_are_warned_about_and_marked():
+    rows = compare_runs([result("paddle", 1.0, params=10), result("torch", 1.0, params=11)], ["paddle", "torch"])
+    assert rows[0].params_match is False
+    assert any("parameter counts differ" in w for w in rows[0].warnings)
+    assert render.fmt_params(rows[0], ["paddle", "torch"]) == "10 / 11 ✗ differ"
+
+
+def test_differing_settings_are_warned_about_but_framework_versions_are_not():
+    runs = [result("paddle", 1.0, compute_dtype="float32", framework_version="3.3.1"),
+            result("torch", 1.0, framework_version="2.13.0")]
+    (row,) = compare_runs(runs, ["paddle", "torch"])
+    assert row.differing == ["compute_dtype"]
+    assert "⚠ differs" in render.settings_markdown([row], ["paddle", "torch"])
+
+
+def test_repeats_collapse_to_the_median_and_small_contrasts_are_flagged_as_noise():
+    runs = [result("paddle", v, repeat=i) for i, v in enumerate((100.0, 110.0, 90.0))]
+    runs += [result("torch", v, repeat=i) for i, v in enumerate((98.0, 99.0, 97.0))]
+    (row,) = compare_runs(runs, ["paddle", "torch"])
+    assert row.sides["paddle"].ips == 100.0 and row.sides["paddle"].num_repeats == 3
+    assert row.within_noise is True
+    assert render.fmt_contrast(row).endswith("(noise)")
+
+
+def test_markdown_table_has_the_seed_columns_in_order():
+    rows = compare_runs([result("paddle", 82.0), result("torch", 65.0)], ["paddle", "torch"])
+    header, _ = render.contrast_table(rows, ["paddle", "torch"])
+    assert header[:5] == ["Model", "Stage", "paddle ips", "Contrast", "torch ips"]
+    table = render.markdown_table(*render.contrast_table(rows, ["paddle", "torch"]))
+    assert table.splitlines()[1].startswith("|---|---|---:|---:|---:|")
+
+
+def test_repeated_model_names_are_blank_like_the_seed():
+    runs = [result(b, 1.0, recipe=r) for r in ("a", "b") for b in ("paddle", "torch")]
+    _, cells = render.contrast_table(compare_runs(runs, ["paddle", "torch"]), ["paddle", "torch"])
+    assert cells[0][0] == "LLaVA1.6 7B" and cells[1][0] == ""
+
+
+def test_numeric_frame_keeps_raw_numbers_for_programs():
+    rows = compare_runs([result("paddle", 82.0), result("torch", 65.0)], ["paddle", "torch"])
+    frame = render.to_frame(rows, ["paddle", "torch"])
+    assert isinstance(frame, pd.DataFrame)
+    assert frame.loc[0, "paddle_ips"] == 82.0 and frame.loc[0, "torch_mem_alloc_peak_bytes"] == 2 * 1024**3
+    assert frame.loc[0, "contrast"] == pytest.approx(17 / 65)
+
+
+def test_chart_is_written_as_a_png_even_with_a_failed_side(tmp_path):
+    rows = compare_runs([result("paddle", 0, status="oom"), result("torch", 65.0)], ["paddle", "torch"])
+    path = plot_comparison(rows, ["paddle", "torch"], tmp_path / "chart.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".*"))  # no temp file left behind

@@ -1,0 +1,59 @@
+"""The record format: what adapters may write, and reading it back while it is being written."""
+
+import json
+
+from xfw.records import RecordTail, RecordWriter, load_records, validate_record
+
+STEP = {"schema": 1, "kind": "step", "rank": 0, "step": 0, "phase": "measure", "step_time_s": 0.5,
+        "samples": 4, "tokens": 256, "loss": 3.0, "mem_alloc_peak_bytes": 10, "mem_reserved_peak_bytes": None}
+
+
+def test_a_complete_step_record_is_valid():
+    assert validate_record(STEP) == []
+
+
+def test_missing_wrong_typed_and_unexpected_keys_are_each_reported():
+    bad = {**STEP, "samples": 4.5, "extra": 1}
+    del bad["loss"]
+    problems = validate_record(bad)
+    assert any("missing 'loss'" in p for p in problems)
+    assert any("'samples' has type float" in p for p in problems)
+    assert any("unexpected key 'extra'" in p for p in problems)
+
+
+def test_booleans_are_not_accepted_as_numbers():
+    assert validate_record({**STEP, "samples": True})
+
+
+def test_unknown_phase_and_schema_version_are_rejected():
+    assert any("phase" in p for p in validate_record({**STEP, "phase": "cooldown"}))
+    assert any("schema" in p for p in validate_record({**STEP, "schema": 2}))
+
+
+def test_writer_refuses_to_write_an_invalid_record(tmp_path):
+    writer = RecordWriter(tmp_path / "r.jsonl", 0)
+    try:
+        writer.write("step", step=0)
+    except AssertionError as err:
+        assert "missing" in str(err)
+    else:
+        raise AssertionError("invalid record was written")
+
+
+def test_a_torn_last_line_is_dropped_when_loading(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(STEP) + "\n" + '{"schema": 1, "kind": "st')
+    assert load_records(path) == [STEP]
+
+
+def test_tail_returns_only_new_complete_lines(tmp_path):
+    path = tmp_path / "r.jsonl"
+    tail = RecordTail(path)
+    assert tail.poll() == []
+    with open(path, "w") as f:
+        f.write(json.dumps(STEP) + "\n" + json.dumps({**STEP, "step": 1})[:20])
+    assert [r["step"] for r in tail.poll()] == [0]
+    with open(path, "a") as f:
+        f.write(json.dumps({**STEP, "step": 1})[20:] + "\n")
+    assert [r["step"] for r in tail.poll()] == [1]
+    assert tail.poll() == []
