@@ -52,3 +52,24 @@ def fake_backend(monkeypatch):
     """Make the fake adapter importable by the interpreter running the tests; return --python args."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")]))
     return {"fake": sys.executable, "fake2": sys.executable}
+
+
+def run_adapter(backend: str, tmp_path: Path, *, timeout_s: float = 300, **sections):
+    """Run a real adapter on TINY_RECIPE (updated with sections) in its own interpreter.
+
+    Returns (exit code, records, stderr). The subprocess is exactly what the launcher runs.
+    """
+    import json
+    import subprocess
+
+    from xfw.recipe import recipe_from_dict, resolve_spec
+    from xfw.records import load_records
+
+    python = require_interpreter(backend)
+    spec = resolve_spec(recipe_from_dict({**TINY_RECIPE, **sections}), backend=backend, run_id="test")
+    spec_path, records_path = tmp_path / f"{backend}-spec.json", tmp_path / f"{backend}-steps.jsonl"
+    spec_path.write_text(json.dumps(spec))
+    records_path.unlink(missing_ok=True)
+    proc = subprocess.run([str(python), "-m", f"xfw_{backend}", "--spec", str(spec_path), "--records",
+                           str(records_path)], capture_output=True, text=True, timeout=timeout_s)
+    return proc.returncode, load_records(records_path), proc.stderr

@@ -1,0 +1,133 @@
+"""The PyTorch adapter, for real: tiny LLaVA trained on CPU through its own interpreter."""
+
+import json
+import math
+import subprocess
+
+import pytest
+
+from xfw import presets
+from xfw.records import validate_record
+
+from conftest import TINY_RECIPE, require_interpreter, run_adapter
+
+pytestmark = pytest.mark.contract
+ARCH = presets.resolve_arch("tiny-llava", {}, None, None)
+COUNTS = presets.count_params(ARCH)
+
+
+def kinds(records):
+    return [r["kind"] for r in records]
+
+
+def applied(records):
+    return next(r for r in records if r["kind"] == "applied")
+
+
+def losses(records):
+    return [r["loss"] for r in records if r["kind"] == "step"]
+
+
+def test_tiny_sft_writes_valid_records_in_protocol_order_and_learns(tmp_path):
+    code, records, stderr = run_adapter("torch", tmp_path, measure={"warmup_steps": 2, "steps": 8})
+    assert code == 0, stderr
+    for r in records:
+        assert validate_record(r) == [], r
+    assert kinds(records) == ["start"] + ["step"] * 10 + ["window", "applied", "end"]
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["phase"] for r in steps] == ["warmup"] * 2 + ["measure"] * 8
+    assert [r["step"] for r in steps] == list(range(10))
+    assert all(r["samples"] == 4 and r["tokens"] == 4 * 64 for r in steps)
+    assert all(math.isfinite(x) for x in losses(records))
+    assert losses(records)[-1] < losses(records)[0] - 0.3  # lr 1e-3 on a fixed pool: it must learn
+
+
+def test_parameter_counts_match_the_neutral_architecture(tmp_path):
+    _, records, _ = run_adapter("torch", tmp_path, measure={"warmup_steps": 0, "steps": 1})
+    a = applied(records)
+    assert a["num_params_total"] == COUNTS["total"]
+    assert a["num_params_trainable"] == COUNTS["projector"] + COUNTS["text"]  # sft: vision frozen
+
+
+def test_pretrain_trains_only_the_projector(tmp_path):
+    _, records, _ = run_adapter("torch", tmp_path, stage="pretrain", measure={"warmup_steps": 0, "steps": 1})
+    assert applied(records)["num_params_trainable"] == COUNTS["projector"]
+
+
+def test_fp32_run_reports_what_it_applied(tmp_path):
+    _, records, _ = run_adapter("torch", tmp_path, measure={"warmup_steps": 0, "steps": 1})
+    a = applied(records)
+    assert (a["weight_dtype"], a["compute_dtype"], a["amp_level"], a["master_weights"]) == (
+        "float32", "float32", "O0", False)
+    assert a["device"] == "cpu" and a["mem_source"] == "peak_rss"
+    assert a["version_torch"].startswith("2.") and "version_transformers" in a
+
+
+def test_bf16_autocast_runs_on_cpu_and_says_so(tmp_path):
+    code, records, stderr = run_adapter("torch", tmp_path, precision={"dtype": "bf16", "amp_level": "O1"},
+                                        measure={"warmup_steps": 1, "steps": 3})
+    assert code == 0, stderr
+    a = applied(records)
+    assert (a["weight_dtype"], a["compute_dtype"], a["amp_level"]) == ("float32", "bfloat16", "O1")
+    assert all(math.isfinite(x) for x in losses(records))
+
+
+def test_bf16_o2_keeps_low_precision_weights_with_fp32_master_weights(tmp_path):
+    code, records, stderr = run_adapter("torch", tmp_path, precision={"dtype": "bf16", "amp_level": "O2"},
+                                        measure={"warmup_steps": 1, "steps": 6})
+    assert code == 0, stderr
+    a = applied(records)
+    assert (a["weight_dtype"], a["compute_dtype"], a["master_weights"]) == ("bfloat16", "bfloat16", True)
+    assert losses(records)[-1] < losses(records)[0]
+
+
+def test_recompute_changes_memory_not_math(tmp_path):
+    _, plain, _ = run_adapter("torch", tmp_path, measure={"warmup_steps": 0, "steps": 3})
+    _, recomputed, _ = run_adapter("torch", tmp_path, recompute=True, measure={"warmup_steps": 0, "steps": 3})
+    assert applied(recomputed)["recompute"] is True
+    assert losses(recomputed) == pytest.approx(losses(plain), rel=1e-5)
+
+
+def test_runs_with_the_same_seed_are_reproducible(tmp_path):
+    _, first, _ = run_adapter("torch", tmp_path, measure={"warmup_steps": 0, "steps": 3})
+    _, second, _ = run_adapter("torch", tmp_path, measure={"warmup_steps": 0, "steps": 3})
+    assert losses(first) == pytest.approx(losses(second), rel=1e-6)
+
+
+def test_lora_stage_is_reported_unsupported_for_now(tmp_path):
+    code, records, _ = run_adapter("torch", tmp_path, stage="lora",
+                                   lora={"r": 4, "alpha": 8, "targets": ["q_proj"]})
+    assert code == 3
+    assert records[-1]["kind"] == "error" and records[-1]["status"] == "unsupported"
+
+
+def test_an_unknown_backend_knob_is_invalid(tmp_path):
+    code, records, _ = run_adapter("torch", tmp_path, backends={"torch": {"bogus": 1}})
+    assert code == 2
+    assert records[-1]["status"] == "invalid" and "backends.torch.bogus" in records[-1]["message"]
+
+
+def test_describe_prints_versions_and_the_multi_process_launcher():
+    python = require_interpreter("torch")
+    out = subprocess.run([str(python), "-m", "xfw_torch", "--describe"], capture_output=True, text=True, check=True)
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    assert info["framework"] == "torch" and "transformers" in info["versions"]
+    assert "{nproc}" in info["launcher"]
+
+
+def test_frozen_parameters_get_no_gradient_and_do_not_change():
+    torch = pytest.importorskip("torch")  # in-process: the test interpreter is the torch environment
+    from xfw.recipe import recipe_from_dict, resolve_spec
+    from xfw.synthetic import make_pool
+    from xfw_torch.session import build_session
+
+    spec = resolve_spec(recipe_from_dict(dict(TINY_RECIPE)), backend="torch", run_id="t")
+    session = build_session(spec)
+    vision = session.model.model.vision_tower
+    before = [p.detach().clone() for p in vision.parameters()]
+    projector_before = session.model.model.multi_modal_projector.linear_1.weight.detach().clone()
+    batches = [session.to_device(b) for b in make_pool(spec, 0)[:2]]
+    session.train_step(batches)
+    assert all(p.grad is None and not p.requires_grad for p in vision.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, vision.parameters()))
+    assert not torch.equal(projector_before, session.model.model.multi_modal_projector.linear_1.weight)
