@@ -18,6 +18,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from xfw.families import family_module
+
 
 class ArchError(ValueError):
     def __init__(self, key: str, message: str):
@@ -134,38 +136,6 @@ def _merge(base: dict, override: dict, path: str) -> dict:
     return out
 
 
-def num_image_tokens(arch: dict, image_size: int) -> int:
-    """LLaVA image tokens in the language sequence for one image (single tile)."""
-    vision = arch["vision"]
-    return (image_size // vision["patch_size"]) ** 2 + (0 if vision["drop_cls"] else 1)
-
-
-def _check_llava(arch: dict) -> None:
-    vision, text, data = arch["vision"], arch["text"], arch["data"]
-    for part, cfg in (("vision", vision), ("text", text)):
-        if cfg["hidden_size"] % cfg["num_heads"]:
-            raise ArchError(f"model.arch.{part}.num_heads",
-                            f"{cfg['num_heads']} does not divide hidden_size {cfg['hidden_size']}")
-    if text["num_heads"] % text["num_kv_heads"]:
-        raise ArchError("model.arch.text.num_kv_heads",
-                        f"{text['num_kv_heads']} does not divide num_heads {text['num_heads']}")
-    if data["image_size"] != vision["image_size"]:
-        raise ArchError("data.image_size", f"{data['image_size']} differs from the vision tower's input "
-                        f"(model.arch.vision.image_size = {vision['image_size']}); set both")
-    if data["image_size"] % vision["patch_size"]:
-        raise ArchError("data.image_size", f"{data['image_size']} is not a multiple of patch_size {vision['patch_size']}")
-    if not 0 <= arch["image_token_id"] < text["vocab_size"]:
-        raise ArchError("model.arch.image_token_id", f"{arch['image_token_id']} is outside the vocabulary")
-    if not -vision["num_layers"] <= vision["feature_layer"] < 0:
-        raise ArchError("model.arch.vision.feature_layer", f"must be in [-num_layers, -1], got {vision['feature_layer']}")
-    needed = num_image_tokens(arch, data["image_size"]) + 2  # BOS + image + at least one text token
-    if data["seq_len"] < needed:
-        raise ArchError("data.seq_len", f"{data['seq_len']} leaves no room for text after "
-                        f"{needed - 2} image tokens (need at least {needed})")
-    if data["seq_len"] > text["max_position_embeddings"]:
-        raise ArchError("data.seq_len", f"{data['seq_len']} exceeds max_position_embeddings {text['max_position_embeddings']}")
-
-
 def resolve_arch(preset: str, override: dict, image_size: int | None, seq_len: int | None) -> dict:
     """The preset with the recipe's overrides and data sizes applied, validated."""
     arch = _merge(PRESETS[preset], override or {}, "model.arch")
@@ -174,8 +144,11 @@ def resolve_arch(preset: str, override: dict, image_size: int | None, seq_len: i
         arch["data"]["image_size"] = image_size
     if seq_len is not None:
         arch["data"]["seq_len"] = seq_len
-    if arch["family"] == "llava":
-        _check_llava(arch)
+    try:
+        module = family_module(arch["family"])
+    except ModuleNotFoundError:
+        return arch  # a family the core has no module for yet: adapters will say unsupported
+    module.check(arch)
     return arch
 
 
@@ -183,27 +156,18 @@ def count_params(arch: dict) -> dict[str, int]:
     """Analytic parameter counts per component, from the neutral fields alone.
 
     Both adapters must report exactly these totals for the same preset: a mismatch means
-    the two sides did not build the same architecture.
+    the two sides did not build the same architecture. Raises NotImplementedError for
+    families without an analytic count (the adapters' counts are still compared).
     """
-    if arch["family"] != "llava":
+    module = family_module(arch["family"])
+    if not hasattr(module, "count_params"):
         raise NotImplementedError(f"parameter count for family {arch['family']!r}")
-    v, t = arch["vision"], arch["text"]
-    h, f = v["hidden_size"], v["intermediate_size"]
-    num_positions = (v["image_size"] // v["patch_size"]) ** 2 + 1
-    vision = (h * 3 * v["patch_size"] ** 2  # patch conv, no bias
-              + h + num_positions * h  # class embedding, position embedding
-              + 2 * h * 2  # pre- and post-layernorm
-              + v["num_layers"] * (4 * (h * h + h) + 2 * 2 * h + (h * f + f) + (f * h + h)))
-    th, tf = t["hidden_size"], t["intermediate_size"]
-    kv = th // t["num_heads"] * t["num_kv_heads"]
-    text = (t["vocab_size"] * th
-            + t["num_layers"] * (2 * th * th + 2 * th * kv + 3 * th * tf + 2 * th)
-            + th
-            + (0 if t["tie_word_embeddings"] else t["vocab_size"] * th))
-    projector = h * th + th + th * th + th
-    newline = th if arch.get("anyres") and arch["anyres"].get("image_newline") else 0
-    return {"vision": vision, "projector": projector + newline, "text": text,
-            "total": vision + projector + newline + text}
+    return module.count_params(arch)
+
+
+def num_image_tokens(arch: dict, image_size: int) -> int:
+    """Image tokens in the language sequence for one image (families with images in text)."""
+    return family_module(arch["family"]).num_image_tokens(arch, image_size)
 
 
 _DISPLAY_NAMES = {

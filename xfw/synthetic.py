@@ -17,48 +17,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from xfw import presets
-
-IGNORE_INDEX = -100
-BOS_ID = 1
-FIRST_TEXT_ID = 2  # ids 0 and 1 are pad and BOS
+from xfw.families import family_module
+from xfw.families.llava import IGNORE_INDEX  # noqa: F401 - re-exported for adapters and tests
 
 
 def _rng(seed: int, rank: int, index: int) -> np.random.Generator:
     return np.random.default_rng([seed, rank, index])
 
 
-def llava_batch(arch: dict, micro: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """One LLaVA micro-batch: [BOS, <image> x N, text...]; loss on the text tokens only."""
-    image_size, seq_len = arch["data"]["image_size"], arch["data"]["seq_len"]
-    num_image = presets.num_image_tokens(arch, image_size)
-    image_id, vocab = arch["image_token_id"], arch["text"]["vocab_size"]
-    # Already-normalised pixels, as a CLIP image processor would hand them over.
-    pixel_values = rng.standard_normal((micro, 3, image_size, image_size), dtype=np.float32)
-    text = rng.integers(FIRST_TEXT_ID, vocab - 1, size=(micro, seq_len - 1 - num_image), dtype=np.int64)
-    text[text >= image_id] += 1  # never draw the image token as text
-    input_ids = np.concatenate(
-        [np.full((micro, 1), BOS_ID, np.int64), np.full((micro, num_image), image_id, np.int64), text], axis=1)
-    labels = input_ids.copy()
-    labels[:, : 1 + num_image] = IGNORE_INDEX
-    return {
-        "pixel_values": pixel_values,
-        "input_ids": input_ids,
-        "labels": labels,
-        "attention_mask": np.ones_like(input_ids),
-    }
-
-
-_MAKERS = {"llava": llava_batch}
-
-
 def make_batch(spec: dict, rank: int, index: int) -> dict[str, np.ndarray]:
     """Micro-batch number ``index`` of process ``rank`` for a resolved spec."""
     arch = spec["model"]["arch"]
-    maker = _MAKERS.get(arch["family"])
-    if maker is None:
-        raise NotImplementedError(f"synthetic data for family {arch['family']!r}")
-    return maker(arch, spec["batch"]["micro"], _rng(spec["data"]["seed"], rank, index))
+    return family_module(arch["family"]).make_batch(arch, spec["batch"]["micro"],
+                                                    _rng(spec["data"]["seed"], rank, index))
 
 
 def make_pool(spec: dict, rank: int) -> list[dict[str, np.ndarray]]:
