@@ -44,6 +44,8 @@ _VICUNA_7B = {
     "num_kv_heads": 32, "vocab_size": 32064, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
     "max_position_embeddings": 4096, "tie_word_embeddings": False,
 }
+_QWEN2VL_SPECIAL_IDS = {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+                        "vision_end_token_id": 151653}  # Qwen/Qwen2-VL-2B-Instruct config.json
 _ANYRES = {"grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]], "image_newline": True}
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -64,6 +66,23 @@ PRESETS: dict[str, dict[str, Any]] = {
         "anyres": None,
         "data": {"image_size": 56, "seq_len": 64},
     },
+    "tiny-llava-next": {  # LLaVA-1.6's AnyRes path at toy size: 3 tiles, 4 + 2 x (4 + 1) = 14 image tokens
+        "family": "llava",
+        "vision": {
+            "hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 4,
+            "image_size": 28, "patch_size": 14, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
+            "feature_layer": -2, "drop_cls": True,
+        },
+        "projector": {"hidden_act": "gelu"},
+        "text": {
+            "hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
+            "num_kv_heads": 4, "vocab_size": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+            "max_position_embeddings": 256, "tie_word_embeddings": False,
+        },
+        "image_token_id": 500,
+        "anyres": {"grid_pinpoints": [[28, 56], [56, 28], [56, 56]], "image_newline": True},
+        "data": {"image_size": 28, "seq_len": 64, "anyres_image_hw": [28, 56]},
+    },
     "llava-1.6-vicuna-7b": {
         "family": "llava",
         "vision": dict(_CLIP_L_336),
@@ -71,7 +90,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "text": dict(_VICUNA_7B),
         "image_token_id": 32000,
         "anyres": copy.deepcopy(_ANYRES),
-        "data": {"image_size": 336, "seq_len": 2048},
+        # A 336x672 image: base tile + 1x2 grid = 3 tiles, 576 + 24 x (48 + 1) = 1752 image tokens.
+        "data": {"image_size": 336, "seq_len": 2048, "anyres_image_hw": [336, 672]},
     },
     "llava-1.6-vicuna-13b": {
         "family": "llava",
@@ -81,7 +101,19 @@ PRESETS: dict[str, dict[str, Any]] = {
                  "num_heads": 40, "num_kv_heads": 40},
         "image_token_id": 32000,
         "anyres": copy.deepcopy(_ANYRES),
-        "data": {"image_size": 336, "seq_len": 2048},
+        # A 336x672 image: base tile + 1x2 grid = 3 tiles, 576 + 24 x (48 + 1) = 1752 image tokens.
+        "data": {"image_size": 336, "seq_len": 2048, "anyres_image_hw": [336, 672]},
+    },
+    "tiny-qwen2-vl": {
+        "family": "qwen2vl",
+        "vision": {"depth": 2, "embed_dim": 32, "num_heads": 4, "mlp_ratio": 2, "patch_size": 14,
+                   "temporal_patch_size": 2, "spatial_merge_size": 2, "merger_out": 64},
+        "text": {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
+                 "num_kv_heads": 2, "vocab_size": 512, "rope_theta": 1000000.0,
+                 "mrope_section": [2, 3, 3], "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+                 "max_position_embeddings": 512},
+        "image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503,
+        "data": {"image_size": 112, "seq_len": 64},  # 8x8 patches -> 16 merged image tokens
     },
     "qwen2-vl-2b": {
         "family": "qwen2vl",
@@ -89,8 +121,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "temporal_patch_size": 2, "spatial_merge_size": 2, "merger_out": 1536},
         "text": {"hidden_size": 1536, "intermediate_size": 8960, "num_layers": 28, "num_heads": 12,
                  "num_kv_heads": 2, "vocab_size": 151936, "rope_theta": 1000000.0,
-                 "mrope_section": [16, 24, 24], "rms_norm_eps": 1e-6, "tie_word_embeddings": True},
-        "data": {"image_size": 448, "seq_len": 2048},
+                 "mrope_section": [16, 24, 24], "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+                 "max_position_embeddings": 32768},
+        **_QWEN2VL_SPECIAL_IDS,
+        "data": {"image_size": 448, "seq_len": 2048},  # 32x32 patches -> 256 merged image tokens
     },
     "qwen2-vl-7b": {
         "family": "qwen2vl",
@@ -98,7 +132,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "temporal_patch_size": 2, "spatial_merge_size": 2, "merger_out": 3584},
         "text": {"hidden_size": 3584, "intermediate_size": 18944, "num_layers": 28, "num_heads": 28,
                  "num_kv_heads": 4, "vocab_size": 152064, "rope_theta": 1000000.0,
-                 "mrope_section": [16, 24, 24], "rms_norm_eps": 1e-6, "tie_word_embeddings": False},
+                 "mrope_section": [16, 24, 24], "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+                 "max_position_embeddings": 32768},
+        **_QWEN2VL_SPECIAL_IDS,
         "data": {"image_size": 448, "seq_len": 2048},
     },
     "sd-1.5": {
@@ -172,7 +208,7 @@ def num_image_tokens(arch: dict, image_size: int) -> int:
 
 _DISPLAY_NAMES = {
     "tiny-llava": "Tiny LLaVA", "llava-1.6-vicuna-7b": "LLaVA1.6 7B", "llava-1.6-vicuna-13b": "LLaVA1.6 13B",
-    "qwen2-vl-2b": "Qwen2VL 2B", "qwen2-vl-7b": "Qwen2VL 7B", "sd-1.5": "Stable Diffusion 1.5",
+    "qwen2-vl-2b": "Qwen2VL 2B", "tiny-qwen2-vl": "Tiny Qwen2VL", "tiny-llava-next": "Tiny LLaVA1.6", "qwen2-vl-7b": "Qwen2VL 7B", "sd-1.5": "Stable Diffusion 1.5",
     "sd-3-medium": "Stable Diffusion 3",
 }
 

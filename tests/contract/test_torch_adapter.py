@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from xfw import presets
+from xfw.families import llava as llava_family
 from xfw.records import validate_record
 
 from conftest import TINY_RECIPE, require_interpreter, run_adapter
@@ -94,11 +95,37 @@ def test_runs_with_the_same_seed_are_reproducible(tmp_path):
     assert losses(first) == pytest.approx(losses(second), rel=1e-6)
 
 
-def test_lora_stage_is_reported_unsupported_for_now(tmp_path):
+def test_lora_trains_only_the_adapters_and_the_projector(tmp_path):
+    lora = {"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj", "down_proj"]}
+    code, records, stderr = run_adapter("torch", tmp_path, stage="lora", lora=lora,
+                                        measure={"warmup_steps": 0, "steps": 4})
+    assert code == 0, stderr
+    added = llava_family.count_lora_params(ARCH, lora)
+    assert added == 2 * 4 * ((64 + 64) + (64 + 64) + (128 + 64))
+    a = applied(records)
+    assert a["num_params_total"] == COUNTS["total"] + added
+    assert a["num_params_trainable"] == COUNTS["projector"] + added
+    assert losses(records)[-1] < losses(records)[0]
+
+
+def test_a_lora_target_that_does_not_exist_is_invalid(tmp_path):
     code, records, _ = run_adapter("torch", tmp_path, stage="lora",
-                                   lora={"r": 4, "alpha": 8, "targets": ["q_proj"]})
-    assert code == 3
-    assert records[-1]["kind"] == "error" and records[-1]["status"] == "unsupported"
+                                   lora={"r": 4, "alpha": 8, "targets": ["no_such_proj"]})
+    assert code == 2 and records[-1]["status"] == "invalid" and "lora.targets" in records[-1]["message"]
+
+
+@pytest.mark.parametrize("preset", ["tiny-llava-next", "tiny-qwen2-vl"])
+def test_other_vision_language_presets_match_their_analytic_counts_and_learn(tmp_path, preset):
+    arch = presets.resolve_arch(preset, {}, None, None)
+    counts = presets.count_params(arch)
+    code, records, stderr = run_adapter("torch", tmp_path, model={"preset": preset},
+                                        measure={"warmup_steps": 1, "steps": 6})
+    assert code == 0, stderr
+    a = applied(records)
+    assert a["num_params_total"] == counts["total"]
+    assert a["num_params_trainable"] == counts["projector"] + counts["text"]
+    assert all(validate_record(r) == [] for r in records)
+    assert losses(records)[-1] < losses(records)[0]
 
 
 def test_an_unknown_backend_knob_is_invalid(tmp_path):

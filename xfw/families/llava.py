@@ -16,10 +16,29 @@ BOS_ID = 1
 FIRST_TEXT_ID = 2  # ids 0 and 1 are pad and BOS
 
 
+def num_tiles(arch: dict) -> int:
+    """Vision-tower passes per image: 1, or with AnyRes the base tile plus the grid's tiles."""
+    if not arch.get("anyres"):
+        return 1
+    height, width = arch["data"]["anyres_image_hw"]
+    tile = arch["vision"]["image_size"]
+    return 1 + (height // tile) * (width // tile)
+
+
 def num_image_tokens(arch: dict, image_size: int) -> int:
-    """LLaVA image tokens in the language sequence for one image (single tile)."""
+    """Image tokens in the language sequence for one image.
+
+    Single tile: one token per patch (plus CLS unless dropped). AnyRes (LLaVA-1.6): the base
+    tile's tokens, then the grid's patch rows each followed by one image-newline token. The
+    synthetic image is exactly one of the grid pinpoints, so no padding is removed.
+    """
     vision = arch["vision"]
-    return (image_size // vision["patch_size"]) ** 2 + (0 if vision["drop_cls"] else 1)
+    per_tile = (image_size // vision["patch_size"]) ** 2 + (0 if vision["drop_cls"] else 1)
+    if not arch.get("anyres"):
+        return per_tile
+    height, width = arch["data"]["anyres_image_hw"]
+    rows, cols = height // vision["patch_size"], width // vision["patch_size"]
+    return per_tile + rows * (cols + (1 if arch["anyres"]["image_newline"] else 0))
 
 
 def check(arch: dict) -> None:
@@ -40,6 +59,11 @@ def check(arch: dict) -> None:
         raise ArchError("model.arch.image_token_id", f"{arch['image_token_id']} is outside the vocabulary")
     if not -vision["num_layers"] <= vision["feature_layer"] < 0:
         raise ArchError("model.arch.vision.feature_layer", f"must be in [-num_layers, -1], got {vision['feature_layer']}")
+    if arch.get("anyres"):
+        pinpoints = [list(p) for p in arch["anyres"]["grid_pinpoints"]]
+        if list(data.get("anyres_image_hw") or []) not in pinpoints:
+            raise ArchError("model.arch.data.anyres_image_hw",
+                            f"{data.get('anyres_image_hw')} must be one of the grid pinpoints {pinpoints}")
     needed = num_image_tokens(arch, data["image_size"]) + 2  # BOS + image + at least one text token
     if data["seq_len"] < needed:
         raise ArchError("data.seq_len", f"{data['seq_len']} leaves no room for text after "
@@ -55,19 +79,24 @@ def make_batch(arch: dict, micro: int, rng: np.random.Generator) -> dict[str, np
     num_image = num_image_tokens(arch, image_size)
     image_id, vocab = arch["image_token_id"], arch["text"]["vocab_size"]
     # Already-normalised pixels, as a CLIP image processor would hand them over.
-    pixel_values = rng.standard_normal((micro, 3, image_size, image_size), dtype=np.float32)
+    tiles = num_tiles(arch)
+    shape = (micro, tiles, 3, image_size, image_size) if arch.get("anyres") else (micro, 3, image_size, image_size)
+    pixel_values = rng.standard_normal(shape, dtype=np.float32)
     text = rng.integers(FIRST_TEXT_ID, vocab - 1, size=(micro, seq_len - 1 - num_image), dtype=np.int64)
     text[text >= image_id] += 1  # never draw the image token as text
     input_ids = np.concatenate(
         [np.full((micro, 1), BOS_ID, np.int64), np.full((micro, num_image), image_id, np.int64), text], axis=1)
     labels = input_ids.copy()
     labels[:, : 1 + num_image] = IGNORE_INDEX
-    return {
+    batch = {
         "pixel_values": pixel_values,
         "input_ids": input_ids,
         "labels": labels,
         "attention_mask": np.ones_like(input_ids),
     }
+    if arch.get("anyres"):
+        batch["image_sizes"] = np.tile(np.asarray(arch["data"]["anyres_image_hw"], np.int64), (micro, 1))
+    return batch
 
 
 def count_params(arch: dict) -> dict[str, int]:
@@ -90,3 +119,18 @@ def count_params(arch: dict) -> dict[str, int]:
     return {"vision": vision, "projector": projector + newline, "text": text,
             "total": vision + projector + newline + text}
 
+
+
+def decoder_linear_shapes(text: dict) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each linear in a Llama/Qwen2 decoder layer, by module name."""
+    h, f = text["hidden_size"], text["intermediate_size"]
+    kv = h // text["num_heads"] * text["num_kv_heads"]
+    return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+            "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+
+
+def count_lora_params(arch: dict, lora: dict) -> int:
+    """Parameters LoRA adds to the language model: r x (in + out) per targeted linear."""
+    shapes = decoder_linear_shapes(arch["text"])
+    per_layer = sum(lora["r"] * sum(shapes[name]) for name in lora["targets"] if name in shapes)
+    return per_layer * arch["text"]["num_layers"]

@@ -22,11 +22,10 @@ import time
 import torch
 
 from xfw.harness import InvalidSpec, Unsupported
-from xfw_torch import llava
+from xfw_torch.families import family_module
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KNOBS = {"fused_optimizer", "attn_implementation"}
-BUILDERS = {"llava": (llava.build_llava, llava.trainable_parts, llava.loss_fn)}
 
 
 def _library_versions() -> dict[str, str]:
@@ -63,6 +62,18 @@ def describe() -> dict:
     }
 
 
+def apply_lora(target: torch.nn.Module, lora: dict) -> None:
+    """peft LoRA adapters injected in place into ``target``; only the adapters train there."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                        target_modules=list(lora["targets"]))
+    try:
+        inject_adapter_in_model(config, target)
+    except ValueError as err:  # e.g. a target module name that does not exist
+        raise InvalidSpec(f"lora.targets: {err}") from None
+
+
 class MasterWeights:
     """fp32 master copies of low-precision trainable weights; the optimizer updates these."""
 
@@ -89,22 +100,22 @@ class TorchSession:
             raise InvalidSpec(f"backends.torch.{unknown[0]}: unknown knob (known: {', '.join(sorted(KNOBS))})")
         if spec["derived"]["num_processes"] != 1 or spec["parallel"]["sharding"] != "none":
             raise Unsupported("multi-process and sharded runs are not in this adapter yet")
-        family = spec["model"]["family"]
-        if family not in BUILDERS:
-            raise Unsupported(f"model family {family!r} is not built by this adapter yet")
-        build, parts, self._loss_fn = BUILDERS[family]
+        family = family_module(spec["model"]["family"])
+        self._loss_fn = family.loss_fn
 
         self.rank, self.num_ranks = 0, 1
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         self.cuda = self.device.type == "cuda"
         torch.manual_seed(spec["measure"]["seed"])
         attn = knobs.get("attn_implementation", "sdpa")
-        model = build(spec["model"]["arch"], attn_implementation=attn)
+        model = family.build(spec["model"]["arch"], attn_implementation=attn)
         model.requires_grad_(False)
-        for part in parts(model, spec["stage"]):
+        for part in family.trainable_parts(model, spec["stage"]):
             part.requires_grad_(True)
+        if spec["stage"] == "lora":
+            apply_lora(family.lora_target(model), spec["lora"])
         if spec["recompute"]:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            family.enable_recompute(model)
         model.train()
 
         dtype_name, level = spec["precision"]["dtype"], spec["precision"]["amp_level"]

@@ -1,0 +1,37 @@
+"""PyTorch builders, one module per model family (the same names as ``xfw.families``).
+
+A family module provides:
+
+* ``build(arch, *, attn_implementation) -> torch.nn.Module``: the whole trained system, randomly
+  initialised in fp32 (frozen encoders included: their parameters count and their cost is
+  part of the step);
+* ``trainable_parts(model, stage) -> list[Module]``: what the stage trains besides LoRA;
+* ``lora_target(model) -> Module``: where LoRA adapters go for stage ``lora``;
+* ``loss_fn(model, batch) -> Tensor``: the training loss for one micro-batch (dict of tensors);
+* ``enable_recompute(model)``: activation checkpointing per block.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from xfw.harness import Unsupported
+
+FAMILIES = {
+    "llava": "xfw_torch.families.llava",
+    "qwen2vl": "xfw_torch.families.qwen2vl",
+    "sd15": "xfw_torch.families.sd15",
+    "sd3": "xfw_torch.families.sd3",
+}
+
+
+def family_module(name: str) -> ModuleType:
+    if name not in FAMILIES:
+        raise Unsupported(f"model family {name!r} is not built by the PyTorch adapter")
+    try:
+        return importlib.import_module(FAMILIES[name])
+    except ModuleNotFoundError as err:
+        if err.name == FAMILIES[name]:
+            raise Unsupported(f"model family {name!r} is not built by the PyTorch adapter yet") from None
+        raise

@@ -1,0 +1,80 @@
+"""LLaVA from the neutral architecture, with transformers' own classes.
+
+``build(arch)`` maps the fields of ``xfw.presets`` (family ``llava``) one-to-one onto
+``CLIPVisionConfig`` + ``LlamaConfig`` and a ``LlavaConfig`` (single tile, LLaVA-1.5 style)
+or ``LlavaNextConfig`` (AnyRes tiles + image newline, LLaVA-1.6), randomly initialised.
+Stages (DESIGN.md §4): pretrain = projector; sft = projector + LM; lora = LoRA on the LM +
+full projector. The vision tower is always frozen.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xfw.harness import Unsupported
+
+
+def _configs(arch: dict):
+    from transformers import CLIPVisionConfig, LlamaConfig
+
+    v, t = arch["vision"], arch["text"]
+    vision = CLIPVisionConfig(
+        hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
+        num_hidden_layers=v["num_layers"], num_attention_heads=v["num_heads"],
+        image_size=v["image_size"], patch_size=v["patch_size"], hidden_act=v["hidden_act"],
+        layer_norm_eps=v["layer_norm_eps"],
+    )
+    text = LlamaConfig(
+        hidden_size=t["hidden_size"], intermediate_size=t["intermediate_size"],
+        num_hidden_layers=t["num_layers"], num_attention_heads=t["num_heads"],
+        num_key_value_heads=t["num_kv_heads"], vocab_size=t["vocab_size"], rms_norm_eps=t["rms_norm_eps"],
+        rope_parameters={"rope_type": "default", "rope_theta": t["rope_theta"]},
+        max_position_embeddings=t["max_position_embeddings"], tie_word_embeddings=t["tie_word_embeddings"],
+    )
+    return vision, text
+
+
+def build(arch: dict, *, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    from transformers import LlavaConfig, LlavaForConditionalGeneration, LlavaNextConfig, LlavaNextForConditionalGeneration
+
+    vision, text = _configs(arch)
+    v = arch["vision"]
+    common = dict(
+        vision_config=vision, text_config=text, image_token_index=arch["image_token_id"],
+        projector_hidden_act=arch["projector"]["hidden_act"], vision_feature_layer=v["feature_layer"],
+        vision_feature_select_strategy="default" if v["drop_cls"] else "full",
+        tie_word_embeddings=arch["text"]["tie_word_embeddings"],
+    )
+    if arch.get("anyres"):
+        if not arch["anyres"]["image_newline"]:
+            raise Unsupported("LLaVA-NeXT without the image-newline parameter")
+        config = LlavaNextConfig(image_grid_pinpoints=arch["anyres"]["grid_pinpoints"], **common)
+        cls = LlavaNextForConditionalGeneration
+    else:
+        config = LlavaConfig(image_seq_length=(v["image_size"] // v["patch_size"]) ** 2, **common)
+        cls = LlavaForConditionalGeneration
+    config._attn_implementation = attn_implementation
+    return cls(config)
+
+
+def trainable_parts(model: torch.nn.Module, stage: str) -> list:
+    inner = model.model
+    newline = [inner.image_newline] if getattr(inner, "image_newline", None) is not None else []
+    if stage in ("pretrain", "lora"):
+        return [inner.multi_modal_projector, *newline]
+    if stage == "sft":
+        return [inner.multi_modal_projector, *newline, inner.language_model, model.lm_head]
+    raise Unsupported(f"stage {stage!r} for LLaVA")
+
+
+def lora_target(model: torch.nn.Module) -> torch.nn.Module:
+    return model.model.language_model
+
+
+def loss_fn(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    """Causal-LM loss over the text tokens (transformers shifts labels inside)."""
+    return model(**batch).loss
+
+
+def enable_recompute(model: torch.nn.Module) -> None:
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -1,0 +1,60 @@
+"""Qwen2-VL from the neutral architecture with transformers' Qwen2VLForConditionalGeneration.
+
+The batch brings the M-RoPE position ids (computed by the core, see xfw.families.qwen2vl),
+so transformers does not rebuild them on the host inside the timed step. Stages (DESIGN.md
+§4): sft = LM + merger (vision frozen); lora = LoRA on the LM + full merger.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xfw.harness import Unsupported
+
+
+def build(arch: dict, *, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    v, t = arch["vision"], arch["text"]
+    config = Qwen2VLConfig(
+        vision_config={
+            "depth": v["depth"], "embed_dim": v["embed_dim"], "hidden_size": v["merger_out"],
+            "mlp_ratio": v["mlp_ratio"], "num_heads": v["num_heads"], "patch_size": v["patch_size"],
+            "spatial_merge_size": v["spatial_merge_size"], "temporal_patch_size": v["temporal_patch_size"],
+        },
+        text_config={
+            "hidden_size": t["hidden_size"], "intermediate_size": t["intermediate_size"],
+            "num_hidden_layers": t["num_layers"], "num_attention_heads": t["num_heads"],
+            "num_key_value_heads": t["num_kv_heads"], "vocab_size": t["vocab_size"],
+            "rms_norm_eps": t["rms_norm_eps"], "max_position_embeddings": t["max_position_embeddings"],
+            "rope_parameters": {"rope_type": "default", "rope_theta": t["rope_theta"],
+                                "mrope_section": list(t["mrope_section"])},
+            "tie_word_embeddings": t["tie_word_embeddings"],
+        },
+        image_token_id=arch["image_token_id"], video_token_id=arch["video_token_id"],
+        vision_start_token_id=arch["vision_start_token_id"], vision_end_token_id=arch["vision_end_token_id"],
+        tie_word_embeddings=t["tie_word_embeddings"],
+    )
+    config._attn_implementation = attn_implementation
+    return Qwen2VLForConditionalGeneration(config)
+
+
+def trainable_parts(model: torch.nn.Module, stage: str) -> list:
+    inner = model.model
+    if stage == "lora":
+        return [inner.visual.merger]
+    if stage == "sft":
+        return [inner.visual.merger, inner.language_model, model.lm_head]
+    raise Unsupported(f"stage {stage!r} for Qwen2-VL")
+
+
+def lora_target(model: torch.nn.Module) -> torch.nn.Module:
+    return model.model.language_model
+
+
+def loss_fn(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    return model(**batch).loss
+
+
+def enable_recompute(model: torch.nn.Module) -> None:
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
