@@ -1,0 +1,8 @@
+"""``python -m xfw_paddle``; also run as a script by ``paddle.distributed.launch``, hence the
+absolute imports."""
+import sys
+
+from xfw import harness
+from xfw_paddle.session import build_session, describe
+
+sys.exit(harness.main(build_session, describe))

@@ -1,0 +1,260 @@
+"""The Paddle side of the harness protocol: build, apply settings, step, time, report.
+
+Neutral settings map to Paddle's native mechanisms (DESIGN.md §5):
+
+* O1: ``paddle.amp.auto_cast(level='O1')`` over fp32 weights.
+* O2: ``paddle.amp.decorate(level='O2', master_weight=True, master_grad=True)`` +
+  ``auto_cast(level='O2')``. fp16 adds a ``GradScaler``. Recompute is paddlenlp's per-decoder-
+  layer ``fleet`` recompute. Paddle's CPU build ignores AMP and has no bf16 kernels, so on CPU
+  every run is fp32 and ``applied`` says so, with the request in ``notes``.
+
+Timestamps are CUDA events on GPU and ``perf_counter`` on CPU (Paddle executes CPU kernels
+synchronously); losses leave the GPU through pinned memory so reading them never syncs.
+The GPU paths are written to Paddle's documentation and have not run here (no Paddle GPU build
+fits this environment, DESIGN.md §7)::
+
+    python -m xfw_paddle --spec run/spec.json --records run/steps.jsonl
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import paddle
+
+from xfw.harness import InvalidSpec, Unsupported
+from xfw_paddle import llava
+
+AMP_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+KNOBS = {"attn_implementation": ("sdpa", "eager")}
+BUILDERS = {"llava": (llava.build_llava, llava.trainable_parts, llava.loss_fn)}
+VERSIONED = ("paddlepaddle", "paddlenlp", "ppdiffusers", "numpy")
+AMP_NOTES = {
+    "O0": "fp32 throughout",
+    "O1": "paddle.amp.auto_cast O1 over fp32 weights",
+    "O2": "paddle.amp.decorate O2 (low-precision weights, fp32 master weights and grads) + auto_cast O2",
+}
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions, read from package metadata (no import of paddlenlp: it takes seconds)."""
+    out = {}
+    for name in VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _on_gpu() -> bool:
+    return paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def _device_name(gpu: bool) -> str:
+    return paddle.device.cuda.get_device_name(0) if gpu else _cpu_name()
+
+
+def describe() -> dict:
+    gpu = _on_gpu()
+    # paddle.distributed.launch runs a script, not a module (`-m` falls into its legacy mode
+    # and is taken for a file name), so the launcher names __main__.py by path.
+    main_py = str(Path(__file__).with_name("__main__.py"))
+    return {
+        "backend": "paddle", "framework": "paddle", "framework_version": paddle.__version__,
+        "versions": library_versions(), "device": "gpu:0" if gpu else "cpu", "device_name": _device_name(gpu),
+        "launcher": ["{python}", "-m", "paddle.distributed.launch", "--nproc_per_node", "{nproc}", main_py],
+    }
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What will run: AMP level, compute dtype, and a note when it differs from the request."""
+
+    amp_level: str
+    compute_dtype: str
+    note: str
+
+
+def plan_precision(dtype: str, amp_level: str, gpu: bool) -> Precision:
+    if amp_level == "O0" or gpu:
+        return Precision(amp_level, AMP_DTYPES[dtype], "")
+    return Precision("O0", "float32", f"requested {dtype} {amp_level}, ran fp32 O0: Paddle's CPU build ignores "
+                                      f"AMP (auto_cast acts only on CUDA/XPU/custom devices) and lacks bf16 kernels")
+
+
+def check_spec(spec: dict) -> None:
+    """Everything this adapter rejects, before anything heavy is imported or built."""
+    knobs = spec["backend_knobs"]
+    for knob, value in knobs.items():
+        if knob not in KNOBS:
+            raise InvalidSpec(f"backends.paddle.{knob}: unknown knob (known: {', '.join(sorted(KNOBS))})")
+        if value not in KNOBS[knob]:
+            raise InvalidSpec(f"backends.paddle.{knob}: {value!r} is not one of {', '.join(KNOBS[knob])}")
+    if spec["derived"]["num_processes"] != 1:
+        raise Unsupported("multi-process runs come in a later issue")
+    if spec["parallel"]["sharding"] != "none":
+        raise Unsupported(f"sharding {spec['parallel']['sharding']!r} comes with multi-process runs in a later issue")
+    if spec["model"]["family"] not in BUILDERS:
+        raise Unsupported(f"model family {spec['model']['family']!r} is not built by this adapter yet")
+    if spec["stage"] == "lora":
+        raise Unsupported("stage 'lora' (paddlenlp.peft) comes in a later issue")
+
+
+def _majority_dtype(params: list) -> str:
+    counts: dict[str, int] = {}
+    for p in params:
+        name = str(p.dtype).removeprefix("paddle.")
+        counts[name] = counts.get(name, 0) + int(p.size)
+    return max(counts, key=counts.get)
+
+
+class PaddleSession:
+    def __init__(self, spec: dict):
+        check_spec(spec)
+        build, parts, self._loss_fn = BUILDERS[spec["model"]["family"]]
+        self.spec, self.rank, self.num_ranks = spec, 0, 1
+        self.gpu = _on_gpu()
+        paddle.set_device("gpu:0" if self.gpu else "cpu")
+        self.attn = spec["backend_knobs"].get("attn_implementation", "sdpa")
+        self.precision = plan_precision(spec["precision"]["dtype"], spec["precision"]["amp_level"], self.gpu)
+
+        paddle.seed(spec["measure"]["seed"])
+        model = build(spec["model"]["arch"], use_sdpa=self.attn == "sdpa", recompute=bool(spec["recompute"]))
+        for p in model.parameters():
+            p.stop_gradient = True
+        for part in parts(model, spec["stage"]):
+            for p in part.parameters():
+                p.stop_gradient = False
+        model.train()
+        trainable = [p for p in model.parameters() if not p.stop_gradient]
+        self.num_params_total = sum(int(p.size) for p in model.parameters())
+        self.num_params_trainable = sum(int(p.size) for p in trainable)
+
+        o = spec["optimizer"]
+        optimizer = paddle.optimizer.AdamW(learning_rate=o["lr"], beta1=o["betas"][0], beta2=o["betas"][1],
+                                           epsilon=o["eps"], weight_decay=o["weight_decay"], parameters=trainable)
+        level, dtype = self.precision.amp_level, self.precision.compute_dtype
+        self.master_weights = level == "O2"
+        if level == "O2":
+            # GPU only (plan_precision). Untested here: written to paddle.amp.decorate's docs.
+            model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2", dtype=dtype,
+                                                   master_weight=True, master_grad=True)
+        self.scaler = paddle.amp.GradScaler(init_loss_scaling=2.0 ** 16) if dtype == "float16" else None
+        self.model, self.optimizer = model, optimizer
+        self.reset_memory_peaks()  # like the PyTorch adapter: peaks count from here, model built
+
+    # -- the step ---------------------------------------------------------------------------
+    def to_device(self, batch: dict) -> dict:
+        return {k: paddle.to_tensor(v) for k, v in batch.items()}
+
+    def _autocast(self):
+        if self.precision.amp_level == "O0":
+            return contextlib.nullcontext()
+        return paddle.amp.auto_cast(level=self.precision.amp_level, dtype=self.precision.compute_dtype)
+
+    def train_step(self, micro_batches: list) -> paddle.Tensor:
+        total = paddle.zeros([], dtype="float32")
+        for batch in micro_batches:
+            loss = self._loss_fn(self.model, batch, self._autocast) / len(micro_batches)
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += loss.detach()
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.clear_grad(set_to_zero=False)
+        return total
+
+    # -- timing and memory ------------------------------------------------------------------
+    def loss_token(self, loss: paddle.Tensor):
+        if not self.gpu:
+            return loss
+        # Untested on GPU: async device-to-host copy into pinned memory; it is complete once
+        # the timestamp recorded after it is done (the harness reads it only then).
+        return loss._copy_to(paddle.CUDAPinnedPlace(), False)
+
+    def loss_value(self, token: paddle.Tensor) -> float:
+        return float(token.numpy())
+
+    def timestamp(self):
+        if not self.gpu:
+            return time.perf_counter()
+        event = paddle.device.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def is_done(self, stamp) -> bool:
+        return stamp.query() if self.gpu else True
+
+    def elapsed_s(self, start, end) -> float:
+        if not self.gpu:
+            return end - start
+        return start.elapsed_time(end) / 1000.0
+
+    def synchronize(self) -> None:
+        if self.gpu:
+            paddle.device.cuda.synchronize()
+
+    def reset_memory_peaks(self) -> None:
+        if self.gpu:
+            paddle.device.cuda.reset_max_memory_allocated()
+            paddle.device.cuda.reset_max_memory_reserved()
+        else:
+            for stat in ("Allocated", "Reserved"):
+                paddle.base.core.host_memory_stat_reset_peak_value(stat, 0)
+
+    def memory_peaks(self) -> tuple[int | None, int | None]:
+        if self.gpu:
+            return int(paddle.device.cuda.max_memory_allocated()), int(paddle.device.cuda.max_memory_reserved())
+        # Paddle's host allocator statistics (device id 0 = the CPU place).
+        stat = paddle.base.core.host_memory_stat_peak_value
+        return int(stat("Allocated", 0)), int(stat("Reserved", 0))
+
+    def is_oom(self, error: BaseException) -> bool:
+        # Paddle raises ResourceExhaustedError, translated to Python's MemoryError.
+        text = f"{type(error).__name__}: {error}".lower()
+        return isinstance(error, MemoryError) or "resourceexhausted" in text or "out of memory" in text
+
+    def applied(self) -> dict:
+        level = self.precision.amp_level
+        notes = AMP_NOTES[level]
+        if self.scaler:
+            notes += "; GradScaler"
+        if self.precision.note:  # a fallback: say what was asked and why it did not run
+            notes = self.precision.note
+        # TF32 for fp32 GEMMs: on by default in Paddle's CUDA builds (phi/backends/context_pool.cc,
+        # allow_tf32_cublas = true), off by default in torch.
+        tf32 = self.gpu and bool(paddle.base.core.get_cublas_switch())
+        versions = {f"version_{k}": v for k, v in library_versions().items()}
+        return dict(
+            framework="paddle", framework_version=paddle.__version__, device="gpu:0" if self.gpu else "cpu",
+            device_name=_device_name(self.gpu), weight_dtype=_majority_dtype(self.model.parameters()),
+            compute_dtype=self.precision.compute_dtype, amp_level=level, master_weights=self.master_weights,
+            sharding_impl="none", attention_impl=self.attn, tf32=tf32, fused_optimizer=False,
+            recompute=self.model.recompute_enabled,
+            num_params_total=self.num_params_total, num_params_trainable=self.num_params_trainable,
+            num_processes=self.num_ranks, grad_accum_steps=self.spec["derived"]["grad_accum_steps"],
+            mem_source="cuda_allocator" if self.gpu else "host_allocator", notes=notes, **versions,
+        )
+
+
+def build_session(spec: dict) -> PaddleSession:
+    return PaddleSession(spec)
