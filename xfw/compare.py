@@ -42,6 +42,7 @@ class Side:
     mem_alloc_peak_bytes: int | None = None
     mem_reserved_peak_bytes: int | None = None
     mem_source: str | None = None
+    mfu: float | None = None
     num_repeats: int = 0
     applied: dict = field(default_factory=dict)
     run_dirs: list[str] = field(default_factory=list)
@@ -85,9 +86,15 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
         backend=backend, status="ok", ips=median("ips"), ips_spread=spread([r.measurement.ips for r in ok]),
         tokens_per_s=median("tokens_per_s"), step_time_median_s=median("step_time_median_s"),
         mem_alloc_peak_bytes=median("mem_alloc_peak_bytes"), mem_reserved_peak_bytes=median("mem_reserved_peak_bytes"),
-        mem_source=ok[0].measurement.mem_source, num_repeats=len(ok), applied=ok[0].applied,
+        mem_source=ok[0].measurement.mem_source, mfu=_median_mfu(ok),
+        num_repeats=len(ok), applied=ok[0].applied,
         run_dirs=[r.run_dir for r in runs],
     )
+
+
+def _median_mfu(runs: list[RunResult]) -> float | None:
+    values = [r.mfu for r in runs if r.mfu is not None]
+    return statistics.median(values) if values else None
 
 
 def _expected_params(preset: str) -> int | None:

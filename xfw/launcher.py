@@ -30,7 +30,7 @@ from xfw import harness
 from xfw import records as rec
 from xfw.measure import summarize
 from xfw.recipe import Recipe, resolve_spec
-from xfw.results import RunResult, write_json_atomic
+from xfw.results import RunResult, compute_mfu, write_json_atomic
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 POLL_INTERVAL_S = 0.2
@@ -196,10 +196,12 @@ def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict
     if interrupted:
         status, reason = "crashed", "interrupted by the user (Ctrl-C)"
     applied = next((r for r in records if r.get("kind") == "applied" and r.get("rank") == 0), {})
+    applied = {k: v for k, v in applied.items() if k not in ("schema", "kind", "rank")}
+    measurement = summarize(records)
     result = RunResult(
         backend=backend.name, recipe=recipe.name, preset=recipe.model.preset, stage=recipe.stage,
-        status=status, reason=reason, measurement=summarize(records),
-        applied={k: v for k, v in applied.items() if k not in ("schema", "kind", "rank")},
+        status=status, reason=reason, measurement=measurement, applied=applied,
+        mfu=compute_mfu(spec, measurement, applied),
         env=json.loads((run_dir / "env.json").read_text()), exit_code=proc.returncode,
         wall_time_s=round(wall, 3), repeat_index=repeat_index, run_dir=str(run_dir),
     )

@@ -137,24 +137,63 @@ PRESETS: dict[str, dict[str, Any]] = {
         **_QWEN2VL_SPECIAL_IDS,
         "data": {"image_size": 448, "seq_len": 2048},
     },
+    # runwayml/stable-diffusion-v1-5: unet/, vae/, text_encoder/ (openai/clip-vit-large-patch14's text
+    # tower) and scheduler/ config.json. UNet in/out channels are the VAE's latent_channels; the VAE
+    # is diffusers' AutoencoderKL with DownEncoderBlock2D / UpDecoderBlock2D at every level.
     "sd-1.5": {
         "family": "sd15",
         "unet": {"sample_size": 64, "block_out_channels": [320, 640, 1280, 1280], "layers_per_block": 2,
-                 "cross_attention_dim": 768, "attention_head_dim": 8,
+                 "cross_attention_dim": 768, "attention_head_dim": 8, "norm_num_groups": 32,
                  "down_block_types": ["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"],
                  "up_block_types": ["UpBlock2D"] + ["CrossAttnUpBlock2D"] * 3},
-        "vae": {"block_out_channels": [128, 256, 512, 512], "latent_channels": 4, "scaling_factor": 0.18215},
-        "text": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "vocab_size": 49408, "max_length": 77},
+        "vae": {"block_out_channels": [128, 256, 512, 512], "layers_per_block": 2, "norm_num_groups": 32,
+                "latent_channels": 4, "scaling_factor": 0.18215, "shift_factor": None, "use_quant_conv": True},
+        "text": {"hidden_size": 768, "intermediate_size": 3072, "num_layers": 12, "num_heads": 12,
+                 "vocab_size": 49408, "max_length": 77, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5},
+        "scheduler": {"num_train_timesteps": 1000, "beta_start": 0.00085, "beta_end": 0.012,
+                      "beta_schedule": "scaled_linear"},
         "data": {"image_size": 512, "seq_len": None},
     },
+    # stabilityai/stable-diffusion-3-medium-diffusers: transformer/, vae/ and scheduler/ config.json
+    # (FlowMatchEulerDiscreteScheduler, shift 3.0). Text: CLIP-L + CLIP-G (77 tokens, pooled 768 + 1280)
+    # and T5-XXL (77 tokens, 4096) joined as the pipeline does: [b, 154, 4096] + pooled [b, 2048].
     "sd-3-medium": {
         "family": "sd3",
-        "transformer": {"num_layers": 24, "num_heads": 24, "head_dim": 64, "patch_size": 2,
+        "transformer": {"sample_size": 128, "num_layers": 24, "num_heads": 24, "head_dim": 64, "patch_size": 2,
                         "in_channels": 16, "out_channels": 16, "joint_attention_dim": 4096,
                         "caption_projection_dim": 1536, "pooled_projection_dim": 2048, "pos_embed_max_size": 192},
-        "vae": {"latent_channels": 16, "scaling_factor": 1.5305, "shift_factor": 0.0609},
+        "vae": {"block_out_channels": [128, 256, 512, 512], "layers_per_block": 2, "norm_num_groups": 32,
+                "latent_channels": 16, "scaling_factor": 1.5305, "shift_factor": 0.0609, "use_quant_conv": False},
         "text": {"precomputed": True, "seq_len": 154, "dim": 4096, "pooled_dim": 2048},
+        "scheduler": {"num_train_timesteps": 1000, "shift": 3.0, "timestep_sampling": "logit_normal",
+                      "logit_mean": 0.0, "logit_std": 1.0},
         "data": {"image_size": 512, "seq_len": None},
+    },
+    "tiny-sd15": {  # SD1.5's structure at toy size: 2 UNet levels (cross-attn + plain), 32-px images
+        "family": "sd15",
+        "unet": {"sample_size": 16, "block_out_channels": [32, 64], "layers_per_block": 1,
+                 "cross_attention_dim": 32, "attention_head_dim": 2, "norm_num_groups": 8,
+                 "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+                 "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"]},
+        "vae": {"block_out_channels": [32, 64], "layers_per_block": 1, "norm_num_groups": 8,
+                "latent_channels": 4, "scaling_factor": 0.18215, "shift_factor": None, "use_quant_conv": True},
+        "text": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 2,
+                 "vocab_size": 1000, "max_length": 16, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5},
+        "scheduler": {"num_train_timesteps": 1000, "beta_start": 0.00085, "beta_end": 0.012,
+                      "beta_schedule": "scaled_linear"},
+        "data": {"image_size": 32, "seq_len": None},
+    },
+    "tiny-sd3": {  # SD3's MMDiT at toy size: 2 joint blocks of 2 heads x 16, 16-channel latents, 32-px images
+        "family": "sd3",
+        "transformer": {"sample_size": 16, "num_layers": 2, "num_heads": 2, "head_dim": 16, "patch_size": 2,
+                        "in_channels": 16, "out_channels": 16, "joint_attention_dim": 32,
+                        "caption_projection_dim": 32, "pooled_projection_dim": 32, "pos_embed_max_size": 16},
+        "vae": {"block_out_channels": [32, 64], "layers_per_block": 1, "norm_num_groups": 8,
+                "latent_channels": 16, "scaling_factor": 1.5305, "shift_factor": 0.0609, "use_quant_conv": False},
+        "text": {"precomputed": True, "seq_len": 16, "dim": 32, "pooled_dim": 32},
+        "scheduler": {"num_train_timesteps": 1000, "shift": 3.0, "timestep_sampling": "logit_normal",
+                      "logit_mean": 0.0, "logit_std": 1.0},
+        "data": {"image_size": 32, "seq_len": None},
     },
 }
 
@@ -209,7 +248,7 @@ def num_image_tokens(arch: dict, image_size: int) -> int:
 _DISPLAY_NAMES = {
     "tiny-llava": "Tiny LLaVA", "llava-1.6-vicuna-7b": "LLaVA1.6 7B", "llava-1.6-vicuna-13b": "LLaVA1.6 13B",
     "qwen2-vl-2b": "Qwen2VL 2B", "tiny-qwen2-vl": "Tiny Qwen2VL", "tiny-llava-next": "Tiny LLaVA1.6", "qwen2-vl-7b": "Qwen2VL 7B", "sd-1.5": "Stable Diffusion 1.5",
-    "sd-3-medium": "Stable Diffusion 3",
+    "sd-3-medium": "Stable Diffusion 3", "tiny-sd15": "Tiny SD1.5", "tiny-sd3": "Tiny SD3",
 }
 
 

@@ -63,6 +63,9 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> tuple[list
     if b:
         header += ["Contrast", f"{b} ips"]
     header += [f"{name} memory (alloc/reserved)" for name in backends]
+    with_mfu = any(side.mfu is not None for row in rows for side in row.sides.values())
+    if with_mfu:
+        header += [f"{name} MFU" for name in backends]
     header += [f"Params ({' / '.join(backends)})"]
     cells = []
     previous_model = None
@@ -72,6 +75,8 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> tuple[list
         if b:
             line += [fmt_contrast(row), fmt_side_rate(row.sides[b])]
         line += [fmt_memory(row.sides[name]) for name in backends]
+        if with_mfu:
+            line += [f"{row.sides[name].mfu:.1%}" if row.sides[name].mfu is not None else "–" for name in backends]
         line += [fmt_params(row, backends)]
         cells.append(line)
     return header, cells
@@ -137,6 +142,7 @@ def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict
                 f"{name}_step_time_median_s": s.step_time_median_s,
                 f"{name}_mem_alloc_peak_bytes": s.mem_alloc_peak_bytes,
                 f"{name}_mem_reserved_peak_bytes": s.mem_reserved_peak_bytes, f"{name}_mem_source": s.mem_source,
+                f"{name}_mfu": s.mfu,
                 f"{name}_num_params_total": s.applied.get("num_params_total"),
                 f"{name}_num_params_trainable": s.applied.get("num_params_trainable"),
                 f"{name}_compute_dtype": s.applied.get("compute_dtype"), f"{name}_num_repeats": s.num_repeats,

@@ -26,6 +26,7 @@ from typing import Any
 
 from xfw import records as rec
 from xfw.measure import Measurement, summarize
+from xfw.mfu import mfu
 
 STATUSES = ("ok", "oom", "timeout", "crashed", "unsupported", "invalid")
 SUMMARY_SCHEMA = 1
@@ -81,6 +82,8 @@ class RunResult:
     applied: dict = field(default_factory=dict)
     """The settings the adapter actually applied (rank 0's ``applied`` record)."""
     env: dict = field(default_factory=dict)
+    mfu: float | None = None
+    """Model FLOPs utilisation (xfw.mfu); None on CPUs and for families without a FLOPs count."""
     exit_code: int | None = None
     wall_time_s: float | None = None
     repeat_index: int = 0
@@ -114,6 +117,8 @@ class RunResult:
             raise FileNotFoundError(f"{run_dir}: not a run directory (no summary.json or spec.json)")
         records = rec.load_records(run_dir / "steps.jsonl")
         applied = next((r for r in records if r.get("kind") == "applied" and r.get("rank") == 0), {})
+        applied = {k: v for k, v in applied.items() if k not in ("schema", "kind", "rank")}
+        measurement = summarize(records)
         return cls(
             backend=summary.get("backend", spec.get("backend", run_dir.name)),
             recipe=summary.get("recipe", spec.get("name", "?")),
@@ -121,14 +126,23 @@ class RunResult:
             stage=summary.get("stage", spec.get("stage", "?")),
             status=summary.get("status", "crashed"),
             reason=summary.get("reason", "no summary.json: the run did not finish"),
-            measurement=summarize(records),
-            applied={k: v for k, v in applied.items() if k not in ("schema", "kind", "rank")},
+            measurement=measurement,
+            applied=applied,
+            mfu=compute_mfu(spec, measurement, applied),
             env=_read_json(run_dir / "env.json"),
             exit_code=summary.get("exit_code"),
             wall_time_s=summary.get("wall_time_s"),
             repeat_index=summary.get("repeat_index", 0),
             run_dir=str(run_dir),
         )
+
+
+def compute_mfu(spec: dict, measurement: Measurement, applied: dict) -> float | None:
+    if not spec or not applied:
+        return None
+    return mfu(arch=spec["model"]["arch"], stage=spec["stage"], ips=measurement.ips,
+               device_name=applied.get("device_name", ""), compute_dtype=applied.get("compute_dtype", ""),
+               tf32=bool(applied.get("tf32")), num_devices=applied.get("num_processes", 1))
 
 
 def find_run_dirs(paths: list[str | os.PathLike]) -> list[Path]:

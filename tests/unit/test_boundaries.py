@@ -23,13 +23,13 @@ def test_importing_the_cli_imports_no_framework():
 
 def test_no_core_module_names_a_framework_in_an_import():
     pattern = re.compile(r"^\s*(import|from)\s+(" + "|".join(FRAMEWORKS) + r")\b", re.M)
-    offenders = [p.name for p in (ROOT / "xfw").glob("*.py") if pattern.search(p.read_text())]
+    offenders = [p.name for p in (ROOT / "xfw").rglob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
 
 
 def test_the_core_never_branches_on_a_backend_name():
     pattern = re.compile(r"""==\s*["'](torch|paddle)["']""")
-    offenders = [p.name for p in (ROOT / "xfw").glob("*.py") if pattern.search(p.read_text())]
+    offenders = [p.name for p in (ROOT / "xfw").rglob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
 
 

@@ -1,0 +1,129 @@
+"""Stable Diffusion 1.5 (VAE + CLIP text encoder + UNet, epsilon prediction): checks and data.
+
+Every random draw of a training step is in the batch (DESIGN.md §4), so both frameworks add
+the same noise at the same timesteps to the same images::
+
+    >>> arch = xfw.presets.resolve_arch("tiny-sd15", {}, None, None)
+    >>> {k: v.shape for k, v in make_batch(arch, 2, np.random.default_rng(0)).items()}
+    {'pixel_values': (2, 3, 32, 32), 'input_ids': (2, 16), 'noise': (2, 4, 16, 16), 'timesteps': (2,)}
+
+The DDPM noise schedule is computed here once (:func:`alphas_cumprod`) and handed to both
+adapters, so the two sides cannot disagree on it. The VAE helpers are shared with SD3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xfw.presets import ArchError
+
+DOWN_BLOCKS = ("CrossAttnDownBlock2D", "DownBlock2D")
+UP_BLOCKS = ("CrossAttnUpBlock2D", "UpBlock2D")
+BETA_SCHEDULES = ("scaled_linear", "linear")
+
+
+# -- shared with SD3: the VAE that turns pixels into latents ----------------------------------
+def vae_scale_factor(vae: dict) -> int:
+    """Pixels per latent side: one 2x downsample between consecutive encoder blocks."""
+    return 2 ** (len(vae["block_out_channels"]) - 1)
+
+
+def latent_shape(arch: dict, micro: int) -> tuple[int, int, int, int]:
+    side = arch["data"]["image_size"] // vae_scale_factor(arch["vae"])
+    return micro, arch["vae"]["latent_channels"], side, side
+
+
+def check_vae(arch: dict) -> None:
+    vae, image_size = arch["vae"], arch["data"]["image_size"]
+    channels = vae["block_out_channels"]
+    if not channels:
+        raise ArchError("model.arch.vae.block_out_channels", "must name at least one block")
+    for c in channels:
+        if c % vae["norm_num_groups"]:
+            raise ArchError("model.arch.vae.norm_num_groups",
+                            f"{vae['norm_num_groups']} does not divide block width {c}")
+    if image_size % vae_scale_factor(vae):
+        raise ArchError("data.image_size", f"{image_size} is not a multiple of the VAE's downsampling "
+                        f"factor {vae_scale_factor(vae)}")
+
+
+def make_pixels(micro: int, image_size: int, rng: np.random.Generator) -> np.ndarray:
+    """Images as the training scripts hand them to the VAE: float32 in [-1, 1)."""
+    return rng.random((micro, 3, image_size, image_size), dtype=np.float32) * 2 - 1
+
+
+# -- SD1.5 ------------------------------------------------------------------------------------
+def alphas_cumprod(scheduler: dict) -> np.ndarray:
+    """ᾱ_t of the DDPM training schedule, float64 [num_train_timesteps].
+
+    "scaled_linear" is SD's schedule (diffusers' DDPMScheduler): betas linear in sqrt space.
+    """
+    start, end, steps = scheduler["beta_start"], scheduler["beta_end"], scheduler["num_train_timesteps"]
+    if scheduler["beta_schedule"] == "scaled_linear":
+        betas = np.linspace(start ** 0.5, end ** 0.5, steps, dtype=np.float64) ** 2
+    else:
+        betas = np.linspace(start, end, steps, dtype=np.float64)
+    return np.cumprod(1.0 - betas)
+
+
+def _check_unet(arch: dict) -> None:
+    unet, text = arch["unet"], arch["text"]
+    channels = unet["block_out_channels"]
+    for key, types, known in (("down_block_types", unet["down_block_types"], DOWN_BLOCKS),
+                              ("up_block_types", unet["up_block_types"], UP_BLOCKS)):
+        if len(types) != len(channels):
+            raise ArchError(f"model.arch.unet.{key}", f"{len(types)} blocks for {len(channels)} block_out_channels")
+        for t in types:
+            if t not in known:
+                raise ArchError(f"model.arch.unet.{key}", f"unknown block {t!r} (known: {', '.join(known)})")
+    for c in channels:
+        if c % unet["norm_num_groups"]:
+            raise ArchError("model.arch.unet.norm_num_groups", f"{unet['norm_num_groups']} does not divide block width {c}")
+        # diffusers reads SD's attention_head_dim as the number of heads (its documented naming quirk).
+        if c % unet["attention_head_dim"]:
+            raise ArchError("model.arch.unet.attention_head_dim",
+                            f"{unet['attention_head_dim']} heads do not divide block width {c}")
+    if unet["cross_attention_dim"] != text["hidden_size"]:
+        raise ArchError("model.arch.unet.cross_attention_dim",
+                        f"{unet['cross_attention_dim']} differs from the text encoder's hidden_size {text['hidden_size']}")
+    latent_side = latent_shape(arch, 1)[-1]
+    if latent_side % 2 ** (len(channels) - 1):
+        raise ArchError("data.image_size", f"{arch['data']['image_size']} gives {latent_side}-pixel latents, "
+                        f"not a multiple of the UNet's downsampling factor {2 ** (len(channels) - 1)}")
+
+
+def check(arch: dict) -> None:
+    text, scheduler = arch["text"], arch["scheduler"]
+    check_vae(arch)
+    _check_unet(arch)
+    if text["hidden_size"] % text["num_heads"]:
+        raise ArchError("model.arch.text.num_heads", f"{text['num_heads']} does not divide hidden_size {text['hidden_size']}")
+    if text["vocab_size"] < 3:
+        raise ArchError("model.arch.text.vocab_size", "needs room for BOS, EOS and at least one text token")
+    if text["max_length"] < 2:
+        raise ArchError("model.arch.text.max_length", f"must hold at least BOS and EOS, got {text['max_length']}")
+    if scheduler["beta_schedule"] not in BETA_SCHEDULES:
+        raise ArchError("model.arch.scheduler.beta_schedule",
+                        f"unknown schedule {scheduler['beta_schedule']!r} (known: {', '.join(BETA_SCHEDULES)})")
+    if not 0 < scheduler["beta_start"] < scheduler["beta_end"] < 1:
+        raise ArchError("model.arch.scheduler.beta_end", "betas must satisfy 0 < beta_start < beta_end < 1")
+    if scheduler["num_train_timesteps"] < 1:
+        raise ArchError("model.arch.scheduler.num_train_timesteps", "must be at least 1")
+
+
+def make_batch(arch: dict, micro: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Images, CLIP token ids, the noise to add and the timesteps to add it at.
+
+    Token ids follow CLIP's layout: BOS (vocab - 2), text, EOS (vocab - 1), always full length
+    (the tokenizer pads every prompt to max_length, so the encoder's cost does not depend on it).
+    """
+    vocab, length = arch["text"]["vocab_size"], arch["text"]["max_length"]
+    pixel_values = make_pixels(micro, arch["data"]["image_size"], rng)
+    input_ids = np.empty((micro, length), np.int64)
+    input_ids[:, 0] = vocab - 2
+    input_ids[:, 1:-1] = rng.integers(0, vocab - 2, size=(micro, length - 2), dtype=np.int64)
+    input_ids[:, -1] = vocab - 1
+    noise = rng.standard_normal(latent_shape(arch, micro), dtype=np.float32)
+    # Uniform over the training timesteps, as diffusers' and PaddleMIX's SD training scripts draw them.
+    timesteps = rng.integers(0, arch["scheduler"]["num_train_timesteps"], size=micro, dtype=np.int64)
+    return {"pixel_values": pixel_values, "input_ids": input_ids, "noise": noise, "timesteps": timesteps}
