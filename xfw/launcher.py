@@ -96,7 +96,10 @@ def build_command(backend: Backend, description: dict, num_processes: int, spec_
     if num_processes == 1:
         head = [backend.python, "-m", backend.module]
     else:
-        head = [part.format(python=backend.python, nproc=num_processes) for part in description["launcher"]]
+        # Placeholders an adapter's launcher may use: the interpreter, the process count, and a
+        # directory for the launcher's own logs (paddle.distributed.launch writes ./log otherwise).
+        values = {"python": backend.python, "nproc": num_processes, "log_dir": spec_path.parent / "launch_log"}
+        head = [part.format(**values) for part in description["launcher"]]
     return head + ["--spec", str(spec_path), "--records", str(records_path)]
 
 

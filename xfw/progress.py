@@ -51,10 +51,10 @@ class PlainProgress:
 
     def update(self, backend: str, new_records: list[dict]) -> None:
         state = self.state[backend]
-        for r in new_records:
-            if r.get("kind") == "step":
-                state.update(done=state["done"] + 1, phase=r["phase"], step_time_s=r["step_time_s"], loss=r["loss"])
-        if new_records and time.monotonic() - state["printed"] >= PLAIN_INTERVAL_S:
+        steps = [r for r in new_records if r.get("kind") == "step"]
+        for r in steps:
+            state.update(done=state["done"] + 1, phase=r["phase"], step_time_s=r["step_time_s"], loss=r["loss"])
+        if steps and time.monotonic() - state["printed"] >= PLAIN_INTERVAL_S:
             state["printed"] = time.monotonic()
             self._print(f"[{backend}] {state['recipe']}: {_describe_last(state)}")
 

@@ -79,7 +79,8 @@ def describe() -> dict:
     return {
         "backend": "paddle", "framework": "paddle", "framework_version": paddle.__version__,
         "versions": library_versions(), "device": "gpu:0" if gpu else "cpu", "device_name": _device_name(gpu),
-        "launcher": ["{python}", "-m", "paddle.distributed.launch", "--nproc_per_node", "{nproc}", main_py],
+        "launcher": ["{python}", "-m", "paddle.distributed.launch", "--nproc_per_node", "{nproc}",
+                     "--log_dir", "{log_dir}", main_py],
     }
 
 

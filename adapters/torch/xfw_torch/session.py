@@ -108,7 +108,8 @@ class TorchSession:
         self.cuda = self.device.type == "cuda"
         torch.manual_seed(spec["measure"]["seed"])
         attn = knobs.get("attn_implementation", "sdpa")
-        model = family.build(spec["model"]["arch"], attn_implementation=attn)
+        with self.device:  # initialise on the device: a 7B model built on the host takes minutes
+            model = family.build(spec["model"]["arch"], attn_implementation=attn)
         model.requires_grad_(False)
         for part in family.trainable_parts(model, spec["stage"]):
             part.requires_grad_(True)

@@ -1,0 +1,48 @@
+"""End to end, as a user runs it: `xfw compare` across the real Paddle and PyTorch adapters."""
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import ROOT, require_interpreter
+
+pytestmark = pytest.mark.contract
+
+
+def xfw(*args, timeout=600):
+    python = require_interpreter("torch")
+    require_interpreter("paddle")
+    return subprocess.run([str(python), "-m", "xfw.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_compare_trains_both_backends_and_reports_equal_parameter_counts(tmp_path):
+    out = tmp_path / "out"
+    result = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "paddle,torch", "--out", out,
+                 "--set", "measure.warmup_steps=1", "--set", "measure.steps=4")
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("| Tiny LLaVA"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[2].replace(",", "")) > 0 and float(cells[4].replace(",", "")) > 0
+    assert cells[3].endswith("%")
+    assert cells[-1] == "190,656 / 190,656 ✓"
+    assert "(host allocator)" in cells[5] and "(peak RSS)" in cells[6]
+    for name in ("report.md", "report.csv", "chart.png"):
+        assert (out / name).stat().st_size > 0
+    for backend in ("paddle", "torch"):
+        summary = json.loads((out / "tiny-llava-sft" / backend / "summary.json").read_text())
+        assert summary["status"] == "ok" and summary["measurement"]["num_measured_steps"] == 4
+
+
+def test_a_backend_that_rejects_its_settings_loses_no_other_result(tmp_path):
+    out = tmp_path / "out"
+    result = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "paddle,torch", "--out", out,
+                 "--set", "measure.warmup_steps=0", "--set", "measure.steps=2",
+                 "--set", "backends={paddle: {no_such_knob: 1}}")
+    assert result.returncode == 1
+    row = next(line for line in result.stdout.splitlines() if line.startswith("| Tiny LLaVA"))
+    assert "| **invalid** | n/a |" in row
+    assert "paddle: invalid — backends.paddle.no_such_knob" in result.stdout
+    torch_summary = json.loads((out / "tiny-llava-sft" / "torch" / "summary.json").read_text())
+    assert torch_summary["status"] == "ok" and torch_summary["measurement"]["ips"] > 0
