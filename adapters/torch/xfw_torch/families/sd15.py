@@ -1,0 +1,120 @@
+"""Stable Diffusion 1.5 from the neutral architecture, with diffusers' and transformers' classes.
+
+``build(arch)`` maps ``xfw.presets`` (family ``sd15``) onto ``UNet2DConditionModel``,
+``AutoencoderKL`` and ``CLIPTextModel``, randomly initialised, inside one module the session
+moves, casts and counts. The step is diffusers' train_text_to_image.py with its randomness
+taken from the batch (DESIGN.md §4)::
+
+    latents = VAE mean(pixels) x scaling_factor          # frozen, no grad
+    text    = CLIP text(input_ids).last_hidden_state      # frozen, no grad
+    noisy   = sqrt(ᾱ_t)·latents + sqrt(1 − ᾱ_t)·noise     # ᾱ from xfw.families.sd15
+    loss    = MSE(UNet(noisy, t, text), noise)            # epsilon prediction
+
+The VAE posterior's mean (``latent_dist.mode()``) replaces ``.sample()``: sampling would
+draw from the framework's RNG, and the two frameworks' draws could never match. The cost is
+the same. Stages: pretrain = the whole UNet; lora = LoRA on the UNet only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xfw.families import sd15 as core
+from xfw.harness import InvalidSpec, Unsupported
+
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+def build_vae(vae: dict):
+    """The AutoencoderKL both SD families use (encoder and decoder; only the encoder runs)."""
+    from diffusers import AutoencoderKL
+
+    levels = len(vae["block_out_channels"])
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * levels,
+        up_block_types=("UpDecoderBlock2D",) * levels, block_out_channels=tuple(vae["block_out_channels"]),
+        layers_per_block=vae["layers_per_block"], norm_num_groups=vae["norm_num_groups"],
+        latent_channels=vae["latent_channels"], scaling_factor=vae["scaling_factor"],
+        shift_factor=vae["shift_factor"], use_quant_conv=vae["use_quant_conv"],
+        use_post_quant_conv=vae["use_quant_conv"],
+    )
+
+
+def encode_latents(vae, pixel_values: torch.Tensor, cfg: dict) -> torch.Tensor:
+    """Frozen VAE encoder: the posterior's mean, shifted and scaled, in fp32."""
+    with torch.no_grad():
+        latents = vae.encode(pixel_values).latent_dist.mode().float()
+    return (latents - (cfg["shift_factor"] or 0.0)) * cfg["scaling_factor"]
+
+
+class StableDiffusion15(torch.nn.Module):
+    def __init__(self, arch: dict, unet, vae, text_encoder):
+        super().__init__()
+        self.unet, self.vae, self.text_encoder = unet, vae, text_encoder
+        self.vae_cfg = arch["vae"]
+        # A plain attribute, not a buffer: Module.to(dtype) would round a buffer to bf16 under O2.
+        # Moved to the device once, on the first step (a warm-up step).
+        self.alphas_cumprod = torch.from_numpy(core.alphas_cumprod(arch["scheduler"])).float()
+
+    def noise_coefficients(self, timesteps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.alphas_cumprod.device != timesteps.device:
+            self.alphas_cumprod = self.alphas_cumprod.to(timesteps.device)
+        alpha = self.alphas_cumprod[timesteps].view(-1, 1, 1, 1)
+        return alpha.sqrt(), (1.0 - alpha).sqrt()
+
+
+def build(arch: dict, *, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    from diffusers import UNet2DConditionModel
+    from diffusers.models.attention_processor import AttnProcessor
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise InvalidSpec(f"backends.torch.attn_implementation: {attn_implementation!r} for SD1.5 "
+                          f"(known: {', '.join(ATTN_IMPLEMENTATIONS)})")
+    u, t = arch["unet"], arch["text"]
+    unet = UNet2DConditionModel(
+        sample_size=u["sample_size"], in_channels=arch["vae"]["latent_channels"],
+        out_channels=arch["vae"]["latent_channels"], down_block_types=tuple(u["down_block_types"]),
+        up_block_types=tuple(u["up_block_types"]), block_out_channels=tuple(u["block_out_channels"]),
+        layers_per_block=u["layers_per_block"], cross_attention_dim=u["cross_attention_dim"],
+        attention_head_dim=u["attention_head_dim"], norm_num_groups=u["norm_num_groups"],
+    )
+    text_config = CLIPTextConfig(
+        vocab_size=t["vocab_size"], hidden_size=t["hidden_size"], intermediate_size=t["intermediate_size"],
+        num_hidden_layers=t["num_layers"], num_attention_heads=t["num_heads"],
+        max_position_embeddings=t["max_length"], hidden_act=t["hidden_act"], layer_norm_eps=t["layer_norm_eps"],
+        bos_token_id=t["vocab_size"] - 2, eos_token_id=t["vocab_size"] - 1, pad_token_id=t["vocab_size"] - 1,
+    )
+    text_config._attn_implementation = attn_implementation
+    model = StableDiffusion15(arch, unet, build_vae(arch["vae"]), CLIPTextModel(text_config))
+    if attn_implementation == "eager":  # diffusers' default is AttnProcessor2_0 (SDPA)
+        model.unet.set_attn_processor(AttnProcessor())
+        model.vae.set_attn_processor(AttnProcessor())
+    return model
+
+
+def trainable_parts(model: StableDiffusion15, stage: str) -> list:
+    if stage == "pretrain":
+        return [model.unet]
+    if stage == "lora":
+        return []  # only the adapters injected into lora_target(model)
+    raise Unsupported(f"stage {stage!r} for SD1.5")
+
+
+def lora_target(model: StableDiffusion15) -> torch.nn.Module:
+    return model.unet
+
+
+def loss_fn(model: StableDiffusion15, batch: dict) -> torch.Tensor:
+    latents = encode_latents(model.vae, batch["pixel_values"], model.vae_cfg)
+    with torch.no_grad():
+        text = model.text_encoder(batch["input_ids"], return_dict=False)[0]
+    noise, timesteps = batch["noise"], batch["timesteps"]
+    sqrt_alpha, sqrt_one_minus_alpha = model.noise_coefficients(timesteps)
+    noisy = sqrt_alpha * latents + sqrt_one_minus_alpha * noise
+    pred = model.unet(noisy, timesteps, text, return_dict=False)[0]
+    return torch.nn.functional.mse_loss(pred.float(), noise.float())
+
+
+def enable_recompute(model: StableDiffusion15) -> None:
+    model.unet.enable_gradient_checkpointing()

@@ -1,0 +1,74 @@
+"""Stable Diffusion 3 from the neutral architecture: diffusers' SD3Transformer2DModel + AutoencoderKL.
+
+Text embeddings come precomputed in the batch (see ``xfw.families.sd3``), so the system is
+the MMDiT and the frozen VAE, in one module the session moves, casts and counts. The step
+is rectified flow matching as in diffusers' train_dreambooth_sd3.py, with σ from the batch::
+
+    x0    = (VAE mean(pixels) − shift_factor) × scaling_factor   # frozen, no grad
+    noisy = (1 − σ)·x0 + σ·noise
+    loss  = MSE(transformer(noisy, σ·1000, text, pooled), noise − x0)
+
+As for SD1.5, the VAE posterior's mean replaces ``.sample()`` to keep framework RNGs out of
+the step. Stages: dreambooth = the whole transformer; lora = LoRA on the transformer only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xfw.harness import InvalidSpec, Unsupported
+from xfw_torch.families.sd15 import build_vae, encode_latents
+
+
+class StableDiffusion3(torch.nn.Module):
+    def __init__(self, arch: dict, transformer, vae):
+        super().__init__()
+        self.transformer, self.vae = transformer, vae
+        self.vae_cfg = arch["vae"]
+        self.num_train_timesteps = arch["scheduler"]["num_train_timesteps"]
+
+
+def build(arch: dict, *, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    from diffusers import SD3Transformer2DModel
+
+    if attn_implementation != "sdpa":
+        # diffusers has no non-SDPA processor for SD3's joint attention (JointAttnProcessor2_0 only).
+        raise InvalidSpec(f"backends.torch.attn_implementation: {attn_implementation!r} for SD3 (only 'sdpa')")
+    t = arch["transformer"]
+    transformer = SD3Transformer2DModel(
+        sample_size=t["sample_size"], patch_size=t["patch_size"], in_channels=t["in_channels"],
+        num_layers=t["num_layers"], attention_head_dim=t["head_dim"], num_attention_heads=t["num_heads"],
+        joint_attention_dim=t["joint_attention_dim"], caption_projection_dim=t["caption_projection_dim"],
+        pooled_projection_dim=t["pooled_projection_dim"], out_channels=t["out_channels"],
+        pos_embed_max_size=t["pos_embed_max_size"],
+    )
+    return StableDiffusion3(arch, transformer, build_vae(arch["vae"]))
+
+
+def trainable_parts(model: StableDiffusion3, stage: str) -> list:
+    if stage == "dreambooth":
+        return [model.transformer]
+    if stage == "lora":
+        return []  # only the adapters injected into lora_target(model)
+    raise Unsupported(f"stage {stage!r} for SD3")
+
+
+def lora_target(model: StableDiffusion3) -> torch.nn.Module:
+    return model.transformer
+
+
+def loss_fn(model: StableDiffusion3, batch: dict) -> torch.Tensor:
+    latents = encode_latents(model.vae, batch["pixel_values"], model.vae_cfg)
+    noise, sigmas = batch["noise"], batch["sigmas"]
+    sigma = sigmas.view(-1, 1, 1, 1)
+    noisy = (1.0 - sigma) * latents + sigma * noise
+    pred = model.transformer(
+        hidden_states=noisy, encoder_hidden_states=batch["prompt_embeds"],
+        pooled_projections=batch["pooled_prompt_embeds"], timestep=sigmas * model.num_train_timesteps,
+        return_dict=False,
+    )[0]
+    return torch.nn.functional.mse_loss(pred.float(), (noise - latents).float())
+
+
+def enable_recompute(model: StableDiffusion3) -> None:
+    model.transformer.enable_gradient_checkpointing()
