@@ -1,0 +1,175 @@
+"""The PyTorch adapter's Stable Diffusion families, for real: tiny SD1.5 and SD3 trained on CPU.
+
+Each tiny recipe trains once through its own interpreter (what the launcher runs); the
+cheaper checks (bf16 autocast, frozen weights, recompute) build sessions in this process,
+which is the torch environment when the tests run under ``.venv/torch/bin/python``.
+"""
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from xfw.recipe import recipe_from_dict, resolve_spec
+from xfw.records import validate_record
+
+from conftest import ROOT, run_adapter
+
+pytestmark = pytest.mark.contract
+RECIPES = ["sd15_pretrain", "sd15_lora", "sd3_dreambooth", "sd3_lora"]
+
+
+def recipe(name: str, **changes) -> dict:
+    data = yaml.safe_load(Path(ROOT / "recipes" / "tiny" / f"{name}.yaml").read_text())
+    return {**data, **changes}
+
+
+def spec_of(name: str, **changes) -> dict:
+    return resolve_spec(recipe_from_dict(recipe(name, **changes)), backend="torch", run_id="t")
+
+
+def expected_trainable(spec: dict) -> int:
+    """Counted independently of peft: the trained network's size, or r x (in + out) per targeted Linear."""
+    torch = pytest.importorskip("torch")
+    from xfw_torch.families import family_module
+
+    family = family_module(spec["model"]["family"])
+    with torch.device("meta"):
+        model = family.build(spec["model"]["arch"])
+    if spec["stage"] != "lora":
+        return sum(p.numel() for part in family.trainable_parts(model, spec["stage"]) for p in part.parameters())
+    lora = spec["lora"]
+    return sum(lora["r"] * (m.in_features + m.out_features) for name, m in family.lora_target(model).named_modules()
+               if isinstance(m, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in lora["targets"]))
+
+
+def in_process_session(spec: dict):
+    pytest.importorskip("torch")
+    from xfw.synthetic import make_pool
+    from xfw_torch.session import build_session
+
+    session = build_session(spec)
+    return session, [session.to_device(b) for b in make_pool(spec, 0)]
+
+
+def steps(session, pool, num_steps: int) -> list[float]:
+    accum = session.spec["derived"]["grad_accum_steps"]
+    return [float(session.train_step([pool[(s * accum + i) % len(pool)] for i in range(accum)]))
+            for s in range(num_steps)]
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_tiny_diffusion_recipe_trains_in_fp32_and_learns(tmp_path, name):
+    code, records, stderr = run_adapter("torch", tmp_path, **recipe(name))
+    assert code == 0, stderr
+    for r in records:
+        assert validate_record(r) == [], r
+    assert [r["kind"] for r in records] == ["start"] + ["step"] * 12 + ["window", "applied", "end"]
+    losses = [r["loss"] for r in records if r["kind"] == "step"]
+    assert all(math.isfinite(x) for x in losses)
+    # Steps alternate between two fixed pairs of pool batches (pool 4, accumulation 2), so
+    # compare like with like: the last pair of steps against the first.
+    assert sum(losses[-2:]) < 0.97 * sum(losses[:2]), losses
+    applied = next(r for r in records if r["kind"] == "applied")
+    assert (applied["weight_dtype"], applied["compute_dtype"], applied["amp_level"]) == ("float32", "float32", "O0")
+    assert applied["num_params_trainable"] == expected_trainable(spec_of(name))
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_tiny_diffusion_recipe_trains_under_bf16_autocast(tmp_path, name):
+    pytest.importorskip("torch")
+    from xfw import harness, records
+    from xfw_torch.session import TorchSession
+
+    spec = spec_of(name, precision={"dtype": "bf16", "amp_level": "O1"},
+                   measure={"warmup_steps": 1, "steps": 2, "timeout_s": 60})
+    writer = records.RecordWriter(tmp_path / "steps.jsonl", 0)
+    harness.run_training(spec, writer, TorchSession(spec))
+    writer.close()
+    written = records.load_records(tmp_path / "steps.jsonl")
+    for r in written:
+        assert validate_record(r) == [], r
+    assert all(math.isfinite(r["loss"]) for r in written if r["kind"] == "step")
+    applied = next(r for r in written if r["kind"] == "applied")
+    assert (applied["weight_dtype"], applied["compute_dtype"], applied["amp_level"]) == ("float32", "bfloat16", "O1")
+
+
+@pytest.mark.parametrize("name", ["sd15_pretrain", "sd3_lora"])
+def test_bf16_o2_trains_with_low_precision_weights(name):
+    session, pool = in_process_session(spec_of(name, precision={"dtype": "bf16", "amp_level": "O2"}))
+    assert all(math.isfinite(x) for x in steps(session, pool, 2))
+    assert session.applied()["weight_dtype"] == "bfloat16" and session.applied()["master_weights"]
+
+
+@pytest.mark.parametrize("name, frozen, trained", [
+    ("sd15_lora", ["unet", "vae", "text_encoder"], "unet"),
+    ("sd15_pretrain", ["vae", "text_encoder"], "unet"),
+    ("sd3_lora", ["transformer", "vae"], "transformer"),
+    ("sd3_dreambooth", ["vae"], "transformer"),
+])
+def test_frozen_weights_get_no_gradient_and_do_not_change(name, frozen, trained):
+    torch = pytest.importorskip("torch")
+
+    session, pool = in_process_session(spec_of(name))
+    model = session.model
+
+    def base(part):  # the part's own weights, LoRA adapters excluded
+        return {n: p for n, p in getattr(model, part).named_parameters() if "lora_" not in n}
+
+    before = {part: {n: p.detach().clone() for n, p in base(part).items()} for part in frozen}
+    trained_before = {n: p.detach().clone() for n, p in getattr(model, trained).named_parameters() if p.requires_grad}
+    steps(session, pool, 1)
+    for part in frozen:
+        for n, p in base(part).items():
+            assert not p.requires_grad and p.grad is None, f"{part}.{n}"
+            assert torch.equal(before[part][n], p), f"{part}.{n} changed"
+    now = dict(getattr(model, trained).named_parameters())
+    unchanged = {n for n, v in trained_before.items() if torch.equal(v, now[n])}
+    # LoRA's A gets no gradient while B is still zero. SD3's last block drops the text stream's
+    # attention output, so its text query projection never gets a gradient (in diffusers' model too).
+    last = session.spec["model"]["arch"].get("transformer", {}).get("num_layers", 0) - 1
+    allowed = {n for n in trained_before if "lora_A" in n or n.startswith(f"transformer_blocks.{last}.attn.add_q_proj.")}
+    assert trained_before and unchanged <= allowed, sorted(unchanged - allowed)
+    if session.spec["stage"] == "lora":
+        assert all("lora_" in n for n in trained_before)
+
+
+def first_block(model):
+    return model.unet.down_blocks[0].resnets[0] if hasattr(model, "unet") else model.transformer.transformer_blocks[0]
+
+
+@pytest.mark.parametrize("name", ["sd15_pretrain", "sd3_dreambooth"])
+def test_recompute_reruns_blocks_in_backward_and_changes_no_math(name):
+    def run(recompute: bool):
+        session, pool = in_process_session(spec_of(name, recompute=recompute))
+        calls = []
+        first_block(session.model).register_forward_pre_hook(lambda *args: calls.append(1))
+        return steps(session, pool, 2), len(calls), session.applied()["recompute"]
+
+    plain, plain_calls, _ = run(False)
+    recomputed, recomputed_calls, applied = run(True)
+    assert applied is True
+    # Each checkpointed block starts its forward again during backward (a pre-hook: with
+    # non-reentrant checkpointing the recomputation stops early, before any forward hook).
+    assert recomputed_calls == 2 * plain_calls
+    assert recomputed == pytest.approx(plain, rel=1e-5)
+
+
+def test_sd15_eager_attention_computes_what_sdpa_computes():
+    sdpa = steps(*in_process_session(spec_of("sd15_pretrain")), 2)
+    eager = steps(*in_process_session(spec_of("sd15_pretrain", backends={"torch": {"attn_implementation": "eager"}})), 2)
+    assert eager == pytest.approx(sdpa, rel=1e-4)
+
+
+def test_sd3_rejects_attention_it_cannot_run():
+    pytest.importorskip("torch")
+    from xfw.harness import InvalidSpec
+
+    with pytest.raises(InvalidSpec, match="attn_implementation"):
+        in_process_session(spec_of("sd3_dreambooth", backends={"torch": {"attn_implementation": "eager"}}))
+
+
+def test_same_seed_gives_the_same_losses():
+    first = steps(*in_process_session(spec_of("sd3_dreambooth")), 2)
+    assert steps(*in_process_session(spec_of("sd3_dreambooth")), 2) == first
