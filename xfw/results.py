@@ -35,6 +35,7 @@ SUMMARY_SCHEMA = 1
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are meant to be shared
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, sort_keys=False)
@@ -50,6 +51,7 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o644)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
