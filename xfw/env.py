@@ -30,6 +30,19 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def package_versions(names: tuple[str, ...]) -> dict[str, str]:
+    """Installed versions from package metadata (no imports: paddlenlp's alone takes seconds)."""
+    from importlib import metadata
+
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
 def mem_total_bytes() -> int | None:
     try:
         with open("/proc/meminfo", encoding="utf-8") as f:

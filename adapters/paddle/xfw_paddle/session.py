@@ -19,14 +19,13 @@ fits this environment, DESIGN.md §7)::
 from __future__ import annotations
 
 import contextlib
-import platform
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 import paddle
 
+from xfw.env import cpu_model, package_versions
 from xfw.harness import InvalidSpec, Unsupported
 from xfw_paddle import llava
 
@@ -42,33 +41,15 @@ AMP_NOTES = {
 
 
 def library_versions() -> dict[str, str]:
-    """Installed versions, read from package metadata (no import of paddlenlp: it takes seconds)."""
-    out = {}
-    for name in VERSIONED:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
+    return package_versions(VERSIONED)
 
 
 def _on_gpu() -> bool:
     return paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
-
-
 def _device_name(gpu: bool) -> str:
-    return paddle.device.cuda.get_device_name(0) if gpu else _cpu_name()
+    return paddle.device.cuda.get_device_name(0) if gpu else cpu_model()
 
 
 def describe() -> dict:

@@ -15,12 +15,12 @@ synchronous); losses leave the GPU through pinned memory so reading them never s
 from __future__ import annotations
 
 import contextlib
-import platform
 import resource
 import time
 
 import torch
 
+from xfw.env import cpu_model, package_versions
 from xfw.harness import InvalidSpec, Unsupported
 from xfw_torch.families import family_module
 
@@ -29,26 +29,8 @@ KNOBS = {"fused_optimizer", "attn_implementation"}
 
 
 def _library_versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {"torch": torch.__version__}
-    for name in ("transformers", "diffusers", "peft", "accelerate", "numpy"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
+    return {"torch": torch.__version__,
+            **package_versions(("transformers", "diffusers", "peft", "accelerate", "numpy"))}
 
 
 def describe() -> dict:
@@ -56,7 +38,7 @@ def describe() -> dict:
     return {
         "backend": "torch", "framework": "torch", "framework_version": torch.__version__,
         "versions": _library_versions(), "device": "cuda:0" if cuda else "cpu",
-        "device_name": torch.cuda.get_device_name(0) if cuda else _cpu_name(),
+        "device_name": torch.cuda.get_device_name(0) if cuda else cpu_model(),
         "cuda_version": torch.version.cuda, "cudnn_version": str(torch.backends.cudnn.version()) if cuda else None,
         "launcher": ["{python}", "-m", "torch.distributed.run", "--nproc_per_node", "{nproc}", "-m", "xfw_torch"],
     }
@@ -216,7 +198,7 @@ class TorchSession:
         versions = {f"version_{k}": v for k, v in _library_versions().items()}
         return dict(
             framework="torch", framework_version=torch.__version__, device=str(self.device),
-            device_name=torch.cuda.get_device_name(0) if self.cuda else _cpu_name(),
+            device_name=torch.cuda.get_device_name(0) if self.cuda else cpu_model(),
             weight_dtype=str(weight_dtype).removeprefix("torch."), compute_dtype=compute, amp_level=level,
             master_weights=self.master is not None, sharding_impl="none", attention_impl=self.attn,
             tf32=bool(self.cuda and torch.backends.cuda.matmul.allow_tf32), fused_optimizer=self.fused,
