@@ -53,8 +53,8 @@ class StableDiffusion15(torch.nn.Module):
         self.unet, self.vae, self.text_encoder = unet, vae, text_encoder
         self.vae_cfg = arch["vae"]
         # A plain attribute, not a buffer: Module.to(dtype) would round a buffer to bf16 under O2.
-        # Moved to the device once, on the first step (a warm-up step).
-        self.alphas_cumprod = torch.from_numpy(core.alphas_cumprod(arch["scheduler"])).float()
+        # Made on the device the model is built under; moved once, on a warm-up step, if not.
+        self.alphas_cumprod = torch.tensor(core.alphas_cumprod(arch["scheduler"]), dtype=torch.float32)
 
     def noise_coefficients(self, timesteps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.alphas_cumprod.device != timesteps.device:
