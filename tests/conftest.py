@@ -73,3 +73,16 @@ def run_adapter(backend: str, tmp_path: Path, *, timeout_s: float = 300, **secti
     proc = subprocess.run([str(python), "-m", f"xfw_{backend}", "--spec", str(spec_path), "--records",
                            str(records_path)], capture_output=True, text=True, timeout=timeout_s)
     return proc.returncode, load_records(records_path), proc.stderr
+
+
+# Readers of an adapter's records, shared by the contract tests.
+def kinds(records):
+    return [r["kind"] for r in records]
+
+
+def applied(records):
+    return next(r for r in records if r["kind"] == "applied")
+
+
+def losses(records):
+    return [r["loss"] for r in records if r["kind"] == "step"]

@@ -44,6 +44,11 @@ _VICUNA_7B = {
     "num_kv_heads": 32, "vocab_size": 32064, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
     "max_position_embeddings": 4096, "tie_word_embeddings": False,
 }
+_TINY_CLIP = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 4, "patch_size": 14,
+              "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5, "feature_layer": -2, "drop_cls": True}
+_TINY_LLAMA = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 4,
+               "vocab_size": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256,
+               "tie_word_embeddings": False}
 _QWEN2VL_SPECIAL_IDS = {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
                         "vision_end_token_id": 151653}  # Qwen/Qwen2-VL-2B-Instruct config.json
 _ANYRES = {"grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]], "image_newline": True}
@@ -51,34 +56,18 @@ _ANYRES = {"grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny-llava": {
         "family": "llava",
-        "vision": {
-            "hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 4,
-            "image_size": 56, "patch_size": 14, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
-            "feature_layer": -2, "drop_cls": True,
-        },
+        "vision": {**_TINY_CLIP, "image_size": 56},
         "projector": {"hidden_act": "gelu"},
-        "text": {
-            "hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
-            "num_kv_heads": 4, "vocab_size": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-            "max_position_embeddings": 256, "tie_word_embeddings": False,
-        },
+        "text": dict(_TINY_LLAMA),
         "image_token_id": 500,
         "anyres": None,
         "data": {"image_size": 56, "seq_len": 64},
     },
     "tiny-llava-next": {  # LLaVA-1.6's AnyRes path at toy size: 3 tiles, 4 + 2 x (4 + 1) = 14 image tokens
         "family": "llava",
-        "vision": {
-            "hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 4,
-            "image_size": 28, "patch_size": 14, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
-            "feature_layer": -2, "drop_cls": True,
-        },
+        "vision": {**_TINY_CLIP, "image_size": 28},
         "projector": {"hidden_act": "gelu"},
-        "text": {
-            "hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
-            "num_kv_heads": 4, "vocab_size": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-            "max_position_embeddings": 256, "tie_word_embeddings": False,
-        },
+        "text": dict(_TINY_LLAMA),
         "image_token_id": 500,
         "anyres": {"grid_pinpoints": [[28, 56], [56, 28], [56, 56]], "image_newline": True},
         "data": {"image_size": 28, "seq_len": 64, "anyres_image_hw": [28, 56]},

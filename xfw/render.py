@@ -100,7 +100,7 @@ def settings_markdown(rows: list[ComparisonRow], backends: list[str]) -> str:
     for row in rows:
         if not row.settings:
             continue
-        parts.append(f"#### {row.recipe}\n")
+        parts.append(f"#### {row.recipe}")
         lines = ["| Setting | " + " | ".join(backends) + " | |", "|---|" + "---|" * len(backends) + "---|"]
         for key, values in row.settings.items():
             differs = key in row.differing

@@ -15,23 +15,11 @@ import pytest
 from xfw import presets
 from xfw.records import validate_record
 
-from conftest import TINY_RECIPE, require_interpreter, run_adapter
+from conftest import TINY_RECIPE, applied, kinds, losses, require_interpreter, run_adapter
 
 pytestmark = pytest.mark.contract
 ARCH = presets.resolve_arch("tiny-llava", {}, None, None)
 COUNTS = presets.count_params(ARCH)
-
-
-def kinds(records):
-    return [r["kind"] for r in records]
-
-
-def applied(records):
-    return next(r for r in records if r["kind"] == "applied")
-
-
-def losses(records):
-    return [r["loss"] for r in records if r["kind"] == "step"]
 
 
 def run_in_paddle(code: str, *args, timeout_s: float = 120) -> subprocess.CompletedProcess:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from xfw.harness import Unsupported
+from xfw_torch.families.llava import enable_recompute, loss_fn  # noqa: F401 - same causal-LM step
 
 
 def build(arch: dict, *, attn_implementation: str = "sdpa") -> torch.nn.Module:
@@ -50,11 +51,3 @@ def trainable_parts(model: torch.nn.Module, stage: str) -> list:
 
 def lora_target(model: torch.nn.Module) -> torch.nn.Module:
     return model.model.language_model
-
-
-def loss_fn(model: torch.nn.Module, batch: dict) -> torch.Tensor:
-    return model(**batch).loss
-
-
-def enable_recompute(model: torch.nn.Module) -> None:
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
