@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from xfw import presets
 from xfw.recipe import recipe_from_dict, resolve_spec
 from xfw.records import validate_record
 
@@ -74,6 +75,30 @@ def test_tiny_diffusion_recipe_trains_in_fp32_and_learns(tmp_path, name):
     applied = next(r for r in records if r["kind"] == "applied")
     assert (applied["weight_dtype"], applied["compute_dtype"], applied["amp_level"]) == ("float32", "float32", "O0")
     assert applied["num_params_trainable"] == expected_trainable(spec_of(name))
+    lora = expected_trainable(spec_of(name)) if name.endswith("lora") else 0  # adapters add parameters
+    assert applied["num_params_total"] == presets.count_params(spec_of(name)["model"]["arch"])["total"] + lora
+
+
+@pytest.mark.parametrize("preset, override", [
+    ("tiny-sd15", {}),
+    ("tiny-sd3", {}),
+    ("tiny-sd15", {"unet": {"block_out_channels": [32, 64, 96], "layers_per_block": 2, "cross_attention_dim": 48,
+                            "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D", "CrossAttnDownBlock2D"],
+                            "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D", "CrossAttnUpBlock2D"]},
+                   "text": {"hidden_size": 48, "num_heads": 3},
+                   "vae": {"block_out_channels": [32, 64, 96], "layers_per_block": 2, "use_quant_conv": False}}),
+    ("tiny-sd3", {"transformer": {"num_layers": 3, "patch_size": 4, "joint_attention_dim": 24, "pooled_projection_dim": 40},
+                  "text": {"dim": 24, "pooled_dim": 40}, "vae": {"layers_per_block": 2, "use_quant_conv": True}}),
+])
+def test_analytic_parameter_counts_match_the_built_model(preset, override):
+    torch = pytest.importorskip("torch")
+    from xfw_torch.families import family_module
+
+    arch = presets.resolve_arch(preset, override, 64, None)
+    with torch.device("meta"):
+        model = family_module(arch["family"]).build(arch)
+    built = {name: sum(p.numel() for p in part.parameters()) for name, part in model.named_children()}
+    assert {**built, "total": sum(built.values())} == presets.count_params(arch)
 
 
 @pytest.mark.parametrize("name", RECIPES)

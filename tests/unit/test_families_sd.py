@@ -100,6 +100,24 @@ def test_inconsistent_diffusion_architectures_are_rejected_with_the_key(preset, 
     assert arch_error(preset, override, image_size).key == key
 
 
+def test_parameter_counts_match_the_published_models():
+    # What diffusers 0.42 / transformers 5.2 build from the published config.json files of
+    # runwayml/stable-diffusion-v1-5 and stabilityai/stable-diffusion-3-medium-diffusers
+    # (counted once on the meta device; tests/contract checks the tiny presets every run).
+    assert presets.count_params(presets.PRESETS["sd-1.5"]) == {
+        "unet": 859_520_964, "vae": 83_653_863, "text_encoder": 123_060_480, "total": 1_066_235_307}
+    assert presets.count_params(presets.PRESETS["sd-3-medium"]) == {
+        "transformer": 2_028_328_000, "vae": 83_819_683, "total": 2_112_147_683}
+
+
+def test_sd3_last_block_reads_text_without_updating_it():
+    t = presets.PRESETS["tiny-sd3"]["transformer"]
+    d = t["num_heads"] * t["head_dim"]
+    one_more = sd3.count_transformer({**t, "num_layers": t["num_layers"] + 1}) - sd3.count_transformer(t)
+    # A full joint block: 2 x 6-way modulation, 8 attention projections, 2 feed-forwards.
+    assert one_more == 2 * (6 * d * d + 6 * d) + 8 * (d * d + d) + 2 * (8 * d * d + 5 * d)
+
+
 def test_seed_rows_carry_seed_003s_settings():
     rows = {name: load_recipe(ROOT / "recipes" / f"{name}.yaml")
             for name in ("sd15_pretrain", "sd15_lora", "sd3_dreambooth", "sd3_lora")}
