@@ -9,8 +9,8 @@ the same noise at the same timesteps to the same images::
 
 The DDPM noise schedule is computed here once (:func:`alphas_cumprod`) and handed to both
 adapters, so the two sides cannot disagree on it. The VAE helpers are shared with SD3.
-:func:`count_params` counts diffusers' / ppdiffusers' layout exactly (published SD1.5: UNet
-859,520,964, VAE 83,653,863, CLIP text 123,060,480).
+:func:`count_params` counts diffusers' layout exactly (SD1.5: UNet 859,520,964, VAE
+83,653,863, CLIP text 123,060,480); ppdiffusers' classes on the Paddle side must match it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ noisy latents::
 
 The step: x0 = (VAE mean − shift) × scale; x_σ = (1 − σ)·x0 + σ·noise; the transformer at
 timestep σ·num_train_timesteps predicts noise − x0; plain MSE. :func:`count_params` counts
-diffusers' / ppdiffusers' layout exactly (SD3-medium: MMDiT 2,028,328,000, VAE 83,819,683).
+diffusers' layout exactly (SD3-medium: MMDiT 2,028,328,000, VAE 83,819,683).
 """
 
 from __future__ import annotations
