@@ -38,6 +38,7 @@ def make_pool(spec: dict, rank: int) -> list[dict[str, np.ndarray]]:
 
 
 def num_tokens(batch: dict[str, np.ndarray]) -> int:
-    """Sequence positions the language model processes (image tokens included); 0 if none."""
-    ids = batch.get("input_ids")
+    """Sequence positions the language model trains on (image tokens included); 0 if none.
+    Only batches with LM labels count: SD1.5's input_ids are CLIP prompt ids, not trained tokens."""
+    ids = batch.get("input_ids") if "labels" in batch else None
     return int(ids.size) if ids is not None else 0
