@@ -66,7 +66,8 @@ class Session(Protocol):
 
 
 def _micro_batches(pool: list, step: int, accum: int) -> list:
-    return [pool[(step * accum + i) % len(pool)] for i in range(accum)]
+    slot = step % (len(pool) // accum)
+    return [pool[slot * accum + i] for i in range(accum)]
 
 
 def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None:
@@ -74,7 +75,7 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
     accum = spec["derived"]["grad_accum_steps"]
     pool_np = synthetic.make_pool(spec, session.rank)
     samples = spec["batch"]["micro"] * accum
-    tokens = sum(synthetic.num_tokens(pool_np[i % len(pool_np)]) for i in range(accum))
+    tokens = sum(synthetic.num_tokens(pool_np[i]) for i in range(accum))
     pool = [session.to_device(b) for b in pool_np]  # converted before anything is timed
     writer.start(num_ranks=session.num_ranks, warmup_steps=warmup, steps=steps)
 

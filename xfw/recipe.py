@@ -73,7 +73,7 @@ class DataSpec:
     seq_len: int | None = None
     """Language sequence length in tokens, image tokens included."""
     pool_size: int = 4
-    """Distinct micro-batches generated before the timed window and cycled through it."""
+    """Optimizer steps' worth of distinct data generated before the timed window and cycled."""
     seed: int = 0
 
     def __post_init__(self):

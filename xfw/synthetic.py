@@ -2,10 +2,11 @@
 
 The core makes the data and each adapter only converts it (``torch.from_numpy``,
 ``paddle.to_tensor``), so both frameworks see bit-identical inputs. A batch depends only on
-(seed, rank, index), never on a framework RNG::
+its place in the global batch (seed, pool slot, sample index), never on a rank or a
+framework RNG::
 
     >>> pool = make_pool(spec, rank=0)          # spec: the resolved spec.json dict
-    >>> batch = pool[(step * accum + micro) % len(pool)]
+    >>> batch = pool[(step % pool_size) * accum + micro]
     >>> sorted(batch)
     ['attention_mask', 'input_ids', 'labels', 'pixel_values']
 
@@ -21,20 +22,34 @@ from xfw.families import family_module
 from xfw.families.llava import IGNORE_INDEX  # noqa: F401 - re-exported for adapters and tests
 
 
-def _rng(seed: int, rank: int, index: int) -> np.random.Generator:
-    return np.random.default_rng([seed, rank, index])
-
-
-def make_batch(spec: dict, rank: int, index: int) -> dict[str, np.ndarray]:
-    """Micro-batch number ``index`` of process ``rank`` for a resolved spec."""
+def sample(spec: dict, slot: int, index: int) -> dict[str, np.ndarray]:
+    """Sample ``index`` of the global batch of pool slot ``slot``: seeded by its place in the
+    global batch, never by rank, so 1 process x 8 micro-batches and 8 processes x 1 see the
+    very same samples in every optimizer step."""
     arch = spec["model"]["arch"]
-    return family_module(arch["family"]).make_batch(arch, spec["batch"]["micro"],
-                                                    _rng(spec["data"]["seed"], rank, index))
+    rng = np.random.default_rng([spec["data"]["seed"], slot, index])
+    return family_module(arch["family"]).make_batch(arch, 1, rng)
+
+
+def _stack(samples: list[dict[str, np.ndarray]], axes: dict[str, int]) -> dict[str, np.ndarray]:
+    return {k: np.concatenate([s[k] for s in samples], axis=axes.get(k, 0)) for k in samples[0]}
 
 
 def make_pool(spec: dict, rank: int) -> list[dict[str, np.ndarray]]:
-    """The cycled pool of micro-batches one process trains on."""
-    return [make_batch(spec, rank, i) for i in range(spec["data"]["pool_size"])]
+    """The micro-batches one process trains on: ``pool_size`` optimizer steps' worth, cycled.
+
+    Entry ``slot * accum + i`` is micro-batch ``i`` of this rank in step slot ``slot``; it
+    holds global samples ``(rank * accum + i) * micro`` onwards.
+    """
+    arch = spec["model"]["arch"]
+    axes = getattr(family_module(arch["family"]), "BATCH_AXES", {})
+    micro, accum = spec["batch"]["micro"], spec["derived"]["grad_accum_steps"]
+    pool = []
+    for slot in range(spec["data"]["pool_size"]):
+        for i in range(accum):
+            first = (rank * accum + i) * micro
+            pool.append(_stack([sample(spec, slot, first + k) for k in range(micro)], axes))
+    return pool
 
 
 def num_tokens(batch: dict[str, np.ndarray]) -> int:

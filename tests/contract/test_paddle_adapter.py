@@ -206,7 +206,7 @@ def test_paddle_llava_computes_transformers_logits_and_loss_from_the_same_weight
     torch = pytest.importorskip("torch")  # in-process: the test interpreter is the torch environment
     pytest.importorskip("transformers")
     from xfw.recipe import recipe_from_dict, resolve_spec
-    from xfw.synthetic import make_batch
+    from xfw.synthetic import make_pool
 
     recipe = {**TINY_RECIPE, "model": {"preset": "tiny-llava", "arch": ARCH_VARIANTS[variant]}}
     if not ARCH_VARIANTS[variant].get("vision", {}).get("drop_cls", True):
@@ -215,7 +215,7 @@ def test_paddle_llava_computes_transformers_logits_and_loss_from_the_same_weight
     arch = spec["model"]["arch"]
     torch.manual_seed(0)
     model = transformers_llava(arch).eval()
-    batch = make_batch(spec, 0, 0)
+    batch = make_pool(spec, 0)[0]
     with torch.no_grad():
         expected = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
     np.savez(tmp_path / "weights.npz", **{n: p.numpy() for n, p in model.state_dict().items()})

@@ -30,7 +30,7 @@ def test_diffusion_presets_resolve(preset):
 @pytest.mark.parametrize("preset", ["tiny-sd15", "tiny-sd3"])
 def test_batches_are_bit_identical_for_the_same_seed_and_differ_by_index(preset):
     s = spec(preset)
-    a, b, other = synthetic.make_batch(s, 0, 2), synthetic.make_batch(s, 0, 2), synthetic.make_batch(s, 0, 3)
+    a, b, other = synthetic.sample(s, 0, 2), synthetic.sample(s, 0, 2), synthetic.sample(s, 0, 3)
     assert sorted(a) == sorted(b)
     for key in a:
         assert a[key].tobytes() == b[key].tobytes() and a[key].dtype == b[key].dtype

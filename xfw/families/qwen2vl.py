@@ -17,6 +17,7 @@ from xfw.presets import ArchError
 
 IGNORE_INDEX = -100
 FIRST_TEXT_ID = 2
+BATCH_AXES = {"position_ids": 1}  # [3, batch, seq]: samples stack on axis 1
 
 
 def grid(arch: dict) -> tuple[int, int, int]:
