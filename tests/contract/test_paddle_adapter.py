@@ -151,10 +151,10 @@ SAME_WEIGHTS_LOGITS = """
     import json, sys
     import numpy as np
     import paddle
-    from xfw_paddle import llava
+    from xfw_paddle.families import llava
 
     arch, weights, batch, out = json.loads(sys.argv[1]), np.load(sys.argv[2]), np.load(sys.argv[3]), sys.argv[4]
-    model = llava.build_llava(arch, use_sdpa=True, recompute=False)
+    model = llava.build(arch, use_sdpa=True, recompute=False)
     model.eval()
     llava.load_hf_state(model, dict(weights))
     b = {k: paddle.to_tensor(batch[k]) for k in batch.files}

@@ -27,11 +27,10 @@ import paddle
 
 from xfw.env import cpu_model, package_versions
 from xfw.harness import InvalidSpec, Unsupported
-from xfw_paddle import llava
+from xfw_paddle.families import family_module
 
 AMP_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 KNOBS = {"attn_implementation": ("sdpa", "eager")}
-BUILDERS = {"llava": (llava.build_llava, llava.trainable_parts, llava.loss_fn)}
 VERSIONED = ("paddlepaddle", "paddlenlp", "ppdiffusers", "numpy")
 AMP_NOTES = {
     "O0": "fp32 throughout",
@@ -93,8 +92,6 @@ def check_spec(spec: dict) -> None:
         raise Unsupported("multi-process runs come in a later issue")
     if spec["parallel"]["sharding"] != "none":
         raise Unsupported(f"sharding {spec['parallel']['sharding']!r} comes with multi-process runs in a later issue")
-    if spec["model"]["family"] not in BUILDERS:
-        raise Unsupported(f"model family {spec['model']['family']!r} is not built by this adapter yet")
     if spec["stage"] == "lora":
         raise Unsupported("stage 'lora' (paddlenlp.peft) comes in a later issue")
 
@@ -110,7 +107,8 @@ def _majority_dtype(params: list) -> str:
 class PaddleSession:
     def __init__(self, spec: dict):
         check_spec(spec)
-        build, parts, self._loss_fn = BUILDERS[spec["model"]["family"]]
+        family = family_module(spec["model"]["family"])
+        self._loss_fn = family.loss_fn
         self.spec, self.rank, self.num_ranks = spec, 0, 1
         self.gpu = _on_gpu()
         paddle.set_device("gpu:0" if self.gpu else "cpu")
@@ -118,10 +116,10 @@ class PaddleSession:
         self.precision = plan_precision(spec["precision"]["dtype"], spec["precision"]["amp_level"], self.gpu)
 
         paddle.seed(spec["measure"]["seed"])
-        model = build(spec["model"]["arch"], use_sdpa=self.attn == "sdpa", recompute=bool(spec["recompute"]))
+        model = family.build(spec["model"]["arch"], use_sdpa=self.attn == "sdpa", recompute=bool(spec["recompute"]))
         for p in model.parameters():
             p.stop_gradient = True
-        for part in parts(model, spec["stage"]):
+        for part in family.trainable_parts(model, spec["stage"]):
             for p in part.parameters():
                 p.stop_gradient = False
         model.train()
@@ -231,7 +229,7 @@ class PaddleSession:
             device_name=_device_name(self.gpu), weight_dtype=_majority_dtype(self.model.parameters()),
             compute_dtype=self.precision.compute_dtype, amp_level=level, master_weights=self.master_weights,
             sharding_impl="none", attention_impl=self.attn, tf32=tf32, fused_optimizer=False,
-            recompute=self.model.recompute_enabled,
+            recompute=bool(getattr(self.model, "recompute_enabled", self.spec["recompute"])),
             num_params_total=self.num_params_total, num_params_trainable=self.num_params_trainable,
             num_processes=self.num_ranks, grad_accum_steps=self.spec["derived"]["grad_accum_steps"],
             mem_source="cuda_allocator" if self.gpu else "host_allocator", notes=notes, **versions,

@@ -16,7 +16,7 @@ the same weights, the two give the same logits and loss (to 1e-5, fp32 on CPU).
 Parameter names match transformers' after :func:`hf_name` (Paddle stores Linear weights as
 ``[in, out]``, transformers as ``[out, in]``)::
 
-    >>> model = build_llava(arch, use_sdpa=True, recompute=False)
+    >>> model = build(arch, use_sdpa=True, recompute=False)
     >>> hf_name("language_model.llama.layers.0.self_attn.q_proj.weight")
     'model.language_model.layers.0.self_attn.q_proj.weight'
 """
@@ -248,7 +248,7 @@ def loss_fn(model: LlavaForConditionalGeneration, batch: dict, autocast) -> padd
     return causal_lm_loss(logits, batch["labels"])
 
 
-def build_llava(arch: dict, *, use_sdpa: bool, recompute: bool) -> LlavaForConditionalGeneration:
+def build(arch: dict, *, use_sdpa: bool, recompute: bool) -> LlavaForConditionalGeneration:
     if arch.get("anyres"):
         # LLaVA-1.6 AnyRes tiling (LlavaNext) comes with the seed recipes in a later issue.
         raise Unsupported("LLaVA-1.6 AnyRes presets are not built by this adapter yet; use a single-tile preset")
