@@ -96,10 +96,11 @@ def test_recompute_is_applied_and_changes_memory_not_math(sft_run, tmp_path):
     assert losses(records) == pytest.approx(losses(sft_run)[:3], rel=1e-5)  # same seed, same batches
 
 
-def test_lora_stage_exits_unsupported_for_now(tmp_path):
-    code, records, _ = run_adapter("paddle", tmp_path, stage="lora", lora={"r": 4, "alpha": 8, "targets": ["q_proj"]})
-    assert code == 3
-    assert records[-1]["kind"] == "error" and records[-1]["status"] == "unsupported"
+def test_an_unknown_lora_target_exits_invalid_naming_the_key(tmp_path):
+    code, records, _ = run_adapter("paddle", tmp_path, stage="lora",
+                                   lora={"r": 4, "alpha": 8, "targets": ["q_proj", "qkv_proj"]})
+    assert code == 2
+    assert records[-1]["status"] == "invalid" and records[-1]["message"].startswith("lora.targets: ")
     assert validate_record(records[-1]) == []
 
 
@@ -159,16 +160,18 @@ SAME_WEIGHTS_LOGITS = """
     llava.load_hf_state(model, dict(weights))
     b = {k: paddle.to_tensor(batch[k]) for k in batch.files}
     with paddle.no_grad():
-        logits = model(b["pixel_values"], b["input_ids"], b["attention_mask"])
+        logits = model(b["pixel_values"], b["input_ids"], b["attention_mask"], b.get("image_sizes"))
         loss = llava.causal_lm_loss(logits, b["labels"])
     np.savez(out, logits=logits.numpy(), loss=loss.numpy())
 """
 
 
 def transformers_llava(arch: dict):
-    """transformers' LlavaForConditionalGeneration from the neutral fields: the reference the
-    Paddle model claims to be (built here, not through the PyTorch adapter, to test that claim alone)."""
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+    """transformers' LlavaForConditionalGeneration (LlavaNext for AnyRes) from the neutral fields:
+    the reference the Paddle model claims to be (built here, not through the PyTorch adapter,
+    to test that claim alone)."""
+    from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration,
+                              LlavaNextConfig, LlavaNextForConditionalGeneration)
 
     v, t = arch["vision"], arch["text"]
     vision = CLIPVisionConfig(hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
@@ -181,21 +184,25 @@ def transformers_llava(arch: dict):
                        rms_norm_eps=t["rms_norm_eps"], rope_theta=t["rope_theta"],
                        max_position_embeddings=t["max_position_embeddings"],
                        tie_word_embeddings=t["tie_word_embeddings"])
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=arch["image_token_id"],
-                         projector_hidden_act=arch["projector"]["hidden_act"],
-                         vision_feature_layer=v["feature_layer"],
-                         vision_feature_select_strategy="default" if v["drop_cls"] else "full",
-                         tie_word_embeddings=t["tie_word_embeddings"])
-    return LlavaForConditionalGeneration(config)
+    common = dict(vision_config=vision, text_config=text, image_token_index=arch["image_token_id"],
+                  projector_hidden_act=arch["projector"]["hidden_act"], vision_feature_layer=v["feature_layer"],
+                  vision_feature_select_strategy="default" if v["drop_cls"] else "full",
+                  tie_word_embeddings=t["tie_word_embeddings"])
+    if arch.get("anyres"):
+        return LlavaNextForConditionalGeneration(
+            LlavaNextConfig(image_grid_pinpoints=arch["anyres"]["grid_pinpoints"], **common))
+    return LlavaForConditionalGeneration(LlavaConfig(**common))
 
 
-# The tiny preset, and a variant exercising grouped-query attention, another RoPE base, another
-# feature layer and the CLS token kept.
+# The tiny presets (LLaVA-1.5, and LLaVA-1.6 AnyRes on a 1x2 and a 2x2 grid), and a variant exercising
+# grouped-query attention, another RoPE base, another feature layer and the CLS token kept.
 ARCH_VARIANTS = {
-    "tiny-llava": {},
-    "gqa-rope-last-layer-cls": {"text": {"num_kv_heads": 2, "rope_theta": 500.0},
-                                "vision": {"num_layers": 3, "feature_layer": -1, "drop_cls": False,
-                                           "layer_norm_eps": 1e-6}},
+    "tiny-llava": ("tiny-llava", {}),
+    "gqa-rope-last-layer-cls": ("tiny-llava", {"text": {"num_kv_heads": 2, "rope_theta": 500.0},
+                                               "vision": {"num_layers": 3, "feature_layer": -1, "drop_cls": False,
+                                                          "layer_norm_eps": 1e-6}}),
+    "tiny-llava-next": ("tiny-llava-next", {}),
+    "tiny-llava-next-2x2": ("tiny-llava-next", {"data": {"anyres_image_hw": [56, 56]}}),
 }
 
 
@@ -208,8 +215,9 @@ def test_paddle_llava_computes_transformers_logits_and_loss_from_the_same_weight
     from xfw.recipe import recipe_from_dict, resolve_spec
     from xfw.synthetic import make_pool
 
-    recipe = {**TINY_RECIPE, "model": {"preset": "tiny-llava", "arch": ARCH_VARIANTS[variant]}}
-    if not ARCH_VARIANTS[variant].get("vision", {}).get("drop_cls", True):
+    preset, overrides = ARCH_VARIANTS[variant]
+    recipe = {**TINY_RECIPE, "model": {"preset": preset, "arch": overrides}}
+    if not overrides.get("vision", {}).get("drop_cls", True):
         recipe["data"] = {"seq_len": 66}  # room for the CLS token's extra image token
     spec = resolve_spec(recipe_from_dict(recipe), backend="paddle", run_id="t")
     arch = spec["model"]["arch"]

@@ -92,8 +92,41 @@ def check_spec(spec: dict) -> None:
         raise Unsupported("multi-process runs come in a later issue")
     if spec["parallel"]["sharding"] != "none":
         raise Unsupported(f"sharding {spec['parallel']['sharding']!r} comes with multi-process runs in a later issue")
-    if spec["stage"] == "lora":
-        raise Unsupported("stage 'lora' (paddlenlp.peft) comes in a later issue")
+
+
+def lora_config_for(target: paddle.nn.Layer, lora: dict):
+    """paddlenlp's ``LoRAConfig`` for the neutral LoRA settings, adapters on exactly the linears
+    peft adapts on the PyTorch side.
+
+    peft takes a target name as a module-name suffix (``q_proj`` matches ``layers.0.self_attn.q_proj``);
+    paddlenlp takes a regular expression over the full name (``re.fullmatch``), so each name
+    becomes ``(.*\.)?q_proj``. Scaling is alpha / r in both (no rsLoRA). A name matching no
+    Linear under ``target`` is an error here for every name (peft raises only when none matches).
+    """
+    import re
+
+    from paddlenlp.peft import LoRAConfig
+
+    names = [name for name, layer in target.named_sublayers() if isinstance(layer, paddle.nn.Linear)]
+    patterns = [rf"(.*\.)?{re.escape(t)}" for t in lora["targets"]]
+    for t, pattern in zip(lora["targets"], patterns):
+        if not any(re.fullmatch(pattern, n) for n in names):
+            raise InvalidSpec(f"lora.targets: {t!r} names no linear layer of the language model")
+    return LoRAConfig(target_modules=patterns, r=lora["r"], lora_alpha=lora["alpha"],
+                      lora_dropout=lora["dropout"], rslora=False, dtype="float32")
+
+
+def apply_lora(target: paddle.nn.Layer, lora: dict) -> None:
+    """paddlenlp.peft LoRA adapters replace the targeted linears of ``target`` in place; within
+    ``target`` only the adapters train (what the stage trains elsewhere is left as it is)."""
+    from paddlenlp.peft import LoRAModel
+
+    config = lora_config_for(target, lora)
+    if not hasattr(target, "config"):  # LoRAModel reads config.tensor_parallel_degree
+        from types import SimpleNamespace
+
+        target.config = SimpleNamespace(tensor_parallel_degree=1)
+    LoRAModel(target, config)  # replaces the sublayers of ``target``; the wrapper itself is not needed
 
 
 def _majority_dtype(params: list) -> str:
@@ -120,8 +153,10 @@ class PaddleSession:
         for p in model.parameters():
             p.stop_gradient = True
         for part in family.trainable_parts(model, spec["stage"]):
-            for p in part.parameters():
+            for p in part.parameters() if isinstance(part, paddle.nn.Layer) else [part]:
                 p.stop_gradient = False
+        if spec["stage"] == "lora":
+            apply_lora(family.lora_target(model), spec["lora"])
         model.train()
         trainable = [p for p in model.parameters() if not p.stop_gradient]
         self.num_params_total = sum(int(p.size) for p in model.parameters())

@@ -1,4 +1,5 @@
-"""LLaVA-1.5 (single tile) in Paddle, composed to be transformers' ``LlavaForConditionalGeneration``.
+"""LLaVA in Paddle, composed to be transformers' ``LlavaForConditionalGeneration`` (LLaVA-1.5,
+single tile) or ``LlavaNextForConditionalGeneration`` (LLaVA-1.6, AnyRes tiles + image newline).
 
 paddlenlp 3.0.0b4 has no trainable LLaVA, so this module composes one from the neutral
 architecture (``xfw.presets``, family ``llava``):
@@ -8,7 +9,12 @@ architecture (``xfw.presets``, family ``llava``):
   ``paddle.nn.TransformerEncoder`` (other names, a hard-coded LayerNorm epsilon, hidden states
   only through paddlenlp's global monkey-patches), so it cannot be mapped one-to-one;
 * projector: Linear - GELU (exact) - Linear, as ``LlavaMultiModalProjector``;
-* language model: paddlenlp's own ``LlamaForCausalLM``.
+* language model: paddlenlp's own ``LlamaForCausalLM``;
+* AnyRes (LLaVA-1.6): the base tile's features, then the grid tiles' features re-arranged into
+  one spatial map whose rows each end with the ``image_newline`` parameter (transformers'
+  ``pack_image_features``, "spatial_unpad"). The grid is fixed by the architecture's
+  ``data.anyres_image_hw`` when the model is built, so the step never reads ``image_sizes``
+  back to the host; sizes that would need unpadding are rejected at build time.
 
 Checked numerically against transformers (tests/contract/test_paddle_adapter.py): loaded with
 the same weights, the two give the same logits and loss (to 1e-5, fp32 on CPU).
@@ -199,17 +205,38 @@ class LlavaForConditionalGeneration(nn.Layer):
             _llama_config(t, arch["data"]["seq_len"], use_sdpa=use_sdpa, recompute=recompute))
         # paddlenlp leaves recompute off until its Trainer turns it on; "full" = per decoder layer.
         self.language_model.llama.enable_recompute = recompute
+        self.anyres_grid = anyres_grid(arch) if arch.get("anyres") else None
+        if self.anyres_grid:
+            # transformers: randn(hidden) / sqrt(hidden), the embedding scale of the text model.
+            self.image_newline = self.create_parameter([t["hidden_size"]], attr=_normal(t["hidden_size"] ** -0.5))
 
     @property
     def recompute_enabled(self) -> bool:
         return bool(self.language_model.llama.enable_recompute)
 
     def image_features(self, pixel_values: paddle.Tensor) -> paddle.Tensor:
+        """Projected image features, ``[batch, image tokens, text hidden]`` (all tiles packed)."""
+        if self.anyres_grid:  # [b, tiles, 3, H, W]: every tile through the tower in one pass
+            b, tiles = pixel_values.shape[:2]
+            pixel_values = pixel_values.reshape([b * tiles, *pixel_values.shape[2:]])
         # Like transformers, the whole tower runs (last layer and post_layernorm included) and
         # one layer's hidden states are taken: the same work on both sides.
         _, hidden_states = self.vision_tower(pixel_values)
         selected = hidden_states[self.feature_index]
-        return self.multi_modal_projector(selected[:, 1:] if self.drop_cls else selected)
+        features = self.multi_modal_projector(selected[:, 1:] if self.drop_cls else selected)
+        return self.pack_tiles(features.reshape([b, tiles, *features.shape[1:]])) if self.anyres_grid else features
+
+    def pack_tiles(self, features: paddle.Tensor) -> paddle.Tensor:
+        """``[b, tiles, g*g, d]`` -> ``[b, g*g + R*g*(C*g + 1), d]``: base tile, then the grid's
+        rows, each followed by ``image_newline`` (transformers' ``pack_image_features``)."""
+        rows, cols = self.anyres_grid
+        b, _, n, d = features.shape
+        g = round(n ** 0.5)
+        grid = features[:, 1:].reshape([b, rows, cols, g, g, d]).transpose([0, 1, 3, 2, 4, 5])
+        grid = grid.reshape([b, rows * g, cols * g, d])
+        newline = self.image_newline.astype(grid.dtype).reshape([1, 1, 1, d]).expand([b, rows * g, 1, d])
+        grid = paddle.concat([grid, newline], axis=2).reshape([b, -1, d])
+        return paddle.concat([features[:, 0], grid], axis=1)
 
     def merge_image_features(self, input_ids: paddle.Tensor, image_features: paddle.Tensor) -> paddle.Tensor:
         """Token embeddings with the image-token positions replaced, in order, by the image
@@ -222,8 +249,9 @@ class LlavaForConditionalGeneration(nn.Layer):
         image_rows = paddle.gather(image_features.reshape([-1, h]).astype(embeds.dtype), order)
         return paddle.where(is_image.unsqueeze(-1), image_rows, embeds.reshape([-1, h])).reshape([b, s, h])
 
-    def forward(self, pixel_values, input_ids, attention_mask) -> paddle.Tensor:
-        """Logits ``[batch, seq, vocab]``."""
+    def forward(self, pixel_values, input_ids, attention_mask, image_sizes=None) -> paddle.Tensor:
+        """Logits ``[batch, seq, vocab]``. ``image_sizes`` is accepted for the batch's sake; the
+        AnyRes layout it implies was fixed (and checked) from the architecture at build time."""
         inputs_embeds = self.merge_image_features(input_ids, self.image_features(pixel_values))
         out = self.language_model(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                                   use_cache=False, return_dict=False)
@@ -248,10 +276,45 @@ def loss_fn(model: LlavaForConditionalGeneration, batch: dict, autocast) -> padd
     return causal_lm_loss(logits, batch["labels"])
 
 
+def select_best_resolution(image_hw: tuple[int, int], pinpoints: list) -> tuple[int, int]:
+    """The pinpoint transformers (and LLaVA's image processor) resize an image to: the most
+    effective resolution kept after downscaling, ties broken by the least wasted area."""
+    height, width = image_hw
+    best, best_fit = None, (-1, 0.0)
+    for ph, pw in pinpoints:
+        scale = min(pw / width, ph / height)
+        effective = min(int(width * scale) * int(height * scale), width * height)
+        fit = (effective, -(ph * pw - effective))
+        if fit > best_fit:
+            best, best_fit = (ph, pw), fit
+    return best
+
+
+def anyres_grid(arch: dict) -> tuple[int, int]:
+    """(rows, cols) of grid tiles for the architecture's image size, checked to need no unpadding."""
+    v, anyres = arch["vision"], arch["anyres"]
+    if not anyres["image_newline"]:
+        raise Unsupported("LLaVA-NeXT without the image-newline parameter")
+    if not v["drop_cls"]:  # transformers' "full" strategy cannot tile either (views fail)
+        raise Unsupported("AnyRes with the CLS token kept (vision.drop_cls = false)")
+    height, width = arch["data"]["anyres_image_hw"]
+    best_h, best_w = select_best_resolution((height, width), [list(p) for p in anyres["grid_pinpoints"]])
+    tile = v["image_size"]
+    rows, cols = best_h // tile, best_w // tile
+    # transformers' unpad_image: the padding added when the image's aspect differs from the grid's.
+    g = tile // v["patch_size"]
+    cur_h, cur_w = rows * g, cols * g
+    if width / height > cur_w / cur_h:
+        padding = (cur_h - int(round(height * cur_w / width, 7))) // 2
+    else:
+        padding = (cur_w - int(round(width * cur_h / height, 7))) // 2
+    if padding:
+        raise Unsupported(f"AnyRes image {height}x{width} needs unpadding on a {best_h}x{best_w} grid; "
+                          f"only images that are exactly a grid pinpoint are built")
+    return rows, cols
+
+
 def build(arch: dict, *, use_sdpa: bool, recompute: bool) -> LlavaForConditionalGeneration:
-    if arch.get("anyres"):
-        # LLaVA-1.6 AnyRes tiling (LlavaNext) comes with the seed recipes in a later issue.
-        raise Unsupported("LLaVA-1.6 AnyRes presets are not built by this adapter yet; use a single-tile preset")
     if arch["vision"]["hidden_act"] not in _VISION_ACTS:
         raise Unsupported(f"vision hidden_act {arch['vision']['hidden_act']!r} is not built")
     return LlavaForConditionalGeneration(arch, use_sdpa=use_sdpa, recompute=recompute)
@@ -261,9 +324,17 @@ def trainable_parts(model: LlavaForConditionalGeneration, stage: str) -> list[nn
     """What a stage trains (DESIGN.md §4); the vision tower is always frozen."""
     if stage == "pretrain":
         return [model.multi_modal_projector]
+    newline = [model.image_newline] if model.anyres_grid else []
+    if stage in ("pretrain", "lora"):  # lora: plus the adapters, added on lora_target
+        return [model.multi_modal_projector, *newline]
     if stage == "sft":
-        return [model.multi_modal_projector, model.language_model]
-    raise Unsupported(f"stage {stage!r} for LLaVA is not built by this adapter yet")
+        return [model.multi_modal_projector, *newline, model.language_model]
+    raise Unsupported(f"stage {stage!r} for LLaVA is not built by this adapter")
+
+
+def lora_target(model: LlavaForConditionalGeneration) -> nn.Layer:
+    """The decoder without lm_head, as the PyTorch side's ``model.model.language_model``."""
+    return model.language_model.llama
 
 
 _HF_PREFIXES = (
@@ -271,6 +342,7 @@ _HF_PREFIXES = (
     ("multi_modal_projector.", "model.multi_modal_projector."),
     ("language_model.llama.", "model.language_model."),
     ("language_model.lm_head.", "lm_head."),
+    ("image_newline", "model.image_newline"),
 )
 
 
