@@ -1,0 +1,101 @@
+"""Stable Diffusion 1.5 in Paddle: ppdiffusers' UNet2DConditionModel + AutoencoderKL + CLIP text.
+
+``build(arch)`` maps ``xfw.presets`` (family ``sd15``) onto the same architecture as the
+PyTorch side (``xfw_torch.families.sd15``), with the same parameter names and counts. The CLIP
+text encoder is ``ppdiffusers.transformers.CLIPTextModel`` (what ppdiffusers' SD pipelines
+load): a port of transformers' CLIPTextModel with its module names, unlike paddlenlp's. The
+step is the PyTorch side's, its randomness from the batch (DESIGN.md §4)::
+
+    latents = VAE mean(pixels) x scaling_factor          # frozen, no grad
+    text    = CLIP text(input_ids).last_hidden_state      # frozen, no grad
+    noisy   = sqrt(ᾱ_t)·latents + sqrt(1 − ᾱ_t)·noise     # ᾱ from xfw.families.sd15
+    loss    = MSE(UNet(noisy, t, text), noise)            # epsilon prediction
+
+Stages: pretrain = the whole UNet; lora = paddlenlp.peft LoRA on the UNet only
+(:func:`apply_lora`). Recompute is ppdiffusers' gradient checkpointing per UNet block.
+Checked against diffusers with the same weights in tests/contract/test_paddle_diffusion.py.
+"""
+
+from __future__ import annotations
+
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+from xfw.families import sd15 as core
+from xfw.harness import Unsupported
+from xfw_paddle.families._sd_common import apply_lora, build_vae, encode_latents, use_attention
+
+__all__ = ["apply_lora", "build", "trainable_parts", "lora_target", "loss_fn"]
+
+
+class StableDiffusion15(nn.Layer):
+    def __init__(self, arch: dict, unet, vae, text_encoder):
+        super().__init__()
+        self.unet, self.vae, self.text_encoder = unet, vae, text_encoder
+        self.vae_cfg = arch["vae"]
+        # A plain attribute, not a buffer: paddle.amp.decorate(O2) would round a buffer to low precision.
+        self.alphas_cumprod = paddle.to_tensor(core.alphas_cumprod(arch["scheduler"]), dtype="float32")
+
+    @property
+    def recompute_enabled(self) -> bool:
+        return any(getattr(m, "gradient_checkpointing", False) for m in self.unet.sublayers())
+
+    def noise_coefficients(self, timesteps: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        alpha = paddle.gather(self.alphas_cumprod, timesteps).reshape([-1, 1, 1, 1])
+        return alpha.sqrt(), (1.0 - alpha).sqrt()
+
+
+def _text_encoder(t: dict):
+    from ppdiffusers.transformers import CLIPTextConfig, CLIPTextModel
+
+    config = CLIPTextConfig(
+        vocab_size=t["vocab_size"], hidden_size=t["hidden_size"], intermediate_size=t["intermediate_size"],
+        num_hidden_layers=t["num_layers"], num_attention_heads=t["num_heads"],
+        max_position_embeddings=t["max_length"], hidden_act=t["hidden_act"], layer_norm_eps=t["layer_norm_eps"],
+        bos_token_id=t["vocab_size"] - 2, eos_token_id=t["vocab_size"] - 1, pad_token_id=t["vocab_size"] - 1,
+    )
+    return CLIPTextModel(config)
+
+
+def build(arch: dict, *, use_sdpa: bool = True, recompute: bool = False) -> StableDiffusion15:
+    from ppdiffusers import UNet2DConditionModel
+
+    u, z = arch["unet"], arch["vae"]["latent_channels"]
+    unet = UNet2DConditionModel(
+        sample_size=u["sample_size"], in_channels=z, out_channels=z, down_block_types=tuple(u["down_block_types"]),
+        up_block_types=tuple(u["up_block_types"]), block_out_channels=tuple(u["block_out_channels"]),
+        layers_per_block=u["layers_per_block"], cross_attention_dim=u["cross_attention_dim"],
+        attention_head_dim=u["attention_head_dim"], norm_num_groups=u["norm_num_groups"],
+    )
+    model = StableDiffusion15(arch, unet, build_vae(arch["vae"]), _text_encoder(arch["text"]))
+    use_attention(model.unet, use_sdpa)
+    use_attention(model.vae, use_sdpa)
+    if recompute:
+        model.unet.enable_gradient_checkpointing()
+    return model
+
+
+def trainable_parts(model: StableDiffusion15, stage: str) -> list[nn.Layer]:
+    if stage == "pretrain":
+        return [model.unet]
+    if stage == "lora":
+        return []  # only the adapters injected into lora_target(model)
+    raise Unsupported(f"stage {stage!r} for SD1.5")
+
+
+def lora_target(model: StableDiffusion15) -> nn.Layer:
+    return model.unet
+
+
+def loss_fn(model: StableDiffusion15, batch: dict, autocast) -> paddle.Tensor:
+    """The training loss of one micro-batch: forward under ``autocast()``, the MSE in fp32."""
+    with autocast():
+        latents = encode_latents(model.vae, batch["pixel_values"], model.vae_cfg)
+        with paddle.no_grad():
+            text = model.text_encoder(batch["input_ids"], return_dict=False)[0]
+        noise, timesteps = batch["noise"], batch["timesteps"]
+        sqrt_alpha, sqrt_one_minus_alpha = model.noise_coefficients(timesteps)
+        noisy = sqrt_alpha * latents + sqrt_one_minus_alpha * noise
+        pred = model.unet(noisy, timesteps, text, return_dict=False)[0]
+    return F.mse_loss(pred.astype("float32"), noise.astype("float32"))
