@@ -26,7 +26,7 @@ from xfw.families import sd15 as core
 from xfw.harness import Unsupported
 from xfw_paddle.families._sd_common import apply_lora, build_vae, encode_latents, use_attention
 
-__all__ = ["apply_lora", "build", "trainable_parts", "lora_target", "loss_fn"]
+__all__ = ["apply_lora", "build", "trainable_parts", "lora_target", "prediction", "loss_fn"]
 
 
 class StableDiffusion15(nn.Layer):
@@ -88,14 +88,19 @@ def lora_target(model: StableDiffusion15) -> nn.Layer:
     return model.unet
 
 
+def prediction(model: StableDiffusion15, batch: dict) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """(the UNet's prediction, its target: the noise) for one micro-batch."""
+    latents = encode_latents(model.vae, batch["pixel_values"], model.vae_cfg)
+    with paddle.no_grad():
+        text = model.text_encoder(batch["input_ids"], return_dict=False)[0]
+    noise, timesteps = batch["noise"], batch["timesteps"]
+    sqrt_alpha, sqrt_one_minus_alpha = model.noise_coefficients(timesteps)
+    noisy = sqrt_alpha * latents + sqrt_one_minus_alpha * noise
+    return model.unet(noisy, timesteps, text, return_dict=False)[0], noise
+
+
 def loss_fn(model: StableDiffusion15, batch: dict, autocast) -> paddle.Tensor:
     """The training loss of one micro-batch: forward under ``autocast()``, the MSE in fp32."""
     with autocast():
-        latents = encode_latents(model.vae, batch["pixel_values"], model.vae_cfg)
-        with paddle.no_grad():
-            text = model.text_encoder(batch["input_ids"], return_dict=False)[0]
-        noise, timesteps = batch["noise"], batch["timesteps"]
-        sqrt_alpha, sqrt_one_minus_alpha = model.noise_coefficients(timesteps)
-        noisy = sqrt_alpha * latents + sqrt_one_minus_alpha * noise
-        pred = model.unet(noisy, timesteps, text, return_dict=False)[0]
-    return F.mse_loss(pred.astype("float32"), noise.astype("float32"))
+        pred, target = prediction(model, batch)
+    return F.mse_loss(pred.astype("float32"), target.astype("float32"))

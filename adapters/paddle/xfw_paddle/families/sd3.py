@@ -30,7 +30,7 @@ from paddle import nn
 from xfw.harness import Unsupported
 from xfw_paddle.families._sd_common import apply_lora, build_vae, encode_latents, use_attention
 
-__all__ = ["apply_lora", "build", "trainable_parts", "lora_target", "loss_fn"]
+__all__ = ["apply_lora", "build", "trainable_parts", "lora_target", "prediction", "loss_fn"]
 
 
 class StableDiffusion3(nn.Layer):
@@ -106,16 +106,22 @@ def lora_target(model: StableDiffusion3) -> nn.Layer:
     return model.transformer
 
 
+def prediction(model: StableDiffusion3, batch: dict) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """(the transformer's prediction, its target: the velocity noise − x0) for one micro-batch."""
+    latents = encode_latents(model.vae, batch["pixel_values"], model.vae_cfg)
+    noise, sigmas = batch["noise"], batch["sigmas"]
+    sigma = sigmas.reshape([-1, 1, 1, 1])
+    noisy = (1.0 - sigma) * latents + sigma * noise
+    pred = model.transformer(
+        hidden_states=noisy, encoder_hidden_states=batch["prompt_embeds"],
+        pooled_projections=batch["pooled_prompt_embeds"], timestep=sigmas * model.num_train_timesteps,
+        return_dict=False,
+    )[0]
+    return pred, noise - latents
+
+
 def loss_fn(model: StableDiffusion3, batch: dict, autocast) -> paddle.Tensor:
     """The training loss of one micro-batch: forward under ``autocast()``, the MSE in fp32."""
     with autocast():
-        latents = encode_latents(model.vae, batch["pixel_values"], model.vae_cfg)
-        noise, sigmas = batch["noise"], batch["sigmas"]
-        sigma = sigmas.reshape([-1, 1, 1, 1])
-        noisy = (1.0 - sigma) * latents + sigma * noise
-        pred = model.transformer(
-            hidden_states=noisy, encoder_hidden_states=batch["prompt_embeds"],
-            pooled_projections=batch["pooled_prompt_embeds"], timestep=sigmas * model.num_train_timesteps,
-            return_dict=False,
-        )[0]
-    return F.mse_loss(pred.astype("float32"), (noise - latents).astype("float32"))
+        pred, target = prediction(model, batch)
+    return F.mse_loss(pred.astype("float32"), target.astype("float32"))
