@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from xfw import workflow
+from xfw import launcher, workflow
 from xfw.recipe import to_dict
 
 
@@ -49,21 +49,42 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY.PATH
                           help="Override a recipe field (value parsed as YAML), e.g. --set batch.micro=2. Repeatable.")
 python_option = click.option("--python", "pythons", multiple=True, metavar="NAME=PATH",
                              help="Interpreter for a backend (default: .venv/NAME/bin/python). Repeatable.")
+
+
+def rendezvous_options(fn):
+    """Multi-node flags, passed through to the backend's launcher (torchrun, paddle.distributed.launch)."""
+    fn = click.option("--master-port", type=int, default=None,
+                      help="Rendezvous port of node 0 (default: a free port, single node).")(fn)
+    fn = click.option("--master-addr", default="127.0.0.1", show_default=True,
+                      help="Address of node 0 for multi-node runs.")(fn)
+    fn = click.option("--node-rank", type=int, default=0, show_default=True,
+                      help="This node's rank for multi-node runs (parallel.nnodes > 1).")(fn)
+    return fn
+
+
 out_option = click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
                           help="Directory for run directories and the report (default: runs/<time>-<recipe>).")
 
 
-def _execute(recipe_paths, backend_names, overrides, pythons, out_dir) -> int:
-    from xfw.progress import make_progress
-
+def _prepare(recipe_paths, backend_names, overrides, pythons):
     try:
         recipes = workflow.load_all(list(recipe_paths), list(overrides))
         backends = workflow.prepare_backends(backend_names, _interpreters(pythons))
     except workflow.UsageError as err:
         _fail(str(err))
+    return recipes, backends
+
+
+def _execute(recipe_paths, backend_names, overrides, pythons, out_dir, rendezvous, print_command=False) -> int:
+    from xfw.progress import make_progress
+
+    recipes, backends = _prepare(recipe_paths, backend_names, overrides, pythons)
     out_dir = out_dir or workflow.default_out_dir(recipes)
+    if print_command:
+        click.echo("\n".join(workflow.launch_commands(recipes, backends, out_dir, rendezvous)))
+        return 0
     click.echo(f"runs in {out_dir}", err=True)
-    results = workflow.run_all(recipes, backends, out_dir, make_progress())
+    results = workflow.run_all(recipes, backends, out_dir, make_progress(), rendezvous)
     report = workflow.write_report(results, backend_names, out_dir)
     click.echo(report.markdown)
     for kind, path in report.paths.items():
@@ -104,9 +125,13 @@ def validate(recipes, overrides, print_spec) -> None:
 @set_option
 @python_option
 @out_option
-def run(recipe, backend, overrides, pythons, out_dir) -> None:
+@rendezvous_options
+@click.option("--print-command", is_flag=True,
+              help="Print the exact launch command and environment (and write spec.json) without running.")
+def run(recipe, backend, overrides, pythons, out_dir, node_rank, master_addr, master_port, print_command) -> None:
     """Run one recipe on one backend and report it."""
-    sys.exit(_execute([recipe], [backend], overrides, pythons, out_dir))
+    rendezvous = launcher.Rendezvous(node_rank, master_addr, master_port)
+    sys.exit(_execute([recipe], [backend], overrides, pythons, out_dir, rendezvous, print_command))
 
 
 @main.command()
@@ -116,9 +141,11 @@ def run(recipe, backend, overrides, pythons, out_dir) -> None:
 @set_option
 @python_option
 @out_option
-def compare(recipes, backends, overrides, pythons, out_dir) -> None:
+@rendezvous_options
+def compare(recipes, backends, overrides, pythons, out_dir, node_rank, master_addr, master_port) -> None:
     """Run recipes on several backends, one at a time, and print the contrast table."""
-    sys.exit(_execute(recipes, _backend_list(backends), overrides, pythons, out_dir))
+    rendezvous = launcher.Rendezvous(node_rank, master_addr, master_port)
+    sys.exit(_execute(recipes, _backend_list(backends), overrides, pythons, out_dir, rendezvous))
 
 
 @main.command()
@@ -141,8 +168,6 @@ def report(run_dirs, backends, out_dir) -> None:
 @python_option
 def env_command(backends, pythons) -> None:
     """Show each backend's interpreter, whether its adapter imports, and its versions."""
-    from xfw import launcher
-
     interpreters, status = _interpreters(pythons), 0
     for name in _backend_list(backends):
         try:

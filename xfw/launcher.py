@@ -19,6 +19,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 POLL_INTERVAL_S = 0.2
 DESCRIBE_TIMEOUT_S = 180
 KILL_GRACE_S = 10
+RUN_ENV = {"PYTHONUNBUFFERED": "1"}  # added to the caller's environment for every backend process
 _OOM_PATTERNS = re.compile(r"out of memory|OutOfMemoryError|ResourceExhaustedError|CUDA error: out of memory", re.I)
 
 
@@ -91,14 +93,33 @@ def describe_backend(backend: Backend) -> dict:
         raise BackendError(f"backend {backend.name!r}: --describe printed no JSON") from None
 
 
-def build_command(backend: Backend, description: dict, num_processes: int, spec_path: Path,
-                  records_path: Path) -> list[str]:
-    if num_processes == 1:
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the processes of a multi-node run meet; passed through to the adapter's launcher."""
+
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    """None: a free port on this host (single-node runs never collide with each other)."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def build_command(backend: Backend, description: dict, recipe: Recipe, spec_path: Path, records_path: Path,
+                  rendezvous: Rendezvous = Rendezvous()) -> list[str]:
+    if recipe.num_processes == 1:
         head = [backend.python, "-m", backend.module]
     else:
-        # Placeholders an adapter's launcher may use: the interpreter, the process count, and a
-        # directory for the launcher's own logs (paddle.distributed.launch writes ./log otherwise).
-        values = {"python": backend.python, "nproc": num_processes, "log_dir": spec_path.parent / "launch_log"}
+        # Placeholders an adapter's launcher template may use. log_dir: paddle.distributed.launch
+        # writes ./log unless told otherwise.
+        values = {"python": backend.python, "nproc": recipe.parallel.nproc_per_node,
+                  "nnodes": recipe.parallel.nnodes, "node_rank": rendezvous.node_rank,
+                  "master_addr": rendezvous.master_addr, "master_port": rendezvous.master_port or _free_port(),
+                  "log_dir": spec_path.parent / "launch_log"}
         head = [part.format(**values) for part in description["launcher"]]
     return head + ["--spec", str(spec_path), "--records", str(records_path)]
 
@@ -157,7 +178,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict,
-           progress: Progress | None = None, repeat_index: int = 0) -> RunResult:
+           progress: Progress | None = None, repeat_index: int = 0,
+           rendezvous: Rendezvous = Rendezvous()) -> RunResult:
     """Run one backend on one recipe in ``run_dir``; always returns a RunResult."""
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = resolve_spec(recipe, backend=backend.name, run_id=f"{run_dir.parent.name}/{run_dir.name}")
@@ -166,7 +188,7 @@ def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict
     write_json_atomic(run_dir / "env.json", {**host.host_env(), "interpreter": backend.python,
                                              "backend": description})
     records_path.unlink(missing_ok=True)  # a rerun into the same directory starts clean
-    cmd = build_command(backend, description, recipe.num_processes, spec_path, records_path)
+    cmd = build_command(backend, description, recipe, spec_path, records_path, rendezvous)
     timeout_s = recipe.measure.timeout_s
     total = (recipe.measure.warmup_steps + recipe.measure.steps) * recipe.num_processes
     if progress:
@@ -176,7 +198,7 @@ def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict
     t0 = time.monotonic()
     with open(run_dir / "stdout.log", "wb") as out, open(run_dir / "stderr.log", "wb") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, **RUN_ENV})
         try:
             while proc.poll() is None:
                 if time.monotonic() - t0 > timeout_s:

@@ -14,14 +14,15 @@ results. A failed backend is a result with a status; it never stops the others::
 from __future__ import annotations
 
 import datetime as dt
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from xfw import compare as cmp
 from xfw import launcher, render
 from xfw.plot import plot_comparison
-from xfw.recipe import Recipe, RecipeError, load_recipe
-from xfw.results import RunResult, load_runs, write_text_atomic
+from xfw.recipe import Recipe, RecipeError, load_recipe, resolve_spec
+from xfw.results import RunResult, load_runs, write_json_atomic, write_text_atomic
 
 
 class UsageError(ValueError):
@@ -73,17 +74,38 @@ class Report:
     paths: dict[str, Path]
 
 
+def _run_dir(out_dir: Path, recipe: Recipe, backend: str, k: int) -> Path:
+    return out_dir / recipe.name / (backend if recipe.measure.repeat == 1 else f"{backend}-r{k}")
+
+
 def run_all(recipes: list[Recipe], backends: dict[str, tuple[launcher.Backend, dict]], out_dir: Path,
-            progress: launcher.Progress | None = None) -> list[RunResult]:
+            progress: launcher.Progress | None = None,
+            rendezvous: launcher.Rendezvous = launcher.Rendezvous()) -> list[RunResult]:
     results = []
     for recipe in recipes:
-        repeats = recipe.measure.repeat
-        for k in range(repeats):
+        for k in range(recipe.measure.repeat):
             for name, (backend, description) in backends.items():
-                run_dir = out_dir / recipe.name / (name if repeats == 1 else f"{name}-r{k}")
-                results.append(launcher.launch(recipe, backend, run_dir, description=description,
-                                               progress=progress, repeat_index=k))
+                results.append(launcher.launch(recipe, backend, _run_dir(out_dir, recipe, name, k),
+                                               description=description, progress=progress, repeat_index=k,
+                                               rendezvous=rendezvous))
     return results
+
+
+def launch_commands(recipes: list[Recipe], backends: dict[str, tuple[launcher.Backend, dict]], out_dir: Path,
+                    rendezvous: launcher.Rendezvous = launcher.Rendezvous()) -> list[str]:
+    """The exact shell lines ``run`` would execute, with their environment; writes each spec.json
+    (so a line can be run by hand) and launches nothing."""
+    lines = []
+    for recipe in recipes:
+        for name, (backend, description) in backends.items():
+            run_dir = _run_dir(out_dir, recipe, name, 0)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            spec_path = run_dir / "spec.json"
+            write_json_atomic(spec_path, resolve_spec(recipe, backend=name, run_id=f"{out_dir.name}/{recipe.name}"))
+            cmd = launcher.build_command(backend, description, recipe, spec_path, run_dir / "steps.jsonl", rendezvous)
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launcher.RUN_ENV.items())
+            lines.append(f"# {name}: {recipe.name} (timeout {recipe.measure.timeout_s:g} s)\n{env} {shlex.join(cmd)}")
+    return lines
 
 
 def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *, chart: bool = True) -> Report:

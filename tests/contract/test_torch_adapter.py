@@ -85,8 +85,8 @@ def test_runs_with_the_same_seed_are_reproducible(tmp_path):
 
 def test_lora_trains_only_the_adapters_and_the_projector(tmp_path):
     lora = {"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj", "down_proj"]}
-    code, records, stderr = run_adapter("torch", tmp_path, stage="lora", lora=lora,
-                                        measure={"warmup_steps": 0, "steps": 4})
+    code, records, stderr = run_adapter("torch", tmp_path, stage="lora", lora=lora, optimizer={"lr": 1.0e-2},
+                                        measure={"warmup_steps": 0, "steps": 6})
     assert code == 0, stderr
     added = llava_family.count_lora_params(ARCH, lora)
     assert added == 2 * 4 * ((64 + 64) + (64 + 64) + (128 + 64))

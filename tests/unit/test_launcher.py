@@ -100,11 +100,24 @@ def test_an_interpreter_without_the_adapter_is_named(fake_backend):
         launcher.describe_backend(backend)
 
 
-def test_multi_process_runs_use_the_launcher_the_adapter_describes(tmp_path):
+def test_multi_process_runs_use_the_launcher_the_adapter_describes(write_recipe, tmp_path):
     backend = launcher.Backend("torch", "/venv/bin/python")
-    description = {"launcher": ["{python}", "-m", "torch.distributed.run", "--nproc_per_node", "{nproc}",
-                                "-m", "xfw_torch"]}
-    cmd = launcher.build_command(backend, description, 2, tmp_path / "s.json", tmp_path / "r.jsonl")
-    assert cmd[:5] == ["/venv/bin/python", "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    single = launcher.build_command(backend, description, 1, tmp_path / "s.json", tmp_path / "r.jsonl")
+    description = {"launcher": ["{python}", "-m", "torch.distributed.run", "--nnodes", "{nnodes}", "--node_rank",
+                                "{node_rank}", "--master_addr", "{master_addr}", "--master_port", "{master_port}",
+                                "--nproc_per_node", "{nproc}", "-m", "xfw_torch"]}
+    two_nodes = load_recipe(write_recipe(parallel={"nproc_per_node": 2, "nnodes": 2}, batch={"global": 8, "micro": 2}))
+    rdzv = launcher.Rendezvous(node_rank=1, master_addr="10.0.0.5", master_port=29400)
+    cmd = launcher.build_command(backend, description, two_nodes, tmp_path / "s.json", tmp_path / "r.jsonl", rdzv)
+    assert cmd[:13] == ["/venv/bin/python", "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", "1",
+                        "--master_addr", "10.0.0.5", "--master_port", "29400", "--nproc_per_node", "2"]
+    single = launcher.build_command(backend, description, load_recipe(write_recipe()), tmp_path / "s.json",
+                                    tmp_path / "r.jsonl")
     assert single[:3] == ["/venv/bin/python", "-m", "xfw_torch"]
+
+
+def test_a_single_node_run_gets_a_free_master_port(write_recipe, tmp_path):
+    backend = launcher.Backend("torch", "/venv/bin/python")
+    description = {"launcher": ["{python}", "--port", "{master_port}"]}
+    recipe = load_recipe(write_recipe(parallel={"nproc_per_node": 2}))
+    port = int(launcher.build_command(backend, description, recipe, tmp_path / "s", tmp_path / "r")[2])
+    assert 1024 < port < 65536

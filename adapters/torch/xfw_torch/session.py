@@ -22,10 +22,11 @@ import torch
 
 from xfw.env import cpu_model, package_versions
 from xfw.harness import InvalidSpec, Unsupported
+from xfw_torch import parallel
 from xfw_torch.families import family_module
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-KNOBS = {"fused_optimizer", "attn_implementation"}
+KNOBS = {"fused_optimizer", "attn_implementation", "sharding_impl"}
 
 
 def _library_versions() -> dict[str, str]:
@@ -40,7 +41,9 @@ def describe() -> dict:
         "versions": _library_versions(), "device": "cuda:0" if cuda else "cpu",
         "device_name": torch.cuda.get_device_name(0) if cuda else cpu_model(),
         "cuda_version": torch.version.cuda, "cudnn_version": str(torch.backends.cudnn.version()) if cuda else None,
-        "launcher": ["{python}", "-m", "torch.distributed.run", "--nproc_per_node", "{nproc}", "-m", "xfw_torch"],
+        "launcher": ["{python}", "-m", "torch.distributed.run", "--nnodes", "{nnodes}", "--node_rank", "{node_rank}",
+                     "--master_addr", "{master_addr}", "--master_port", "{master_port}",
+                     "--nproc_per_node", "{nproc}", "-m", "xfw_torch"],
     }
 
 
@@ -80,15 +83,14 @@ class TorchSession:
         unknown = sorted(set(knobs) - KNOBS)
         if unknown:
             raise InvalidSpec(f"backends.torch.{unknown[0]}: unknown knob (known: {', '.join(sorted(KNOBS))})")
-        if spec["derived"]["num_processes"] != 1 or spec["parallel"]["sharding"] != "none":
-            raise Unsupported("multi-process and sharded runs are not in this adapter yet")
+        impl = parallel.choose_impl(spec) if spec["derived"]["num_processes"] > 1 else "none"
         family = family_module(spec["model"]["family"])
-        self._loss_fn = family.loss_fn
-
-        self.rank, self.num_ranks = 0, 1
-        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        self.rank, self.num_ranks, self.device = parallel.init_distributed(torch.cuda.is_available())
+        if self.num_ranks != spec["derived"]["num_processes"]:
+            raise InvalidSpec(f"parallel: the spec asks for {spec['derived']['num_processes']} processes, "
+                              f"the launcher started {self.num_ranks}")
         self.cuda = self.device.type == "cuda"
-        torch.manual_seed(spec["measure"]["seed"])
+        torch.manual_seed(spec["measure"]["seed"])  # the same initial weights on every rank
         attn = knobs.get("attn_implementation", "sdpa")
         with self.device:  # initialise on the device: a 7B model built on the host takes minutes
             model = family.build(spec["model"]["arch"], attn_implementation=attn)
@@ -100,23 +102,36 @@ class TorchSession:
         if spec["recompute"]:
             family.enable_recompute(model)
         model.train()
+        self.model = model
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.num_params_total = sum(p.numel() for p in model.parameters())
+        self.num_params_trainable = sum(p.numel() for p in trainable)
 
         dtype_name, level = spec["precision"]["dtype"], spec["precision"]["amp_level"]
         self.dtype = DTYPES[dtype_name]
-        model.to(self.device, dtype=self.dtype if level == "O2" else torch.float32)
-        self.model = model
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        self.master = MasterWeights(trainable) if level == "O2" else None
-        opt_params = self.master.master_params if self.master else trainable
+        fsdp = impl in ("fsdp1", "fsdp2")
+        # O2: FSDP keeps fp32 shards and computes in low precision (its shards are the master
+        # weights); everything else casts the weights and keeps fp32 masters in the optimizer.
+        model.to(self.device, dtype=self.dtype if level == "O2" and not fsdp else torch.float32)
+        self.module, self.impl = parallel.apply_parallel(
+            parallel.LossModule(model, family.loss_fn), spec=spec, units=family.shard_units(model),
+            device=self.device, dtype=self.dtype if level == "O2" and fsdp else None,
+            find_unused=getattr(family, "DDP_FIND_UNUSED", False))
+        trainable = [p for p in self.module.parameters() if p.requires_grad]
+        self.master = MasterWeights(trainable) if level == "O2" and not fsdp else None
         self.fused = bool(knobs.get("fused_optimizer", self.cuda))
-        o = spec["optimizer"]
-        self.optimizer = torch.optim.AdamW(opt_params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
-                                           weight_decay=o["weight_decay"], fused=self.fused)
+        self.optimizer = parallel.make_optimizer(self.master.master_params if self.master else trainable,
+                                                 self.impl, spec["optimizer"], self.fused)
         self.autocast = level in ("O1", "O2")
-        self.scaler = torch.amp.GradScaler(self.device.type) if dtype_name == "fp16" else None
-        self.num_params_total = sum(p.numel() for p in model.parameters())
-        self.num_params_trainable = sum(p.numel() for p in trainable)
-        self.spec, self.attn = spec, attn
+        self.scaler = None
+        if dtype_name == "fp16":
+            if fsdp:
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+                self.scaler = ShardedGradScaler(self.device.type)
+            else:
+                self.scaler = torch.amp.GradScaler(self.device.type)
+        self.spec, self.attn, self.level = spec, attn, level
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
 
@@ -131,10 +146,12 @@ class TorchSession:
 
     def train_step(self, micro_batches: list) -> torch.Tensor:
         total = torch.zeros((), device=self.device)
-        for batch in micro_batches:
-            with self._autocast():
-                loss = self._loss_fn(self.model, batch) / len(micro_batches)
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        last = len(micro_batches) - 1
+        for i, batch in enumerate(micro_batches):
+            with parallel.gradient_sync(self.module, self.impl, enabled=i == last):
+                with self._autocast():
+                    loss = self.module(**batch) / len(micro_batches)
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach().float()
         if self.master:
             self.master.grads_to_master()
@@ -188,23 +205,26 @@ class TorchSession:
         return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
 
     def applied(self) -> dict:
-        level = self.spec["precision"]["amp_level"]
+        level = self.level
         weight_dtype = next(self.model.parameters()).dtype
         compute = str(self.dtype).removeprefix("torch.") if self.autocast else "float32"
+        fsdp = self.impl in ("fsdp1", "fsdp2")
         notes = {"O0": "fp32 throughout", "O1": "torch.autocast over fp32 weights",
                  "O2": "low-precision weights + autocast + fp32 master weights in the optimizer"}[level]
+        if level == "O2" and fsdp:
+            notes = f"{self.impl} mixed precision: {compute} compute over fp32 shards (the master weights), fp32 reduce"
         if self.scaler:
-            notes += "; GradScaler"
+            notes += f"; {type(self.scaler).__name__}"
         versions = {f"version_{k}": v for k, v in _library_versions().items()}
         return dict(
             framework="torch", framework_version=torch.__version__, device=str(self.device),
-            device_name=torch.cuda.get_device_name(0) if self.cuda else cpu_model(),
+            device_name=torch.cuda.get_device_name(self.device) if self.cuda else cpu_model(),
             weight_dtype=str(weight_dtype).removeprefix("torch."), compute_dtype=compute, amp_level=level,
-            master_weights=self.master is not None, sharding_impl="none", attention_impl=self.attn,
-            tf32=bool(self.cuda and torch.backends.cuda.matmul.allow_tf32), fused_optimizer=self.fused,
-            recompute=bool(self.spec["recompute"]), num_params_total=self.num_params_total,
-            num_params_trainable=self.num_params_trainable, num_processes=self.num_ranks,
-            grad_accum_steps=self.spec["derived"]["grad_accum_steps"],
+            master_weights=self.master is not None or (level == "O2" and fsdp), sharding_impl=self.impl,
+            attention_impl=self.attn, tf32=bool(self.cuda and torch.backends.cuda.matmul.allow_tf32),
+            fused_optimizer=self.fused, recompute=bool(self.spec["recompute"]),
+            num_params_total=self.num_params_total, num_params_trainable=self.num_params_trainable,
+            num_processes=self.num_ranks, grad_accum_steps=self.spec["derived"]["grad_accum_steps"],
             mem_source="cuda_allocator" if self.cuda else "peak_rss", notes=notes, **versions,
         )
 

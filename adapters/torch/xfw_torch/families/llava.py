@@ -78,3 +78,9 @@ def loss_fn(model: torch.nn.Module, batch: dict) -> torch.Tensor:
 
 def enable_recompute(model: torch.nn.Module) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def shard_units(model: torch.nn.Module) -> list:
+    """Blocks FSDP shards one by one: the decoder layers and the vision encoder layers."""
+    inner = model.model
+    return [*inner.language_model.layers, *inner.vision_tower.vision_model.encoder.layers]

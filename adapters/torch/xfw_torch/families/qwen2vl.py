@@ -51,3 +51,8 @@ def trainable_parts(model: torch.nn.Module, stage: str) -> list:
 
 def lora_target(model: torch.nn.Module) -> torch.nn.Module:
     return model.model.language_model
+
+
+def shard_units(model: torch.nn.Module) -> list:
+    """Blocks FSDP shards one by one: the decoder layers and the vision blocks."""
+    return [*model.model.language_model.layers, *model.model.visual.blocks]

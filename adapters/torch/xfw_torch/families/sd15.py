@@ -118,3 +118,9 @@ def loss_fn(model: StableDiffusion15, batch: dict) -> torch.Tensor:
 
 def enable_recompute(model: StableDiffusion15) -> None:
     model.unet.enable_gradient_checkpointing()
+
+
+def shard_units(model: StableDiffusion15) -> list:
+    """Blocks FSDP shards one by one: the UNet's down, mid and up blocks."""
+    unet = model.unet
+    return [*unet.down_blocks, unet.mid_block, *unet.up_blocks]

@@ -72,3 +72,13 @@ def loss_fn(model: StableDiffusion3, batch: dict) -> torch.Tensor:
 
 def enable_recompute(model: StableDiffusion3) -> None:
     model.transformer.enable_gradient_checkpointing()
+
+
+def shard_units(model: StableDiffusion3) -> list:
+    """Blocks FSDP shards one by one: the joint transformer blocks."""
+    return list(model.transformer.transformer_blocks)
+
+
+# The last joint block's text-stream projections produce an output that is discarded, so their
+# parameters never get a gradient: DDP must be told to look for unused parameters.
+DDP_FIND_UNUSED = True

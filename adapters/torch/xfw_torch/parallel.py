@@ -1,0 +1,144 @@
+"""Data parallelism and ZeRO sharding for the PyTorch side, chosen from the neutral settings.
+
+``apply_parallel(module, spec=..., units=..., device=..., dtype=...)`` wraps the loss module
+once, in the one order that works (DESIGN.md §5):
+
+====================  =========================================================================
+parallel.sharding     PyTorch mechanism (``backends.torch.sharding_impl`` picks among them)
+====================  =========================================================================
+none                  DDP
+stage1                DDP + ZeroRedundancyOptimizer (optimizer states sharded: ZeRO-1)
+stage2                FSDP2 ``fully_shard(reshard_after_forward=False)`` (≈ ZeRO-2), or
+                      FSDP1 ``SHARD_GRAD_OP``
+stage3                FSDP2 ``fully_shard(reshard_after_forward=True)`` (ZeRO-3), or
+                      FSDP1 ``FULL_SHARD``
+====================  =========================================================================
+
+Order matters: FSDP shards each transformer block first and the root last, so every block
+gathers its own parameters just in time; the optimizer is built afterwards, over the sharded
+parameters. Under FSDP, O2 is FSDP's mixed precision (bf16 compute over fp32 shards, fp32
+gradient reduction), so the fp32 shards are the master weights and no extra copy is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.distributed as dist
+
+from xfw.harness import InvalidSpec, Unsupported
+
+IMPLS = {
+    "none": ("ddp",),
+    "stage1": ("zero_redundancy",),
+    "stage2": ("fsdp2", "fsdp1"),
+    "stage3": ("fsdp2", "fsdp1"),
+}
+
+
+def init_distributed(cuda: bool) -> tuple[int, int, torch.device]:
+    """(rank, world size, this process's device) from torchrun's environment."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if world == 1:
+        return 0, 1, device
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    return dist.get_rank(), world, device
+
+
+def choose_impl(spec: dict) -> str:
+    sharding = spec["parallel"]["sharding"]
+    allowed = IMPLS[sharding]
+    impl = spec["backend_knobs"].get("sharding_impl", allowed[0])
+    if impl not in allowed:
+        raise InvalidSpec(f"backends.torch.sharding_impl: {impl!r} does not implement sharding {sharding} "
+                          f"(choose {', '.join(allowed)})")
+    return impl
+
+
+class LossModule(torch.nn.Module):
+    """The model and its loss as one module, so DDP/FSDP see every forward through their hooks."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn):
+        super().__init__()
+        self.model = model
+        self._loss_fn = loss_fn
+
+    def forward(self, **batch) -> torch.Tensor:
+        return self._loss_fn(self.model, batch)
+
+
+def apply_parallel(module: LossModule, *, spec: dict, units: list[torch.nn.Module], device: torch.device,
+                   dtype: torch.dtype | None, find_unused: bool) -> tuple[torch.nn.Module, str]:
+    """Wrap for the spec's world size and sharding; returns (module, name of what was applied).
+
+    ``dtype`` is the low-precision compute dtype under O2 (None otherwise); ``units`` are the
+    blocks FSDP shards one by one.
+    """
+    if spec["derived"]["num_processes"] == 1:
+        if spec["parallel"]["sharding"] != "none":
+            raise Unsupported(f"sharding {spec['parallel']['sharding']} needs more than one process")
+        return module, "none"
+    impl = choose_impl(spec)
+    cuda = device.type == "cuda"
+    if impl in ("ddp", "zero_redundancy"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        wrapped = DDP(module, device_ids=[device.index] if cuda else None, find_unused_parameters=find_unused)
+        return wrapped, impl
+    reshard = spec["parallel"]["sharding"] == "stage3"
+    if impl == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+        for unit in units:
+            fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(module, mp_policy=policy, reshard_after_forward=reshard)
+        return module, "fsdp2"
+    if not cuda:  # torch raises "FSDP needs a non-CPU accelerator device" at wrap time
+        raise Unsupported("FSDP1 needs a GPU; on CPU use backends.torch.sharding_impl: fsdp2")
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+
+    unit_ids = {id(u) for u in units}
+    wrapped = FSDP(
+        module, sharding_strategy=ShardingStrategy.FULL_SHARD if reshard else ShardingStrategy.SHARD_GRAD_OP,
+        auto_wrap_policy=lambda m, recurse, nonwrapped_numel: recurse or id(m) in unit_ids,
+        mixed_precision=MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else None,
+        use_orig_params=True, device_id=device if cuda else None,
+    )
+    return wrapped, "fsdp1"
+
+
+def make_optimizer(params: list, impl: str, optimizer: dict, fused: bool) -> torch.optim.Optimizer:
+    kwargs = dict(lr=optimizer["lr"], betas=tuple(optimizer["betas"]), eps=optimizer["eps"],
+                  weight_decay=optimizer["weight_decay"], fused=fused)
+    if impl == "zero_redundancy":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **kwargs)
+    return torch.optim.AdamW(params, **kwargs)
+
+
+def gradient_sync(module: torch.nn.Module, impl: str, enabled: bool):
+    """Context for one micro-batch's backward: skip the gradient all-reduce until the last one."""
+    if enabled or impl == "none":
+        return contextlib.nullcontext()
+    if impl == "fsdp2":
+        module.set_requires_gradient_sync(False)
+        return _ResyncOnExit(module)
+    return module.no_sync()  # DDP and FSDP1
+
+
+class _ResyncOnExit(contextlib.AbstractContextManager):
+    def __init__(self, module):
+        self.module = module
+
+    def __exit__(self, *exc):
+        self.module.set_requires_gradient_sync(True)
+        return False
