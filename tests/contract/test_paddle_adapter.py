@@ -223,6 +223,9 @@ def test_paddle_llava_computes_transformers_logits_and_loss_from_the_same_weight
     arch = spec["model"]["arch"]
     torch.manual_seed(0)
     model = transformers_llava(arch).eval()
+    with torch.no_grad():  # weights 5x the init scale, so that every part of the tower moves the logits
+        for p in model.parameters():
+            p.mul_(5.0) if p.ndim > 1 else p.normal_(1.0 if p.abs().min() == 1 else 0.0, 0.1)
     batch = make_pool(spec, 0)[0]
     with torch.no_grad():
         expected = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
@@ -231,5 +234,6 @@ def test_paddle_llava_computes_transformers_logits_and_loss_from_the_same_weight
     run_in_paddle(SAME_WEIGHTS_LOGITS, json.dumps(arch), tmp_path / "weights.npz", tmp_path / "batch.npz",
                   tmp_path / "paddle.npz")
     got = np.load(tmp_path / "paddle.npz")
-    np.testing.assert_allclose(got["logits"], expected.logits.numpy(), atol=1e-5, rtol=0)
-    assert float(got["loss"]) == pytest.approx(float(expected.loss), abs=1e-5)
+    # fp32 rounding over logits of magnitude ~4 (the scaled weights): ~1e-5 is seen, 3e-5 allowed.
+    np.testing.assert_allclose(got["logits"], expected.logits.numpy(), atol=3e-5, rtol=0)
+    assert float(got["loss"]) == pytest.approx(float(expected.loss), abs=3e-5)

@@ -239,15 +239,8 @@ class LlavaForConditionalGeneration(nn.Layer):
         return paddle.concat([features[:, 0], grid], axis=1)
 
     def merge_image_features(self, input_ids: paddle.Tensor, image_features: paddle.Tensor) -> paddle.Tensor:
-        """Token embeddings with the image-token positions replaced, in order, by the image
-        features: ``masked_scatter`` in transformers. Row-wise cumsum + gather + where keeps it
-        free of host syncs (paddle.masked_scatter checks sizes on the host)."""
         embeds = self.language_model.llama.embed_tokens(input_ids)
-        b, s, h = embeds.shape
-        is_image = (input_ids == self.image_token_id).reshape([-1])
-        order = paddle.clip(paddle.cumsum(is_image.astype("int64")) - 1, min=0)
-        image_rows = paddle.gather(image_features.reshape([-1, h]).astype(embeds.dtype), order)
-        return paddle.where(is_image.unsqueeze(-1), image_rows, embeds.reshape([-1, h])).reshape([b, s, h])
+        return scatter_image_features(embeds, input_ids == self.image_token_id, image_features)
 
     def forward(self, pixel_values, input_ids, attention_mask, image_sizes=None) -> paddle.Tensor:
         """Logits ``[batch, seq, vocab]``. ``image_sizes`` is accepted for the batch's sake; the
@@ -256,6 +249,17 @@ class LlavaForConditionalGeneration(nn.Layer):
         out = self.language_model(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                                   use_cache=False, return_dict=False)
         return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def scatter_image_features(embeds: paddle.Tensor, is_image: paddle.Tensor, features: paddle.Tensor) -> paddle.Tensor:
+    """Token embeddings ``[b, s, h]`` with the image-token positions replaced, in order, by the
+    image features: ``masked_scatter`` in transformers. Row-wise cumsum + gather + where keeps
+    it free of host syncs (paddle.masked_scatter checks sizes on the host)."""
+    b, s, h = embeds.shape
+    is_image = is_image.reshape([-1])
+    order = paddle.clip(paddle.cumsum(is_image.astype("int64")) - 1, min=0)
+    image_rows = paddle.gather(features.reshape([-1, h]).astype(embeds.dtype), order)
+    return paddle.where(is_image.unsqueeze(-1), image_rows, embeds.reshape([-1, h])).reshape([b, s, h])
 
 
 def causal_lm_loss(logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
@@ -363,13 +367,14 @@ def hf_shape(name: str, shape: list[int]) -> list[int]:
     return list(reversed(shape)) if _is_linear_weight(name, shape) else list(shape)
 
 
-def load_hf_state(model: nn.Layer, state: dict) -> None:
-    """Copy weights given under transformers' names and shapes (numpy arrays) into ``model``."""
-    missing = [hf_name(n) for n, _ in model.named_parameters() if hf_name(n) not in state]
+def load_hf_state(model: nn.Layer, state: dict, name_map=hf_name) -> None:
+    """Copy weights given under transformers' names and shapes (numpy arrays) into ``model``;
+    ``name_map`` is the family's ``hf_name``."""
+    missing = [name_map(n) for n, _ in model.named_parameters() if name_map(n) not in state]
     if missing:
         raise KeyError(f"{len(missing)} parameters missing, e.g. {missing[0]}")
     for name, param in model.named_parameters():
-        value = state[hf_name(name)]
+        value = state[name_map(name)]
         if _is_linear_weight(name, param.shape):
             value = value.T  # by kind, never by shape: square matrices would pass unnoticed
         param.set_value(value.astype(str(param.dtype).removeprefix("paddle.")))

@@ -1,0 +1,329 @@
+"""Qwen2-VL in Paddle, written to be transformers' ``Qwen2VLForConditionalGeneration``.
+
+paddlenlp 3.0.0b4 has Qwen2 but no Qwen2-VL, and its Qwen2 decoder has 1-D RoPE only (no
+M-RoPE), so both halves are written here in plain ``paddle.nn`` from the neutral architecture
+(``xfw.presets``, family ``qwen2vl``), following transformers 5.2's ``modeling_qwen2_vl``:
+
+* vision: ``PatchEmbed`` (a Conv3D whose kernel is the whole [C, T, P, P] patch, no bias),
+  2-D rotary embedding over (row, col) in the merge-window order of the image processor,
+  blocks of LayerNorm (eps 1e-6) + attention (fused qkv with bias) + MLP (quick_gelu), each
+  image attending only within itself (transformers' ``cu_seqlens``), and ``PatchMerger``
+  (LayerNorm, then Linear(4d -> 4d) - GELU - Linear(4d -> out) over 2x2 windows);
+* language: the Qwen2 decoder (q/k/v with bias, GQA, RMSNorm, SwiGLU) with M-RoPE driven by
+  the batch's ``position_ids`` [3, b, L] and ``mrope_section``; tied embeddings when the
+  preset says so (then there is no ``lm_head`` parameter, as in transformers' count).
+
+The image grid is fixed by the architecture (``xfw.families.qwen2vl.grid``), so the step never
+reads ``image_grid_thw`` back to the host; the batches carry no padding (attention is causal
+only). Checked against transformers with the same weights (tests/contract/test_paddle_vlm.py).
+Parameter names map one-to-one onto transformers' through :func:`hf_name`::
+
+    >>> hf_name("language_model.layers.0.self_attn.q_proj.bias")
+    'model.language_model.layers.0.self_attn.q_proj.bias'
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+from xfw.families.qwen2vl import grid
+from xfw.harness import Unsupported
+from xfw_paddle.families.llava import (  # noqa: F401 - the same causal-LM loss and weight loading
+    causal_lm_loss, hf_shape, load_hf_state as _load_hf_state, quick_gelu, scatter_image_features)
+
+# transformers' Qwen2VLPreTrainedModel._init_weights: normal(0, initializer_range = 0.02), zero biases.
+_W = paddle.ParamAttr(initializer=nn.initializer.Normal(0.0, 0.02))
+_ZEROS = paddle.ParamAttr(initializer=nn.initializer.Constant(0.0))
+_ONES = paddle.ParamAttr(initializer=nn.initializer.Constant(1.0))
+VISION_LN_EPS = 1e-6  # hard-coded in transformers' Qwen2VLVisionBlock and PatchMerger
+VISION_ROPE_THETA = 10000.0  # transformers' VisionRotaryEmbedding default
+
+
+def _linear(d_in: int, d_out: int, bias: bool = True) -> nn.Linear:
+    return nn.Linear(d_in, d_out, weight_attr=_W, bias_attr=_ZEROS if bias else False)
+
+
+def _attention(q, k, v, *, causal: bool, use_sdpa: bool, training: bool) -> paddle.Tensor:
+    """Softmax attention over ``[b, s, heads, d]`` with scale d^-0.5 (no dropout: both models use 0)."""
+    if use_sdpa:  # Paddle's dispatcher: flash / memory-efficient on GPU, math on CPU
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, training=training)
+    q, k, v = (t.transpose([0, 2, 1, 3]) for t in (q, k, v))
+    scores = paddle.matmul(q * q.shape[-1] ** -0.5, k, transpose_y=True).astype("float32")
+    if causal:
+        s = scores.shape[-1]
+        scores = scores + paddle.triu(paddle.full([s, s], float("-inf"), "float32"), diagonal=1)
+    out = paddle.matmul(F.softmax(scores, axis=-1).astype(q.dtype), v)
+    return out.transpose([0, 2, 1, 3])
+
+
+def rotate_half(x: paddle.Tensor) -> paddle.Tensor:
+    x1, x2 = x.chunk(2, axis=-1)
+    return paddle.concat([-x2, x1], axis=-1)
+
+
+# -- vision tower (transformers' Qwen2VisionTransformerPretrainedModel) ---------------------------
+
+def vision_rotary_freqs(arch: dict) -> np.ndarray:
+    """Rotary angles ``[t*h*w, head_dim/2]`` of one image's patches, in the processor's order
+    (2x2 merge windows row by row): transformers' ``rot_pos_emb``; first half rows, second cols."""
+    v = arch["vision"]
+    t, h, w = grid(arch)
+    m = v["spatial_merge_size"]
+    dim = v["embed_dim"] // v["num_heads"] // 2
+    rows = np.broadcast_to(np.arange(h)[:, None], (h, w)).reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3)
+    cols = np.broadcast_to(np.arange(w)[None, :], (h, w)).reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3)
+    pos = np.tile(np.stack([rows.ravel(), cols.ravel()], axis=-1), (t, 1))
+    # fp32 as transformers computes them: inv_freq, then outer(arange(max(h, w)), inv_freq).
+    inv_freq = (1.0 / (np.float32(VISION_ROPE_THETA) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))))
+    table = np.outer(np.arange(max(h, w), dtype=np.float32), inv_freq.astype(np.float32)).astype(np.float32)
+    return table[pos].reshape(len(pos), -1)
+
+
+class PatchEmbed(nn.Layer):
+    def __init__(self, v: dict):
+        super().__init__()
+        self.kernel = [v["temporal_patch_size"], v["patch_size"], v["patch_size"]]
+        self.embed_dim = v["embed_dim"]
+        self.proj = nn.Conv3D(3, v["embed_dim"], self.kernel, stride=self.kernel, weight_attr=_W, bias_attr=False)
+
+    def forward(self, patches: paddle.Tensor) -> paddle.Tensor:
+        x = patches.astype(self.proj.weight.dtype).reshape([-1, 3, *self.kernel])
+        return self.proj(x).reshape([-1, self.embed_dim])
+
+
+class VisionAttention(nn.Layer):
+    def __init__(self, v: dict, use_sdpa: bool):
+        super().__init__()
+        d, self.num_heads, self.use_sdpa = v["embed_dim"], v["num_heads"], use_sdpa
+        self.qkv = _linear(d, 3 * d)
+        self.proj = _linear(d, d)
+
+    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
+        """``x`` [images, patches, d]: attention stays inside each image (``cu_seqlens``)."""
+        n, s, d = x.shape
+        q, k, v = self.qkv(x).reshape([n, s, 3, self.num_heads, d // self.num_heads]).unbind(axis=2)
+        # transformers' apply_rotary_pos_emb_vision: in fp32, back to the input dtype.
+        q, k = ((t.astype("float32") * cos + rotate_half(t.astype("float32")) * sin).astype(t.dtype) for t in (q, k))
+        out = _attention(q, k, v, causal=False, use_sdpa=self.use_sdpa, training=self.training)
+        return self.proj(out.reshape([n, s, d]))
+
+
+class VisionMlp(nn.Layer):
+    def __init__(self, v: dict):
+        super().__init__()
+        d, hidden = v["embed_dim"], v["embed_dim"] * v["mlp_ratio"]
+        self.fc1, self.fc2 = _linear(d, hidden), _linear(hidden, d)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.fc2(quick_gelu(self.fc1(x)))  # Qwen2VLVisionConfig.hidden_act = "quick_gelu"
+
+
+class Qwen2VLVisionBlock(nn.Layer):
+    def __init__(self, v: dict, use_sdpa: bool):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(v["embed_dim"], epsilon=VISION_LN_EPS)
+        self.norm2 = nn.LayerNorm(v["embed_dim"], epsilon=VISION_LN_EPS)
+        self.attn = VisionAttention(v, use_sdpa)
+        self.mlp = VisionMlp(v)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.norm1(x), cos, sin)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Layer):
+    def __init__(self, v: dict):
+        super().__init__()
+        self.hidden = v["embed_dim"] * v["spatial_merge_size"] ** 2
+        self.ln_q = nn.LayerNorm(v["embed_dim"], epsilon=VISION_LN_EPS)
+        self.mlp = nn.Sequential(_linear(self.hidden, self.hidden), nn.GELU(), _linear(self.hidden, v["merger_out"]))
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.mlp(self.ln_q(x).reshape([-1, self.hidden]))
+
+
+class Qwen2VisionTransformer(nn.Layer):
+    def __init__(self, arch: dict, use_sdpa: bool):
+        super().__init__()
+        v = arch["vision"]
+        t, h, w = grid(arch)
+        self.frames, self.patches, self.head_dim = t, h * w, v["embed_dim"] // v["num_heads"]
+        self.patch_embed = PatchEmbed(v)
+        self.blocks = nn.LayerList([Qwen2VLVisionBlock(v, use_sdpa) for _ in range(v["depth"])])
+        self.merger = PatchMerger(v)
+        freqs = np.concatenate([vision_rotary_freqs(arch)] * 2, axis=-1)[: h * w]  # every frame alike
+        self.register_buffer("rope_freqs", paddle.to_tensor(freqs), persistable=False)
+
+    def forward(self, patches: paddle.Tensor) -> paddle.Tensor:
+        """Flattened patches ``[images*t*h*w, 3*T*P*P]`` -> merged tokens ``[images*t*h*w/4, out]``."""
+        x = self.patch_embed(patches)
+        x = x.reshape([-1, self.patches, x.shape[-1]])  # one attention group per frame of each image
+        cos, sin = (f(self.rope_freqs).reshape([1, self.patches, 1, self.head_dim]) for f in (paddle.cos, paddle.sin))
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.merger(x.reshape([-1, x.shape[-1]]))
+
+
+# -- language model (transformers' Qwen2VLTextModel) ---------------------------------------------
+
+class Qwen2VLRMSNorm(nn.Layer):
+    def __init__(self, hidden: int, eps: float):
+        super().__init__()
+        self.weight = self.create_parameter([hidden], attr=_ONES)
+        self.eps = eps
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        x32 = x.astype("float32")
+        x32 = x32 * paddle.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.astype(x.dtype)
+
+
+def mrope_cos_sin(position_ids: paddle.Tensor, inv_freq: paddle.Tensor, mrope_section: list[int]):
+    """cos, sin ``[b, L, 1, head_dim]`` for M-RoPE: angles for the (t, h, w) ids, then each
+    channel section takes its own axis (transformers' ``apply_multimodal_rotary_pos_emb``)."""
+    freqs = position_ids.astype("float32").unsqueeze(-1) * inv_freq  # [3, b, L, head_dim/2]
+    emb = paddle.concat([freqs, freqs], axis=-1)
+    chunks = paddle.split(emb, list(mrope_section) * 2, axis=-1)
+    emb = paddle.concat([chunk[i % 3] for i, chunk in enumerate(chunks)], axis=-1)  # [b, L, head_dim]
+    return paddle.cos(emb).unsqueeze(2), paddle.sin(emb).unsqueeze(2)
+
+
+class Qwen2VLAttention(nn.Layer):
+    def __init__(self, t: dict, use_sdpa: bool):
+        super().__init__()
+        h = t["hidden_size"]
+        self.num_heads, self.num_kv_heads, self.use_sdpa = t["num_heads"], t["num_kv_heads"], use_sdpa
+        self.head_dim = h // self.num_heads
+        kv = self.head_dim * self.num_kv_heads
+        self.q_proj, self.k_proj, self.v_proj = _linear(h, h), _linear(h, kv), _linear(h, kv)
+        self.o_proj = _linear(h, h, bias=False)
+
+    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
+        b, s, h = x.shape
+        q = self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim])
+        k = self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
+        v = self.v_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
+        cos, sin = cos.astype(q.dtype), sin.astype(q.dtype)  # transformers casts them to the input dtype
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if self.num_kv_heads != self.num_heads:  # GQA: each kv head serves num_heads / num_kv_heads queries
+            k, v = (paddle.repeat_interleave(t, self.num_heads // self.num_kv_heads, axis=2) for t in (k, v))
+        out = _attention(q, k, v, causal=True, use_sdpa=self.use_sdpa, training=self.training)
+        return self.o_proj(out.reshape([b, s, h]))
+
+
+class Qwen2MLP(nn.Layer):
+    def __init__(self, t: dict):
+        super().__init__()
+        h, f = t["hidden_size"], t["intermediate_size"]
+        self.gate_proj, self.up_proj, self.down_proj = _linear(h, f, False), _linear(h, f, False), _linear(f, h, False)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen2VLDecoderLayer(nn.Layer):
+    def __init__(self, t: dict, use_sdpa: bool):
+        super().__init__()
+        self.self_attn = Qwen2VLAttention(t, use_sdpa)
+        self.mlp = Qwen2MLP(t)
+        self.input_layernorm = Qwen2VLRMSNorm(t["hidden_size"], t["rms_norm_eps"])
+        self.post_attention_layernorm = Qwen2VLRMSNorm(t["hidden_size"], t["rms_norm_eps"])
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen2VLTextModel(nn.Layer):
+    def __init__(self, t: dict, *, use_sdpa: bool, recompute: bool):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(t["vocab_size"], t["hidden_size"], weight_attr=_W)
+        self.layers = nn.LayerList([Qwen2VLDecoderLayer(t, use_sdpa) for _ in range(t["num_layers"])])
+        self.norm = Qwen2VLRMSNorm(t["hidden_size"], t["rms_norm_eps"])
+        self.mrope_section, self.recompute = list(t["mrope_section"]), recompute
+        head_dim = t["hidden_size"] // t["num_heads"]
+        inv_freq = 1.0 / (np.float32(t["rope_theta"]) ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+        self.register_buffer("inv_freq", paddle.to_tensor(inv_freq.astype(np.float32)), persistable=False)
+
+    def forward(self, inputs_embeds: paddle.Tensor, position_ids: paddle.Tensor) -> paddle.Tensor:
+        cos, sin = mrope_cos_sin(position_ids, self.inv_freq, self.mrope_section)
+        x = inputs_embeds
+        for layer in self.layers:
+            if self.recompute and self.training:
+                from paddle.distributed.fleet.utils import recompute
+
+                x = recompute(layer, x, cos, sin, use_reentrant=False)  # per decoder block
+            else:
+                x = layer(x, cos, sin)
+        return self.norm(x)
+
+
+# -- the whole model ---------------------------------------------------------------------------
+
+class Qwen2VLForConditionalGeneration(nn.Layer):
+    def __init__(self, arch: dict, *, use_sdpa: bool, recompute: bool):
+        super().__init__()
+        t = arch["text"]
+        self.image_token_id, self.tied = arch["image_token_id"], t["tie_word_embeddings"]
+        self.visual = Qwen2VisionTransformer(arch, use_sdpa)
+        self.language_model = Qwen2VLTextModel(t, use_sdpa=use_sdpa, recompute=recompute)
+        if not self.tied:
+            self.lm_head = _linear(t["hidden_size"], t["vocab_size"], bias=False)
+
+    @property
+    def recompute_enabled(self) -> bool:
+        return self.language_model.recompute
+
+    def forward(self, pixel_values, input_ids, position_ids) -> paddle.Tensor:
+        """Logits ``[batch, seq, vocab]``."""
+        embed = self.language_model.embed_tokens
+        inputs_embeds = scatter_image_features(embed(input_ids), input_ids == self.image_token_id,
+                                               self.visual(pixel_values))
+        hidden = self.language_model(inputs_embeds, position_ids)
+        if self.tied:
+            return paddle.matmul(hidden, embed.weight, transpose_y=True)
+        return self.lm_head(hidden)
+
+
+def loss_fn(model: Qwen2VLForConditionalGeneration, batch: dict, autocast) -> paddle.Tensor:
+    with autocast():
+        logits = model(batch["pixel_values"], batch["input_ids"], batch["position_ids"])
+    return causal_lm_loss(logits, batch["labels"])
+
+
+def build(arch: dict, *, use_sdpa: bool, recompute: bool) -> Qwen2VLForConditionalGeneration:
+    t = grid(arch)[0]
+    if t != 1:
+        raise Unsupported(f"Qwen2-VL with {t} temporal patches per image (video) is not built")
+    return Qwen2VLForConditionalGeneration(arch, use_sdpa=use_sdpa, recompute=recompute)
+
+
+def trainable_parts(model: Qwen2VLForConditionalGeneration, stage: str) -> list[nn.Layer]:
+    """What a stage trains (DESIGN.md §4); the vision tower (merger aside) is always frozen."""
+    if stage == "lora":  # plus the adapters, added on lora_target
+        return [model.visual.merger]
+    if stage == "sft":  # lm_head, when untied, trains too (transformers' model.lm_head)
+        return [model.visual.merger, model.language_model, *([] if model.tied else [model.lm_head])]
+    raise Unsupported(f"stage {stage!r} for Qwen2-VL is not built by this adapter")
+
+
+def lora_target(model: Qwen2VLForConditionalGeneration) -> nn.Layer:
+    """The decoder without lm_head, as the PyTorch side's ``model.model.language_model``."""
+    return model.language_model
+
+
+def hf_name(name: str) -> str:
+    """The transformers parameter name for one of this model's parameter names."""
+    if name.startswith(("visual.", "language_model.")):
+        return "model." + name
+    if name.startswith("lm_head."):
+        return name
+    raise KeyError(name)
+
+
+def load_hf_state(model: nn.Layer, state: dict) -> None:
+    """Copy weights given under transformers' names and shapes (numpy arrays) into ``model``."""
+    _load_hf_state(model, state, hf_name)

@@ -1,0 +1,161 @@
+"""The Paddle adapter's vision-language rows: LLaVA-1.6 AnyRes, Qwen2-VL and LoRA, for real.
+
+Paddle runs only as a subprocess of ``.venv/paddle/bin/python``, exactly as the launcher runs
+it; transformers (the reference the Paddle models claim to be) runs in the test interpreter.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from xfw import presets
+from xfw.families.llava import count_lora_params
+
+from conftest import TINY_RECIPE, applied, losses, run_adapter
+from test_paddle_adapter import run_in_paddle
+
+pytestmark = pytest.mark.contract
+QWEN = {"model": {"preset": "tiny-qwen2-vl"}}
+ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def counts(**sections) -> dict:
+    from xfw.recipe import recipe_from_dict, resolve_spec
+
+    spec = resolve_spec(recipe_from_dict({**TINY_RECIPE, **sections}), backend="paddle", run_id="t")
+    return presets.count_params(spec["model"]["arch"]), spec
+
+
+@pytest.fixture(scope="module")
+def qwen_sft_run(tmp_path_factory):
+    code, records, stderr = run_adapter("paddle", tmp_path_factory.mktemp("qwen"), **QWEN,
+                                        measure={"warmup_steps": 2, "steps": 6})
+    assert code == 0, stderr[-3000:]
+    return records
+
+
+def test_qwen2vl_sft_counts_match_the_neutral_architecture_and_it_learns(qwen_sft_run):
+    expected, _ = counts(**QWEN)
+    a = applied(qwen_sft_run)
+    assert a["num_params_total"] == expected["total"] == 186624
+    assert a["num_params_trainable"] == expected["projector"] + expected["text"]  # vision (bar merger) frozen
+    first, last = losses(qwen_sft_run)[:2], losses(qwen_sft_run)[-2:]
+    assert sum(last) / 2 < sum(first) / 2 - 0.1  # lr 1e-3, 8 steps on a fixed pool: it must learn
+
+
+def test_qwen2vl_recompute_per_decoder_block_is_applied_and_changes_memory_not_math(qwen_sft_run, tmp_path):
+    code, records, stderr = run_adapter("paddle", tmp_path, **QWEN, recompute=True,
+                                        measure={"warmup_steps": 0, "steps": 3})
+    assert code == 0, stderr[-3000:]
+    assert applied(records)["recompute"] is True
+    assert losses(records) == pytest.approx(losses(qwen_sft_run)[:3], rel=1e-5)
+
+
+@pytest.mark.parametrize("model, targets", [
+    ({"preset": "tiny-qwen2-vl"}, ALL_LINEARS),
+    ({"preset": "tiny-llava-next"}, ALL_LINEARS),
+    ({"preset": "tiny-llava"}, ["q_proj", "v_proj", "down_proj"]),
+])
+def test_lora_adds_the_adapters_peft_adds_and_trains_them_with_the_projector(tmp_path, model, targets):
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": targets}
+    expected, spec = counts(model=model, stage="lora", lora=lora)
+    code, records, stderr = run_adapter("paddle", tmp_path, model=model, stage="lora", lora=lora,
+                                        measure={"warmup_steps": 0, "steps": 2})
+    assert code == 0, stderr[-3000:]
+    a = applied(records)
+    adapters = count_lora_params(spec["model"]["arch"], spec["lora"])
+    assert a["num_params_total"] == expected["total"] + adapters
+    assert a["num_params_trainable"] == expected["projector"] + adapters  # projector includes image_newline
+
+
+def test_llava_next_sft_counts_match_and_the_image_newline_trains(tmp_path):
+    expected, _ = counts(model={"preset": "tiny-llava-next"})
+    code, records, stderr = run_adapter("paddle", tmp_path, model={"preset": "tiny-llava-next"},
+                                        measure={"warmup_steps": 0, "steps": 2})
+    assert code == 0, stderr[-3000:]
+    a = applied(records)
+    assert a["num_params_total"] == expected["total"] == 190336
+    assert a["num_params_trainable"] == expected["projector"] + expected["text"]
+
+
+SAME_WEIGHTS_QWEN = """
+    import json, sys
+    import numpy as np
+    import paddle
+    from xfw_paddle.families import qwen2vl
+
+    arch, weights, batch, out = json.loads(sys.argv[1]), np.load(sys.argv[2]), np.load(sys.argv[3]), sys.argv[4]
+    model = qwen2vl.build(arch, use_sdpa=sys.argv[5] == "sdpa", recompute=False)
+    model.eval()
+    qwen2vl.load_hf_state(model, dict(weights))
+    b = {k: paddle.to_tensor(batch[k]) for k in batch.files}
+    with paddle.no_grad():
+        logits = model(b["pixel_values"], b["input_ids"], b["position_ids"])
+        loss = qwen2vl.causal_lm_loss(logits, b["labels"])
+    np.savez(out, logits=logits.numpy(), loss=loss.numpy())
+"""
+
+
+def transformers_qwen2vl(arch: dict):
+    """transformers' Qwen2VLForConditionalGeneration from the neutral fields (the config of
+    adapters/torch/xfw_torch/families/qwen2vl.py, written out here to test the Paddle claim alone)."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    v, t = arch["vision"], arch["text"]
+    config = Qwen2VLConfig(
+        vision_config={"depth": v["depth"], "embed_dim": v["embed_dim"], "hidden_size": v["merger_out"],
+                       "mlp_ratio": v["mlp_ratio"], "num_heads": v["num_heads"], "patch_size": v["patch_size"],
+                       "spatial_merge_size": v["spatial_merge_size"],
+                       "temporal_patch_size": v["temporal_patch_size"]},
+        text_config={"hidden_size": t["hidden_size"], "intermediate_size": t["intermediate_size"],
+                     "num_hidden_layers": t["num_layers"], "num_attention_heads": t["num_heads"],
+                     "num_key_value_heads": t["num_kv_heads"], "vocab_size": t["vocab_size"],
+                     "rms_norm_eps": t["rms_norm_eps"], "max_position_embeddings": t["max_position_embeddings"],
+                     "rope_parameters": {"rope_type": "default", "rope_theta": t["rope_theta"],
+                                         "mrope_section": list(t["mrope_section"])},
+                     "tie_word_embeddings": t["tie_word_embeddings"]},
+        image_token_id=arch["image_token_id"], video_token_id=arch["video_token_id"],
+        vision_start_token_id=arch["vision_start_token_id"], vision_end_token_id=arch["vision_end_token_id"],
+        tie_word_embeddings=t["tie_word_embeddings"])
+    return Qwen2VLForConditionalGeneration(config)
+
+
+# The tiny preset (GQA 4:2, tied), and a variant with untied embeddings, plain multi-head
+# attention, other M-RoPE sections and RoPE base, a deeper tower and a larger image (4x4 merged).
+QWEN_VARIANTS = {
+    "tiny-qwen2-vl": ({}, None, "sdpa"),
+    "untied-mha-other-mrope-eager": ({"text": {"tie_word_embeddings": False, "num_kv_heads": 4,
+                                               "mrope_section": [4, 2, 2], "rope_theta": 10000.0},
+                                      "vision": {"depth": 3}}, 112, "eager"),
+    "larger-image": ({}, 168, "sdpa"),
+}
+
+
+@pytest.mark.parametrize("variant", QWEN_VARIANTS)
+def test_paddle_qwen2vl_computes_transformers_logits_and_loss_from_the_same_weights(tmp_path, variant):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from xfw.synthetic import make_pool
+
+    overrides, image_size, attn = QWEN_VARIANTS[variant]
+    data = {"image_size": image_size, "seq_len": 96} if image_size else {}
+    _, spec = counts(model={"preset": "tiny-qwen2-vl", "arch": overrides}, **({"data": data} if data else {}))
+    arch = spec["model"]["arch"]
+    torch.manual_seed(0)
+    model = transformers_qwen2vl(arch).eval()
+    with torch.no_grad():  # weights 5x the init scale, so that every part of the tower moves the logits
+        for p in model.parameters():
+            p.mul_(5.0) if p.ndim > 1 else p.normal_(1.0 if p.abs().min() == 1 else 0.0, 0.1)
+    batch = make_pool(spec, 0)[0]
+    with torch.no_grad():
+        expected = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
+    state = {n: p.numpy() for n, p in model.state_dict().items()}
+    assert sum(p.numel() for p in model.parameters()) == presets.count_params(arch)["total"]
+    np.savez(tmp_path / "weights.npz", **state)
+    np.savez(tmp_path / "batch.npz", **batch)
+    run_in_paddle(SAME_WEIGHTS_QWEN, json.dumps(arch), tmp_path / "weights.npz", tmp_path / "batch.npz",
+                  tmp_path / "paddle.npz", attn)
+    got = np.load(tmp_path / "paddle.npz")
+    np.testing.assert_allclose(got["logits"], expected.logits.numpy(), atol=1e-5, rtol=0)
+    assert float(got["loss"]) == pytest.approx(float(expected.loss), abs=1e-5)
