@@ -27,7 +27,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from xfw.harness import Unsupported
+from xfw.harness import InvalidSpec, Unsupported
 from xfw_paddle.families._sd_common import apply_lora, build_vae, encode_latents, use_attention
 
 __all__ = ["apply_lora", "build", "trainable_parts", "lora_target", "prediction", "loss_fn"]
@@ -75,7 +75,7 @@ def build(arch: dict, *, use_sdpa: bool = True, recompute: bool = False) -> Stab
 
     if not use_sdpa:
         # As on the PyTorch side: diffusers has no non-SDPA processor for SD3's joint attention.
-        raise Unsupported("backends.paddle.attn_implementation 'eager' for SD3 (only 'sdpa', as in diffusers)")
+        raise InvalidSpec("backends.paddle.attn_implementation: 'eager' for SD3 (only 'sdpa', as on the PyTorch side)")
     t = arch["transformer"]
     transformer = SD3Transformer2DModel(
         sample_size=t["sample_size"], patch_size=t["patch_size"], in_channels=t["in_channels"],
