@@ -12,6 +12,8 @@
   (and transformers' for CLIP); Paddle stores Linear weights ``[in, out]``, torch ``[out, in]``::
 
       >>> load_diffusers_state(model.unet, np.load("unet.npz"))   # names as in diffusers
+
+Importing ppdiffusers patches Paddle globally (e.g. ``nn.Layer.to``); only these families import it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,10 @@ step is the PyTorch side's, its randomness from the batch (DESIGN.md §4)::
     loss    = MSE(UNet(noisy, t, text), noise)            # epsilon prediction
 
 Stages: pretrain = the whole UNet; lora = paddlenlp.peft LoRA on the UNet only
-(:func:`apply_lora`). Recompute is ppdiffusers' gradient checkpointing per UNet block.
+(:func:`apply_lora`). Recompute is ppdiffusers' gradient checkpointing (each resnet and each
+Transformer2D, as diffusers). One difference remains under LoRA: ppdiffusers checkpoints a layer
+only when its input needs a gradient, diffusers whenever grad is enabled, so with LoRA the first
+Transformer2D (fed by frozen layers) keeps its activations on the Paddle side.
 Checked against diffusers with the same weights in tests/contract/test_paddle_diffusion.py.
 """
 
