@@ -159,3 +159,61 @@ def test_paddle_qwen2vl_computes_transformers_logits_and_loss_from_the_same_weig
     got = np.load(tmp_path / "paddle.npz")
     np.testing.assert_allclose(got["logits"], expected.logits.numpy(), atol=1e-5, rtol=0)
     assert float(got["loss"]) == pytest.approx(float(expected.loss), abs=1e-5)
+
+
+SAME_WEIGHTS_LORA = """
+    import importlib, json, sys
+    import numpy as np
+    import paddle
+    from xfw_paddle.session import apply_lora
+
+    family = importlib.import_module("xfw_paddle.families." + sys.argv[1])
+    arch, lora, weights, batch, out = (json.loads(sys.argv[2]), json.loads(sys.argv[3]), np.load(sys.argv[4]),
+                                       np.load(sys.argv[5]), sys.argv[6])
+    model = family.build(arch, use_sdpa=True, recompute=False)
+    apply_lora(family.lora_target(model), lora)
+    model.eval()
+    family.load_hf_state(model, dict(weights))
+    b = {k: paddle.to_tensor(batch[k]) for k in batch.files}
+    with paddle.no_grad():
+        logits = (model(b["pixel_values"], b["input_ids"], b["position_ids"]) if sys.argv[1] == "qwen2vl"
+                  else model(b["pixel_values"], b["input_ids"], b["attention_mask"], b.get("image_sizes")))
+    np.savez(out, logits=logits.numpy())
+"""
+
+
+@pytest.mark.parametrize("preset, targets", [
+    ("tiny-qwen2-vl", ALL_LINEARS),
+    ("tiny-llava-next", ["q_proj", "o_proj", "up_proj"]),
+])
+def test_paddlenlp_lora_computes_what_peft_computes_from_the_same_weights(tmp_path, preset, targets):
+    """Adapters on the same linears with the same scaling (alpha / r): with B non-zero, the
+    logits of transformers + peft and of the Paddle model + paddlenlp.peft agree."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from test_paddle_adapter import transformers_llava
+    from xfw.synthetic import make_pool
+
+    lora = {"r": 4, "alpha": 12, "dropout": 0.0, "targets": targets}  # scaling 3, not 1 or 2
+    _, spec = counts(model={"preset": preset}, stage="lora", lora=lora)
+    arch, family = spec["model"]["arch"], spec["model"]["family"]
+    torch.manual_seed(0)
+    model = (transformers_qwen2vl if family == "qwen2vl" else transformers_llava)(arch).eval()
+    inject_adapter_in_model(LoraConfig(r=4, lora_alpha=12, lora_dropout=0.0, target_modules=targets),
+                            model.model.language_model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    batch = make_pool(spec, 0)[0]
+    with torch.no_grad():
+        expected = model(**{k: torch.from_numpy(v) for k, v in batch.items()}).logits.numpy()
+    # peft keeps the wrapped linear's own weights under base_layer; paddlenlp keeps their names.
+    state = {n.replace(".base_layer.", "."): p.numpy() for n, p in model.state_dict().items()}
+    np.savez(tmp_path / "weights.npz", **state)
+    np.savez(tmp_path / "batch.npz", **batch)
+    run_in_paddle(SAME_WEIGHTS_LORA, family, json.dumps(arch), json.dumps(spec["lora"]), tmp_path / "weights.npz",
+                  tmp_path / "batch.npz", tmp_path / "paddle.npz")
+    np.testing.assert_allclose(np.load(tmp_path / "paddle.npz")["logits"], expected, atol=1e-5, rtol=0)

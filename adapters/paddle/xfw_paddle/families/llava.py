@@ -359,7 +359,7 @@ def hf_name(name: str) -> str:
 
 
 def _is_linear_weight(name: str, shape: list[int]) -> bool:
-    return name.endswith(".weight") and len(shape) == 2 and "embed" not in name
+    return name.endswith((".weight", ".lora_A", ".lora_B")) and len(shape) == 2 and "embed" not in name
 
 
 def hf_shape(name: str, shape: list[int]) -> list[int]:
@@ -367,9 +367,21 @@ def hf_shape(name: str, shape: list[int]) -> list[int]:
     return list(reversed(shape)) if _is_linear_weight(name, shape) else list(shape)
 
 
+def _with_peft_names(name_map):
+    """Extend ``name_map`` to LoRA adapters: paddlenlp's ``q_proj.lora_A`` [in, r] is peft's
+    ``q_proj.lora_A.default.weight`` [r, in] (transposed like any Linear weight)."""
+    def mapped(name: str) -> str:
+        for suffix in (".lora_A", ".lora_B"):
+            if name.endswith(suffix):
+                return name_map(name.removesuffix(suffix) + ".weight").removesuffix(".weight") + suffix + ".default.weight"
+        return name_map(name)
+    return mapped
+
+
 def load_hf_state(model: nn.Layer, state: dict, name_map=hf_name) -> None:
     """Copy weights given under transformers' names and shapes (numpy arrays) into ``model``;
     ``name_map`` is the family's ``hf_name``."""
+    name_map = _with_peft_names(name_map)
     missing = [name_map(n) for n, _ in model.named_parameters() if name_map(n) not in state]
     if missing:
         raise KeyError(f"{len(missing)} parameters missing, e.g. {missing[0]}")
