@@ -26,7 +26,7 @@ from xfw_torch import parallel
 from xfw_torch.families import family_module
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-KNOBS = {"fused_optimizer", "attn_implementation", "sharding_impl"}
+KNOBS = {"fused_optimizer", "attn_implementation", "sharding_impl", "compile"}
 
 
 def _library_versions() -> dict[str, str]:
@@ -101,6 +101,12 @@ class TorchSession:
             apply_lora(family.lora_target(model), spec["lora"])
         if spec["recompute"]:
             family.enable_recompute(model)
+        self.compiled = bool(knobs.get("compile", False))
+        if self.compiled:
+            # Per block, not the whole model: the blocks share one graph (compiled once), and
+            # recompute and FSDP keep working at block boundaries.
+            for unit in getattr(family, "compile_units", family.shard_units)(model):
+                unit.compile()
         model.train()
         self.model = model
         trainable = [p for p in model.parameters() if p.requires_grad]
@@ -215,6 +221,8 @@ class TorchSession:
             notes = f"{self.impl} mixed precision: {compute} compute over fp32 shards (the master weights), fp32 reduce"
         if self.scaler:
             notes += f"; {type(self.scaler).__name__}"
+        if self.compiled:
+            notes += "; torch.compile per block"
         versions = {f"version_{k}": v for k, v in _library_versions().items()}
         return dict(
             framework="torch", framework_version=torch.__version__, device=str(self.device),

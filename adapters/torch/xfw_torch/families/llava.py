@@ -84,3 +84,9 @@ def shard_units(model: torch.nn.Module) -> list:
     """Blocks FSDP shards one by one: the decoder layers and the vision encoder layers."""
     inner = model.model
     return [*inner.language_model.layers, *inner.vision_tower.vision_model.encoder.layers]
+
+
+def compile_units(model: torch.nn.Module) -> list:
+    """Blocks torch.compile compiles: the decoder layers only. transformers collects the vision
+    tower's hidden states with hooks on its layers, which a compiled layer does not fire."""
+    return list(model.model.language_model.layers)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from xfw.harness import Unsupported
-from xfw_torch.families.llava import enable_recompute, loss_fn  # noqa: F401 - same causal-LM step
+from xfw_torch.families.llava import compile_units, enable_recompute, loss_fn  # noqa: F401 - same LM step
 
 
 def build(arch: dict, *, attn_implementation: str = "sdpa") -> torch.nn.Module:
