@@ -3,6 +3,7 @@
     xfw validate recipes/tiny/llava_sft.yaml
     xfw run recipes/tiny/llava_sft.yaml --backend torch
     xfw compare recipes/tiny/llava_sft.yaml --backends paddle,torch
+    xfw sweep recipes/tiny/llava_sft.yaml --set batch.micro=1,2 --set recompute=false,true --backends torch
     xfw report runs/20261122-161500-tiny-llava-sft
     xfw env
 
@@ -146,6 +147,38 @@ def compare(recipes, backends, overrides, pythons, out_dir, node_rank, master_ad
     """Run recipes on several backends, one at a time, and print the contrast table."""
     rendezvous = launcher.Rendezvous(node_rank, master_addr, master_port)
     sys.exit(_execute(recipes, _backend_list(backends), overrides, pythons, out_dir, rendezvous))
+
+
+@main.command()
+@click.argument("recipe", type=click.Path())
+@click.option("--set", "axes", multiple=True, metavar="KEY.PATH=V1,V2,...",
+              help="A swept recipe field and its values (YAML; commas inside [] or quotes do not split). "
+                   "Repeatable: the sweep is the cartesian product.")
+@click.option("--backends", "backends", default="paddle,torch", show_default=True,
+              help="Comma-separated backends, each run at every point.")
+@python_option
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Sweep directory (default: runs/sweep-<recipe>); the same --out resumes, skipping finished runs.")
+def sweep(recipe, axes, backends, pythons, out_dir) -> None:
+    """Run a recipe at every combination of --set values, one run at a time; resumable."""
+    from xfw.progress import make_progress
+
+    try:
+        points = workflow.plan_sweep(recipe, list(axes))
+        prepared = workflow.prepare_backends(_backend_list(backends), _interpreters(pythons))
+    except workflow.UsageError as err:
+        _fail(str(err))
+    out_dir = out_dir or workflow.default_sweep_dir(points)
+    click.echo(f"sweep of {len(points)} points x {len(prepared)} backends in {out_dir}", err=True)
+    results, report = workflow.run_sweep(points, prepared, out_dir, make_progress(),
+                                         log=lambda line: click.echo(line, err=True))
+    click.echo(report.markdown)
+    for kind, path in report.paths.items():
+        click.echo(f"{kind}: {path}", err=True)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        click.echo(f"{len(failed)} of {len(results)} runs did not succeed (see 'Failed runs' above)", err=True)
+    sys.exit(1 if failed else 0)
 
 
 @main.command()

@@ -1,18 +1,20 @@
 """The comparator: pure functions from run results to comparison rows.
 
-``compare_runs(results, ["paddle", "torch"])`` groups runs by recipe and gives one
-:class:`ComparisonRow` per recipe, with each backend's side and the contrast of the first
-backend against the second, as in seed 003::
+``compare_runs(results, ["paddle", "torch"])`` groups runs by (recipe, variant) — a variant
+is a sweep point, e.g. ``{"batch.micro": 8}`` — and gives one :class:`ComparisonRow` per
+group, with each backend's side and the contrast of the first backend against the second,
+as in seed 003::
 
     contrast = (paddle_ips - torch_ips) / torch_ips        # +26% means paddle is faster
 
-Repeats of the same (recipe, backend) collapse to their median, with the spread kept; a
+Repeats of the same (recipe, variant, backend) collapse to their median, with the spread kept; a
 contrast smaller than the spread is flagged as within noise. A failed side keeps its row,
 with the status and reason in place of numbers.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 
@@ -58,6 +60,8 @@ class ComparisonRow:
     model: str
     stage: str
     sides: dict[str, Side]
+    variant: dict = field(default_factory=dict)
+    """The sweep point of this row's runs ({} for plain runs)."""
     contrast: float | None = None
     within_noise: bool | None = None
     params_match: bool | None = None
@@ -104,11 +108,21 @@ def _expected_params(preset: str) -> int | None:
         return None
 
 
+def variant_label(variant: dict) -> str:
+    """``batch.micro=8, parallel.sharding=stage2`` (values as YAML flow would write them); "" for {}."""
+    return ", ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in variant.items())
+
+
+def variant_key(variant: dict) -> str:
+    """A hashable, order-independent identity of a variant."""
+    return json.dumps(variant, sort_keys=True)
+
+
 def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> ComparisonRow:
     first = runs[0]
     sides = {b: _side(b, [r for r in runs if r.backend == b]) for b in backends}
     row = ComparisonRow(recipe=recipe, model=presets.display_name(first.preset),
-                        stage=_STAGE_NAMES.get(first.stage, first.stage), sides=sides,
+                        stage=_STAGE_NAMES.get(first.stage, first.stage), sides=sides, variant=dict(first.variant),
                         expected_params=_expected_params(first.preset))
     a, b = (sides[name] for name in backends[:2]) if len(backends) >= 2 else (None, None)
     if a and b and a.ok and b.ok and b.ips:
@@ -136,11 +150,11 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
 
 
 def compare_runs(results: list[RunResult], backends: list[str]) -> list[ComparisonRow]:
-    """One row per recipe, in the order recipes first appear."""
-    by_recipe: dict[str, list[RunResult]] = {}
+    """One row per (recipe, variant), in the order they first appear; repeats share a row."""
+    groups: dict[tuple[str, str], list[RunResult]] = {}
     for r in results:
-        by_recipe.setdefault(r.recipe, []).append(r)
-    return [compare_row(name, runs, backends) for name, runs in by_recipe.items()]
+        groups.setdefault((r.recipe, variant_key(r.variant)), []).append(r)
+    return [compare_row(name, runs, backends) for (name, _), runs in groups.items()]
 
 
 def backends_in(results: list[RunResult]) -> list[str]:

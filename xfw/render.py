@@ -11,7 +11,7 @@ allocator's peak.
 
 from __future__ import annotations
 
-from xfw.compare import ComparisonRow, Side
+from xfw.compare import ComparisonRow, Side, variant_label
 
 _SOURCE_LABELS = {"cuda_allocator": "GPU allocator", "host_allocator": "host allocator", "peak_rss": "peak RSS"}
 GIB, MIB = 1024**3, 1024**2
@@ -59,7 +59,8 @@ def fmt_params(row: ComparisonRow, backends: list[str]) -> str:
 def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> tuple[list[str], list[list[str]]]:
     """Seed 003's table: header and cells, one row per recipe."""
     a, b = backends[0], backends[1] if len(backends) > 1 else None
-    header = ["Model", "Stage", f"{a} ips"]
+    with_variant = any(row.variant for row in rows)
+    header = ["Model", "Stage"] + (["Variant"] if with_variant else []) + [f"{a} ips"]
     if b:
         header += ["Contrast", f"{b} ips"]
     header += [f"{name} memory (alloc/reserved)" for name in backends]
@@ -70,7 +71,9 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> tuple[list
     cells = []
     previous_model = None
     for row in rows:
-        line = [row.model if row.model != previous_model else "", row.stage, fmt_side_rate(row.sides[a])]
+        line = [row.model if row.model != previous_model else "", row.stage]
+        line += [variant_label(row.variant)] if with_variant else []
+        line += [fmt_side_rate(row.sides[a])]
         previous_model = row.model
         if b:
             line += [fmt_contrast(row), fmt_side_rate(row.sides[b])]
@@ -90,8 +93,12 @@ def markdown_table(header: list[str], cells: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _row_name(row: ComparisonRow) -> str:
+    return f"{row.recipe} [{variant_label(row.variant)}]" if row.variant else row.recipe
+
+
 def failures(rows: list[ComparisonRow]) -> list[str]:
-    return [f"{row.recipe} / {side.backend}: {side.status} — {side.reason}"
+    return [f"{_row_name(row)} / {side.backend}: {side.status} — {side.reason}"
             for row in rows for side in row.sides.values() if not side.ok]
 
 
@@ -100,7 +107,7 @@ def settings_markdown(rows: list[ComparisonRow], backends: list[str]) -> str:
     for row in rows:
         if not row.settings:
             continue
-        parts.append(f"#### {row.recipe}")
+        parts.append(f"#### {_row_name(row)}")
         lines = ["| Setting | " + " | ".join(backends) + " | |", "|---|" + "---|" * len(backends) + "---|"]
         for key, values in row.settings.items():
             differs = key in row.differing
@@ -119,7 +126,7 @@ def report_markdown(rows: list[ComparisonRow], backends: list[str], *, title: st
     fails = failures(rows)
     if fails:
         out += ["### Failed runs", ""] + [f"- {f}" for f in fails] + [""]
-    warnings = [f"{row.recipe}: {w}" for row in rows for w in row.warnings]
+    warnings = [f"{_row_name(row)}: {w}" for row in rows for w in row.warnings]
     if warnings:
         out += ["### Warnings", ""] + [f"- ⚠ {w}" for w in warnings] + [""]
     settings = settings_markdown(rows, backends)
@@ -132,7 +139,8 @@ def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict
     """One flat dict per recipe with raw numbers (bytes, samples/s): for CSV and pandas."""
     out = []
     for row in rows:
-        rec = {"recipe": row.recipe, "model": row.model, "stage": row.stage, "contrast": row.contrast,
+        rec = {"recipe": row.recipe, "model": row.model, "stage": row.stage, "variant": variant_label(row.variant),
+               "contrast": row.contrast,
                "within_noise": row.within_noise, "params_match": row.params_match}
         for name in backends:
             s = row.sides[name]

@@ -90,6 +90,13 @@ class RunResult:
     wall_time_s: float | None = None
     repeat_index: int = 0
     run_dir: str = ""
+    variant: dict = field(default_factory=dict)
+    """The sweep point this run measured: overridden dotted keys and their values, e.g.
+    ``{"parallel.sharding": "stage2", "batch.micro": 8}``; {} for a plain run (and for run
+    directories written before sweeps existed). Reports group by (recipe, variant)."""
+    setup: dict = field(default_factory=dict)
+    """The resolved spec's batch/parallel/precision settings (:func:`setup_from_spec`), for the
+    layouts that group by GPU count or batch size; filled from spec.json when a run is loaded."""
 
     @property
     def ok(self) -> bool:
@@ -136,7 +143,23 @@ class RunResult:
             wall_time_s=summary.get("wall_time_s"),
             repeat_index=summary.get("repeat_index", 0),
             run_dir=str(run_dir),
+            variant=summary.get("variant", {}),
+            setup=setup_from_spec(spec),
         )
+
+
+def setup_from_spec(spec: dict) -> dict:
+    """What the layouts need from a resolved spec.json, flat; {} without a spec."""
+    if not spec:
+        return {}
+    parallel, batch, precision = spec.get("parallel", {}), spec.get("batch", {}), spec.get("precision", {})
+    derived = spec.get("derived", {})
+    num_processes = derived.get("num_processes", parallel.get("nproc_per_node", 1) * parallel.get("nnodes", 1))
+    return {"num_processes": num_processes,
+            "global_batch": batch.get("global"), "micro_batch": batch.get("micro"),
+            "grad_accum_steps": derived.get("grad_accum_steps"), "sharding": parallel.get("sharding", "none"),
+            "dtype": precision.get("dtype"), "amp_level": precision.get("amp_level"),
+            "recompute": spec.get("recompute"), "measure_steps": spec.get("measure", {}).get("steps")}
 
 
 def compute_mfu(spec: dict, measurement: Measurement, applied: dict) -> float | None:

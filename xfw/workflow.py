@@ -1,4 +1,4 @@
-"""What the CLI commands do, as library functions: validate, run, compare, report.
+"""What the CLI commands do, as library functions: validate, run, compare, sweep, report.
 
 ``compare(["recipes/tiny/llava_sft.yaml"], ["paddle", "torch"], out_dir=...)`` validates every
 recipe and checks every backend *before* launching anything, then runs each backend one at a
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from xfw import compare as cmp
 from xfw import launcher, render
+from xfw import sweep as sw
 from xfw.plot import plot_comparison
 from xfw.recipe import Recipe, RecipeError, load_recipe, resolve_spec
 from xfw.results import RunResult, load_runs, write_json_atomic, write_text_atomic
@@ -133,3 +134,23 @@ def report_from_dirs(paths: list[str], backends: list[str] | None, out_dir: Path
         raise UsageError(f"--backends {unknown[0]}: no run of that backend in the given directories")
     target = out_dir or Path(paths[0])
     return write_report(results, names, target)
+
+
+def plan_sweep(recipe_path: str, assignments: list[str]) -> list[sw.Point]:
+    """Every point of a sweep, validated; UsageError (one line per bad point) before any launch."""
+    try:
+        return sw.plan(recipe_path, assignments)
+    except RecipeError as err:
+        raise UsageError(str(err)) from None
+
+
+def default_sweep_dir(points: list[sw.Point], root: Path = Path("runs")) -> Path:
+    """Stable (no timestamp), so running the same sweep again resumes it."""
+    return root / f"sweep-{points[0].recipe.name}"
+
+
+def run_sweep(points: list[sw.Point], backends: dict[str, tuple[launcher.Backend, dict]], out_dir: Path,
+              progress: launcher.Progress | None = None, log=print) -> tuple[list[RunResult], Report]:
+    results = sw.run_sweep(points, backends, out_dir, progress, log)
+    # No chart: its axis labels name the model and stage only, which every point shares.
+    return results, write_report(results, list(backends), out_dir, chart=False)

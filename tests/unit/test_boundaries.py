@@ -15,7 +15,7 @@ FRAMEWORKS = ("torch", "paddle", "paddlenlp", "ppdiffusers", "transformers", "di
 
 
 def test_importing_the_cli_imports_no_framework():
-    code = ("import sys, xfw.cli, xfw.workflow, xfw.launcher, xfw.compare, xfw.render, xfw.plot, xfw.progress; "
+    code = ("import sys, xfw.cli, xfw.workflow, xfw.launcher, xfw.compare, xfw.render, xfw.plot, xfw.progress, xfw.sweep; "
             f"print([m for m in {FRAMEWORKS!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -43,11 +43,12 @@ def test_cli_commands_and_options_are_frozen():
         "report": ["backends", "out_dir", "run_dirs"],
         "run": ["backend", "master_addr", "master_port", "node_rank", "out_dir", "overrides", "print_command",
                 "pythons", "recipe"],
+        "sweep": ["axes", "backends", "out_dir", "pythons", "recipe"],
         "validate": ["overrides", "print_spec", "recipes"],
     }
 
 
 def test_help_lists_every_command():
     out = CliRunner().invoke(cli.main, ["--help"]).output
-    for name in ("compare", "env", "report", "run", "validate"):
+    for name in ("compare", "env", "report", "run", "sweep", "validate"):
         assert name in out

@@ -1,9 +1,20 @@
 """A fake adapter for launcher tests: writes canned records, trains nothing.
 
-Its behaviour comes from the spec's ``backends.<name>.behave`` knob (the spec is an adapter's
-only input): ok | crash | hang | abort_after_end | oom_stderr. ``ips`` sets its throughput.
-It exists to test the launcher's classification and the report's handling of failures;
-real training is tested against the real adapters in tests/contract.
+Its behaviour comes from the spec's ``backends.<name>`` knobs (the spec is an adapter's only input):
+
+* ``behave``: ok | crash | hang | abort_after_end | oom_stderr
+* ``ips``: throughput of one process (samples/s); with N processes each rank runs at
+  ``ips * scale_eff`` (so ``scale_eff: 0.9`` makes 2 processes 90% efficient)
+* ``oom_above_micro``: a micro-batch above this ends the run with an ``oom`` error record and a
+  CUDA-like message on stderr (exit code 1), as a real OOM probe would
+* ``mem_per_sample_bytes``: peak memory grows by this much per sample of the micro-batch, over
+  a 1 MiB base; rank r adds r x 4096 bytes so per-rank tables have distinct rows
+* ``params``: the parameter count the ``applied`` record reports
+
+All ranks of a multi-process spec are written by this one process (one RecordWriter per rank),
+so the core sees exactly what an N-rank run writes. It exists to test the launcher's
+classification and the reports' layouts; real training is tested against the real adapters in
+tests/contract.
 """
 
 import json
@@ -13,6 +24,8 @@ import time
 
 from xfw.records import RecordWriter
 
+EXIT_OOM = 4  # xfw.harness.EXIT_OOM
+
 
 def main(argv):
     if "--describe" in argv:
@@ -20,33 +33,47 @@ def main(argv):
                           "device": "cpu", "device_name": "none", "launcher": ["{python}", "-m", "xfw_fake"]}))
         return 0
     spec = json.load(open(argv[argv.index("--spec") + 1]))
-    writer = RecordWriter(argv[argv.index("--records") + 1], 0)
+    records = argv[argv.index("--records") + 1]
     knobs = spec["backend_knobs"]
-    behave, ips = knobs.get("behave", "ok"), float(knobs.get("ips", 100.0))
+    num_ranks = spec["derived"]["num_processes"]
+    writers = [RecordWriter(records, rank) for rank in range(num_ranks)]
+    behave = knobs.get("behave", "ok")
+    rank_ips = float(knobs.get("ips", 100.0)) * (float(knobs.get("scale_eff", 1.0)) if num_ranks > 1 else 1.0)
     warmup, steps = spec["measure"]["warmup_steps"], spec["measure"]["steps"]
-    samples = spec["batch"]["global"]
-    step_time = samples / ips
-    writer.start(num_ranks=1, warmup_steps=warmup, steps=steps)
+    micro = spec["batch"]["micro"]
+    samples = spec["batch"]["global"] // num_ranks  # per rank per optimizer step
+    step_time = samples / rank_ips
+    mem = (1 << 20) + micro * int(knobs.get("mem_per_sample_bytes", 0))
+    for w in writers:
+        w.start(num_ranks=num_ranks, warmup_steps=warmup, steps=steps)
+    if "oom_above_micro" in knobs and micro > int(knobs["oom_above_micro"]):
+        print(f"torch.OutOfMemoryError: CUDA out of memory at micro-batch {micro} (fake)", file=sys.stderr)
+        for w in writers:
+            w.write("error", status="oom", message=f"out of memory at micro-batch {micro} (fake)")
+        return EXIT_OOM
     for i in range(warmup + steps):
         if behave == "crash" and i == 1:
             print("Traceback (most recent call last):\nRuntimeError: fake adapter crashed on purpose", file=sys.stderr)
             return 1
         if behave == "hang" and i == 1:
             time.sleep(3600)
-        writer.write("step", step=i, phase="warmup" if i < warmup else "measure", step_time_s=step_time,
-                     samples=samples, tokens=0, loss=5.0 - 0.1 * i, mem_alloc_peak_bytes=1 << 20,
-                     mem_reserved_peak_bytes=2 << 20)
+        for w in writers:
+            w.write("step", step=i, phase="warmup" if i < warmup else "measure", step_time_s=step_time,
+                    samples=samples, tokens=0, loss=5.0 - 0.1 * i, mem_alloc_peak_bytes=mem + w.rank * 4096,
+                    mem_reserved_peak_bytes=2 * mem + w.rank * 4096)
     if behave == "oom_stderr":
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr)
         return 1
-    writer.write("window", window_time_s=step_time * steps, num_steps=steps, samples=samples * steps, tokens=0)
-    writer.write("applied", framework="fake", framework_version="0", device="cpu", device_name="none",
-                 weight_dtype="float32", compute_dtype="float32", amp_level="O0", master_weights=False,
-                 sharding_impl="none", attention_impl="none", tf32=False, fused_optimizer=False, recompute=False,
-                 num_params_total=int(knobs.get("params", 1000)), num_params_trainable=10, num_processes=1,
-                 grad_accum_steps=spec["derived"]["grad_accum_steps"], mem_source="cuda_allocator", notes="fake")
-    writer.write("end")
-    writer.close()
+    for w in writers:
+        w.write("window", window_time_s=step_time * steps, num_steps=steps, samples=samples * steps, tokens=0)
+        w.write("applied", framework="fake", framework_version="0", device="cpu", device_name="none",
+                weight_dtype="float32", compute_dtype="float32", amp_level="O0", master_weights=False,
+                sharding_impl=spec["parallel"]["sharding"], attention_impl="none", tf32=False,
+                fused_optimizer=False, recompute=False, num_params_total=int(knobs.get("params", 1000)),
+                num_params_trainable=10, num_processes=num_ranks,
+                grad_accum_steps=spec["derived"]["grad_accum_steps"], mem_source="cuda_allocator", notes="fake")
+        w.write("end")
+        w.close()
     if behave == "abort_after_end":
         os.abort()
     return 0
