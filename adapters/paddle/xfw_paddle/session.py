@@ -4,9 +4,13 @@ Neutral settings map to Paddle's native mechanisms (DESIGN.md §5):
 
 * O1: ``paddle.amp.auto_cast(level='O1')`` over fp32 weights.
 * O2: ``paddle.amp.decorate(level='O2', master_weight=True, master_grad=True)`` +
-  ``auto_cast(level='O2')``. fp16 adds a ``GradScaler``. Recompute is paddlenlp's per-decoder-
-  layer ``fleet`` recompute. Paddle's CPU build ignores AMP and has no bf16 kernels, so on CPU
-  every run is fp32 and ``applied`` says so, with the request in ``notes``.
+  ``auto_cast(level='O2')``. fp16 adds a ``GradScaler``. Paddle's CPU build ignores AMP and
+  has no bf16 kernels, so on CPU every run is fp32 and ``applied`` says so, with the request
+  in ``notes``.
+* recompute: ``fleet.utils.recompute`` per decoder block (paddlenlp's for LLaVA's Llama, the
+  family's own for Qwen2-VL).
+* LoRA: ``paddlenlp.peft`` adapters on the family's ``lora_target`` (the decoder), on exactly
+  the linears peft adapts on the PyTorch side, scaling alpha / r (:func:`lora_config_for`).
 
 Timestamps are CUDA events on GPU and ``perf_counter`` on CPU (Paddle executes CPU kernels
 synchronously); losses leave the GPU through pinned memory so reading them never syncs.

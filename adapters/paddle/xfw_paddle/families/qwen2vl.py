@@ -42,6 +42,12 @@ VISION_LN_EPS = 1e-6  # hard-coded in transformers' Qwen2VLVisionBlock and Patch
 VISION_ROPE_THETA = 10000.0  # transformers' VisionRotaryEmbedding default
 
 
+def _fp32():
+    """Where transformers computes in fp32 whatever the autocast: Paddle's O2 would otherwise
+    run these ops in low precision too (paddlenlp's Qwen2 does the same)."""
+    return paddle.amp.auto_cast(False)
+
+
 def _linear(d_in: int, d_out: int, bias: bool = True) -> nn.Linear:
     return nn.Linear(d_in, d_out, weight_attr=_W, bias_attr=_ZEROS if bias else False)
 
@@ -51,11 +57,14 @@ def _attention(q, k, v, *, causal: bool, use_sdpa: bool, training: bool) -> padd
     if use_sdpa:  # Paddle's dispatcher: flash / memory-efficient on GPU, math on CPU
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, training=training)
     q, k, v = (t.transpose([0, 2, 1, 3]) for t in (q, k, v))
-    scores = paddle.matmul(q * q.shape[-1] ** -0.5, k, transpose_y=True).astype("float32")
-    if causal:
-        s = scores.shape[-1]
-        scores = scores + paddle.triu(paddle.full([s, s], float("-inf"), "float32"), diagonal=1)
-    out = paddle.matmul(F.softmax(scores, axis=-1).astype(q.dtype), v)
+    scores = paddle.matmul(q * q.shape[-1] ** -0.5, k, transpose_y=True)
+    with _fp32():
+        scores = scores.astype("float32")
+        if causal:
+            s = scores.shape[-1]
+            scores = scores + paddle.triu(paddle.full([s, s], float("-inf"), "float32"), diagonal=1)
+        weights = F.softmax(scores, axis=-1).astype(q.dtype)
+    out = paddle.matmul(weights, v)
     return out.transpose([0, 2, 1, 3])
 
 
@@ -66,20 +75,22 @@ def rotate_half(x: paddle.Tensor) -> paddle.Tensor:
 
 # -- vision tower (transformers' Qwen2VisionTransformerPretrainedModel) ---------------------------
 
-def vision_rotary_freqs(arch: dict) -> np.ndarray:
-    """Rotary angles ``[t*h*w, head_dim/2]`` of one image's patches, in the processor's order
-    (2x2 merge windows row by row): transformers' ``rot_pos_emb``; first half rows, second cols."""
-    v = arch["vision"]
+def vision_rotary_positions(arch: dict) -> np.ndarray:
+    """(row, col) ``[t*h*w, 2]`` of one image's patches in the processor's order (2x2 merge
+    windows, row by row): the positions of transformers' ``rot_pos_emb``."""
     t, h, w = grid(arch)
-    m = v["spatial_merge_size"]
-    dim = v["embed_dim"] // v["num_heads"] // 2
+    m = arch["vision"]["spatial_merge_size"]
     rows = np.broadcast_to(np.arange(h)[:, None], (h, w)).reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3)
     cols = np.broadcast_to(np.arange(w)[None, :], (h, w)).reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3)
-    pos = np.tile(np.stack([rows.ravel(), cols.ravel()], axis=-1), (t, 1))
-    # fp32 as transformers computes them: inv_freq, then outer(arange(max(h, w)), inv_freq).
-    inv_freq = (1.0 / (np.float32(VISION_ROPE_THETA) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))))
-    table = np.outer(np.arange(max(h, w), dtype=np.float32), inv_freq.astype(np.float32)).astype(np.float32)
-    return table[pos].reshape(len(pos), -1)
+    return np.tile(np.stack([rows.ravel(), cols.ravel()], axis=-1), (t, 1)).astype(np.int64)
+
+
+def inv_freq(theta: float, dim: int) -> paddle.Tensor:
+    """RoPE inverse frequencies in fp32, made on the device at each call: a float buffer would
+    be cast to bf16 by ``paddle.amp.decorate(level='O2')`` and lose the angles' precision (``full`` and
+    ``arange`` are device kernels: no host copy in the step)."""
+    with _fp32():
+        return 1.0 / paddle.pow(paddle.full([], theta, "float32"), paddle.arange(0, dim, 2, dtype="float32") / dim)
 
 
 class PatchEmbed(nn.Layer):
@@ -105,8 +116,9 @@ class VisionAttention(nn.Layer):
         """``x`` [images, patches, d]: attention stays inside each image (``cu_seqlens``)."""
         n, s, d = x.shape
         q, k, v = self.qkv(x).reshape([n, s, 3, self.num_heads, d // self.num_heads]).unbind(axis=2)
-        # transformers' apply_rotary_pos_emb_vision: in fp32, back to the input dtype.
-        q, k = ((t.astype("float32") * cos + rotate_half(t.astype("float32")) * sin).astype(t.dtype) for t in (q, k))
+        with _fp32():  # transformers' apply_rotary_pos_emb_vision: in fp32, back to the input dtype
+            q, k = ((t.astype("float32") * cos + rotate_half(t.astype("float32")) * sin).astype(t.dtype)
+                    for t in (q, k))
         out = _attention(q, k, v, causal=False, use_sdpa=self.use_sdpa, training=self.training)
         return self.proj(out.reshape([n, s, d]))
 
@@ -154,14 +166,23 @@ class Qwen2VisionTransformer(nn.Layer):
         self.patch_embed = PatchEmbed(v)
         self.blocks = nn.LayerList([Qwen2VLVisionBlock(v, use_sdpa) for _ in range(v["depth"])])
         self.merger = PatchMerger(v)
-        freqs = np.concatenate([vision_rotary_freqs(arch)] * 2, axis=-1)[: h * w]  # every frame alike
-        self.register_buffer("rope_freqs", paddle.to_tensor(freqs), persistable=False)
+        positions = vision_rotary_positions(arch)[: h * w]  # every frame alike
+        self.register_buffer("rope_positions", paddle.to_tensor(positions), persistable=False)  # int: never cast
+
+    def rotary_cos_sin(self) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """cos, sin ``[1, patches, 1, head_dim]``: angles of rows in the first half of each
+        rotary half, of columns in the second (VisionRotaryEmbedding(head_dim / 2), theta 1e4)."""
+        with _fp32():
+            freqs = self.rope_positions.astype("float32").unsqueeze(-1) * inv_freq(VISION_ROPE_THETA, self.head_dim // 2)
+            freqs = freqs.reshape([1, self.patches, 1, -1])  # [rows' angles, cols' angles]
+            emb = paddle.concat([freqs, freqs], axis=-1)
+            return paddle.cos(emb), paddle.sin(emb)
 
     def forward(self, patches: paddle.Tensor) -> paddle.Tensor:
         """Flattened patches ``[images*t*h*w, 3*T*P*P]`` -> merged tokens ``[images*t*h*w/4, out]``."""
         x = self.patch_embed(patches)
         x = x.reshape([-1, self.patches, x.shape[-1]])  # one attention group per frame of each image
-        cos, sin = (f(self.rope_freqs).reshape([1, self.patches, 1, self.head_dim]) for f in (paddle.cos, paddle.sin))
+        cos, sin = self.rotary_cos_sin()
         for block in self.blocks:
             x = block(x, cos, sin)
         return self.merger(x.reshape([-1, x.shape[-1]]))
@@ -176,19 +197,21 @@ class Qwen2VLRMSNorm(nn.Layer):
         self.eps = eps
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        x32 = x.astype("float32")
-        x32 = x32 * paddle.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.astype(x.dtype)
+        with _fp32():
+            x32 = x.astype("float32")
+            normed = (x32 * paddle.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).astype(x.dtype)
+        return self.weight * normed
 
 
-def mrope_cos_sin(position_ids: paddle.Tensor, inv_freq: paddle.Tensor, mrope_section: list[int]):
+def mrope_cos_sin(position_ids: paddle.Tensor, inv_freqs: paddle.Tensor, mrope_section: list[int]):
     """cos, sin ``[b, L, 1, head_dim]`` for M-RoPE: angles for the (t, h, w) ids, then each
     channel section takes its own axis (transformers' ``apply_multimodal_rotary_pos_emb``)."""
-    freqs = position_ids.astype("float32").unsqueeze(-1) * inv_freq  # [3, b, L, head_dim/2]
-    emb = paddle.concat([freqs, freqs], axis=-1)
-    chunks = paddle.split(emb, list(mrope_section) * 2, axis=-1)
-    emb = paddle.concat([chunk[i % 3] for i, chunk in enumerate(chunks)], axis=-1)  # [b, L, head_dim]
-    return paddle.cos(emb).unsqueeze(2), paddle.sin(emb).unsqueeze(2)
+    with _fp32():
+        freqs = position_ids.astype("float32").unsqueeze(-1) * inv_freqs  # [3, b, L, head_dim/2]
+        emb = paddle.concat([freqs, freqs], axis=-1)
+        chunks = paddle.split(emb, list(mrope_section) * 2, axis=-1)
+        emb = paddle.concat([chunk[i % 3] for i, chunk in enumerate(chunks)], axis=-1)  # [b, L, head_dim]
+        return paddle.cos(emb).unsqueeze(2), paddle.sin(emb).unsqueeze(2)
 
 
 class Qwen2VLAttention(nn.Layer):
@@ -244,12 +267,10 @@ class Qwen2VLTextModel(nn.Layer):
         self.layers = nn.LayerList([Qwen2VLDecoderLayer(t, use_sdpa) for _ in range(t["num_layers"])])
         self.norm = Qwen2VLRMSNorm(t["hidden_size"], t["rms_norm_eps"])
         self.mrope_section, self.recompute = list(t["mrope_section"]), recompute
-        head_dim = t["hidden_size"] // t["num_heads"]
-        inv_freq = 1.0 / (np.float32(t["rope_theta"]) ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
-        self.register_buffer("inv_freq", paddle.to_tensor(inv_freq.astype(np.float32)), persistable=False)
+        self.rope_theta, self.head_dim = t["rope_theta"], t["hidden_size"] // t["num_heads"]
 
     def forward(self, inputs_embeds: paddle.Tensor, position_ids: paddle.Tensor) -> paddle.Tensor:
-        cos, sin = mrope_cos_sin(position_ids, self.inv_freq, self.mrope_section)
+        cos, sin = mrope_cos_sin(position_ids, inv_freq(self.rope_theta, self.head_dim), self.mrope_section)
         x = inputs_embeds
         for layer in self.layers:
             if self.recompute and self.training:
