@@ -373,7 +373,8 @@ def _with_peft_names(name_map):
     def mapped(name: str) -> str:
         for suffix in (".lora_A", ".lora_B"):
             if name.endswith(suffix):
-                return name_map(name.removesuffix(suffix) + ".weight").removesuffix(".weight") + suffix + ".default.weight"
+                linear = name_map(name.removesuffix(suffix) + ".weight").removesuffix(".weight")
+                return f"{linear}{suffix}.default.weight"
         return name_map(name)
     return mapped
 

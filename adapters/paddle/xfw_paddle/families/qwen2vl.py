@@ -31,8 +31,8 @@ from paddle import nn
 
 from xfw.families.qwen2vl import grid
 from xfw.harness import Unsupported
-from xfw_paddle.families.llava import (  # noqa: F401 - the same causal-LM loss and weight loading
-    causal_lm_loss, hf_shape, load_hf_state as _load_hf_state, quick_gelu, scatter_image_features)
+from xfw_paddle.families.llava import causal_lm_loss, quick_gelu, scatter_image_features
+from xfw_paddle.families.llava import load_hf_state as _load_hf_state
 
 # transformers' Qwen2VLPreTrainedModel._init_weights: normal(0, initializer_range = 0.02), zero biases.
 _W = paddle.ParamAttr(initializer=nn.initializer.Normal(0.0, 0.02))
@@ -173,7 +173,8 @@ class Qwen2VisionTransformer(nn.Layer):
         """cos, sin ``[1, patches, 1, head_dim]``: angles of rows in the first half of each
         rotary half, of columns in the second (VisionRotaryEmbedding(head_dim / 2), theta 1e4)."""
         with _fp32():
-            freqs = self.rope_positions.astype("float32").unsqueeze(-1) * inv_freq(VISION_ROPE_THETA, self.head_dim // 2)
+            angles = inv_freq(VISION_ROPE_THETA, self.head_dim // 2)
+            freqs = self.rope_positions.astype("float32").unsqueeze(-1) * angles
             freqs = freqs.reshape([1, self.patches, 1, -1])  # [rows' angles, cols' angles]
             emb = paddle.concat([freqs, freqs], axis=-1)
             return paddle.cos(emb), paddle.sin(emb)
