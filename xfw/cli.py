@@ -5,6 +5,7 @@
     xfw compare recipes/tiny/llava_sft.yaml --backends paddle,torch
     xfw sweep recipes/tiny/llava_sft.yaml --set batch.micro=1,2 --set recompute=false,true --backends torch
     xfw report runs/20261122-161500-tiny-llava-sft
+    xfw report runs/sweep-tiny-llava-sft --layout scaling
     xfw env
 
 Exit codes: 0 success; 1 a run failed (its result and the others are still written);
@@ -20,6 +21,7 @@ from pathlib import Path
 import click
 
 from xfw import launcher, workflow
+from xfw.layouts import LAYOUTS
 from xfw.recipe import to_dict
 
 
@@ -185,10 +187,17 @@ def sweep(recipe, axes, backends, pythons, out_dir) -> None:
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
 @click.option("--backends", default=None, help="Comma-separated backends and their order (default: as found).")
 @out_option
-def report(run_dirs, backends, out_dir) -> None:
-    """Rebuild the table, CSV and chart from existing run directories."""
+@click.option("--layout", type=click.Choice(LAYOUTS), default="contrast", show_default=True,
+              help="contrast: backends side by side (seed 003); strategies: per GPU count and sharding (seed 000); "
+                   "ranks: per-rank time and memory (seed 001); batch: throughput per global batch with OOM rows "
+                   "(seed 002); scaling: linear-scaling efficiency; cost: cost per 1M samples (seed 004).")
+@click.option("--price-per-gpu-hour", type=float, default=None, metavar="USD",
+              help="Price of one GPU-hour, for --layout cost.")
+def report(run_dirs, backends, out_dir, layout, price_per_gpu_hour) -> None:
+    """Rebuild a report (table, CSV, HTML; chart for contrast) from existing run directories."""
     try:
-        rep = workflow.report_from_dirs(list(run_dirs), _backend_list(backends) if backends else None, out_dir)
+        rep = workflow.report_from_dirs(list(run_dirs), _backend_list(backends) if backends else None, out_dir,
+                                        layout=layout, price_per_gpu_hour=price_per_gpu_hour)
     except workflow.UsageError as err:
         _fail(str(err))
     click.echo(rep.markdown)

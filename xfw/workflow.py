@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xfw import compare as cmp
-from xfw import launcher, render
+from xfw import launcher, layouts, render
 from xfw import sweep as sw
 from xfw.plot import plot_comparison
 from xfw.recipe import Recipe, RecipeError, load_recipe, resolve_spec
@@ -115,13 +115,40 @@ def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *
     markdown = render.report_markdown(rows, backends)
     paths = {"markdown": out_dir / "report.md", "csv": out_dir / "report.csv"}
     write_text_atomic(paths["markdown"], markdown)
-    write_text_atomic(paths["csv"], render.to_frame(rows, backends).to_csv(index=False))
+    frame = render.to_frame(rows, backends)
+    write_text_atomic(paths["csv"], frame.to_csv(index=False))
+    paths["html"] = out_dir / "report.html"
+    write_text_atomic(paths["html"], frame.to_html(index=False))
     if chart:
         paths["chart"] = plot_comparison(rows, backends, out_dir / "chart.png")
     return Report(markdown=markdown, paths=paths)
 
 
-def report_from_dirs(paths: list[str], backends: list[str] | None, out_dir: Path | None) -> Report:
+_LAYOUT_TITLES = {"strategies": "Training strategies by GPU count", "ranks": "Per-rank time and memory",
+                  "batch": "Throughput per global batch size", "scaling": "Multi-GPU scaling",
+                  "cost": "Cost per 1M samples"}
+
+
+def write_layout(results: list[RunResult], layout: str, out_dir: Path, *,
+                 price_per_gpu_hour: float | None = None) -> Report:
+    """One of the seed layouts (xfw.layouts) as report-<layout>.md, .csv and .html."""
+    try:
+        tables = layouts.build(layout, results, price_per_gpu_hour=price_per_gpu_hour)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    title = _LAYOUT_TITLES[layout]
+    markdown = layouts.to_markdown(tables, title)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {kind: out_dir / f"report-{layout}.{ext}" for kind, ext in (("markdown", "md"), ("csv", "csv"),
+                                                                        ("html", "html"))}
+    write_text_atomic(paths["markdown"], markdown)
+    write_text_atomic(paths["csv"], layouts.to_csv(tables))
+    write_text_atomic(paths["html"], layouts.to_html(tables, title))
+    return Report(markdown=markdown, paths=paths)
+
+
+def report_from_dirs(paths: list[str], backends: list[str] | None, out_dir: Path | None, *,
+                     layout: str = "contrast", price_per_gpu_hour: float | None = None) -> Report:
     try:
         results = load_runs(paths)
     except FileNotFoundError as err:
@@ -133,6 +160,11 @@ def report_from_dirs(paths: list[str], backends: list[str] | None, out_dir: Path
     if unknown:
         raise UsageError(f"--backends {unknown[0]}: no run of that backend in the given directories")
     target = out_dir or Path(paths[0])
+    if layout != "contrast":
+        if price_per_gpu_hour is not None and layout != "cost":
+            raise UsageError("--price-per-gpu-hour applies only to --layout cost")
+        return write_layout([r for r in results if r.backend in names], layout, target,
+                            price_per_gpu_hour=price_per_gpu_hour)
     return write_report(results, names, target)
 
 

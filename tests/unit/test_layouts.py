@@ -1,0 +1,115 @@
+"""The seed layouts: each rendered table has its seed's columns, and the numbers follow from the runs.
+
+Runs come from real sweeps of the fake adapter (1- and 2-process runs, an OOM above a micro-batch),
+loaded back from their run directories as ``xfw report`` does.
+"""
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from xfw import cli, layouts
+from xfw.results import load_runs
+
+# The header rows of the seeds, copied verbatim (shared/seeds/000, 001, 004).
+SEED_000 = ["Framework", "Strategy", "Time for 100 iters (s)", "Throughput (batches/s)", "VRAM / GPU (GB)",
+            "GB / batch"]
+SEED_001 = ["Rank", "Time", "Max Memory Allocated"]
+SEED_004_SCALING = ["GPUs", "Batch Size", "Throughput", "Linear Scaling"]
+SEED_004_COST = ["Model", "GPU", "Recipe", "Cost/1M Samples", "Notes"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli.main, [str(a) for a in args], catch_exceptions=False)
+
+
+def header_of(markdown: str, first_column: str) -> list[str]:
+    line = next(line for line in markdown.splitlines() if line.startswith(f"| {first_column} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+@pytest.fixture
+def strategy_runs(write_recipe, tmp_path, fake_backend):
+    """fake and fake2 at 1 and 2 processes, unsharded and stage1: 8 runs; 2 processes at 90% efficiency."""
+    recipe = write_recipe(batch={"global": 8, "micro": 2},
+                          backends={"fake": {"ips": 100, "scale_eff": 0.9, "mem_per_sample_bytes": 10**8},
+                                    "fake2": {"ips": 50, "scale_eff": 0.9}})
+    out = tmp_path / "sweep"
+    result = invoke("sweep", recipe, "--set", "parallel.nproc_per_node=1,2", "--set", "parallel.sharding=none,stage1",
+                    "--backends", "fake,fake2", "--out", out,
+                    *[x for n, p in fake_backend.items() for x in ("--python", f"{n}={p}")])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_strategies_has_one_seed_000_table_per_gpu_count(strategy_runs):
+    tables = layouts.strategies(load_runs([strategy_runs]))
+    assert [t.title for t in tables] == ["For 2x none:", "For 1x none:"]
+    two = tables[0]
+    assert two.header == SEED_000
+    assert [row[:2] for row in two.cells] == [["fake", "DDP"], ["fake", "ZeRO-1"], ["fake2", "DDP"],
+                                              ["fake2", "ZeRO-1"]]
+    # fake at 2 processes: 90 samples/s per rank, global batch 8 -> 180 / 8 = 22.5 batches/s; one step of
+    # 4 samples per rank at 90/s -> 100 steps in 4.44 s; peak reserved 2 x (1 MiB + 2 x 1e8) + rank 1's 4 KiB
+    assert two.cells[0][2:] == ["4.4", "22.5", "0.402", "0.201"]
+    assert two.records[0]["batches_per_s"] == pytest.approx(22.5)
+    assert tables[1].cells[0][1] == "single GPU"
+
+
+def test_ranks_lists_every_rank_with_time_memory_and_the_final_loss(strategy_runs):
+    runs = [r for r in load_runs([strategy_runs]) if r.setup["num_processes"] == 2]
+    tables = layouts.ranks(runs)
+    assert all(t.header == SEED_001 for t in tables)
+    first = tables[0]
+    assert [row[0] for row in first.cells] == ["0", "1"]
+    assert first.cells[0][1].endswith(" seconds") and first.cells[1][2].endswith(" bytes")
+    assert first.cells[1][2] != first.cells[0][2]
+    assert first.notes[0] == "loss: 4.6000"  # 5 - 0.1 x step 4, the last of 1 warm-up + 4 measured
+
+
+def test_scaling_gives_linear_scaling_against_the_smallest_gpu_count(strategy_runs):
+    tables = layouts.scaling(load_runs([strategy_runs]))
+    assert len(tables) == 4  # (fake, fake2) x (none, stage1)
+    table = tables[0]
+    assert table.header == SEED_004_SCALING
+    assert table.cells == [["1x", "8", "100.0 samples/s", "1.00x"], ["2x", "8", "180.0 samples/s", "0.90x"]]
+
+
+def test_cost_per_million_samples_follows_from_price_and_throughput(strategy_runs):
+    (table,) = layouts.cost(load_runs([strategy_runs]), price_per_gpu_hour=3.6)
+    assert table.header == SEED_004_COST
+    # fake, 1 GPU, 100 samples/s: 10^6 / 100 = 10^4 s = 2.78 h x $3.6 = $10.00
+    row = next(c for c, r in zip(table.cells, table.records) if r["framework"] == "fake" and r["gpu"] == "1x none"
+               and "sharding=none" in r["variant"])
+    assert row[3] == "$10.00"
+
+
+def test_batch_keeps_oom_rows_next_to_the_throughput_rows(write_recipe, tmp_path, fake_backend):
+    recipe = write_recipe(batch={"global": 2, "micro": 2}, backends={"fake": {"ips": 40, "oom_above_micro": 4}})
+    out = tmp_path / "sweep"
+    result = invoke("sweep", recipe, "--set", "batch.micro=2,4,8", "--set", "batch.global=8", "--backends", "fake",
+                    "--out", out, "--python", f"fake={fake_backend['fake']}")
+    assert result.exit_code == 1  # one point ran out of memory
+    (table,) = layouts.batch(load_runs([out]))
+    assert table.header == ["Hardware", "Framework", "Recipe", "Global batch size", "Throughput (samples/s)"]
+    assert [row[-2:] for row in table.cells] == [["8", "OOM"], ["8 (micro 4)", "~40"], ["8 (micro 2)", "~40"]]
+    assert "global batch size 8: OOM" in table.notes[0]
+
+
+def test_report_layouts_write_markdown_csv_and_html(strategy_runs, tmp_path):
+    for layout in ("strategies", "ranks", "batch", "scaling"):
+        result = invoke("report", strategy_runs, "--layout", layout, "--out", tmp_path / "rep")
+        assert result.exit_code == 0, result.output
+        for ext in ("md", "csv", "html"):
+            assert (tmp_path / "rep" / f"report-{layout}.{ext}").exists()
+    result = invoke("report", strategy_runs, "--layout", "strategies", "--out", tmp_path / "rep")
+    assert header_of(result.output, "Framework") == SEED_000
+    frame = pd.read_csv(tmp_path / "rep" / "report-strategies.csv")
+    assert {"section", "framework", "strategy", "batches_per_s", "vram_per_gpu_bytes"} <= set(frame.columns)
+
+
+def test_cost_without_a_price_is_a_clear_error(strategy_runs):
+    result = invoke("report", strategy_runs, "--layout", "cost")
+    assert result.exit_code == 2 and "--price-per-gpu-hour" in result.output
+    ok = invoke("report", strategy_runs, "--layout", "cost", "--price-per-gpu-hour", "2.5")
+    assert ok.exit_code == 0 and header_of(ok.output, "Model") == SEED_004_COST
