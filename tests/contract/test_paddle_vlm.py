@@ -56,7 +56,7 @@ def test_qwen2vl_recompute_per_decoder_block_is_applied_and_changes_memory_not_m
     ({"preset": "tiny-qwen2-vl"}, ALL_LINEARS),
     ({"preset": "tiny-llava-next"}, ALL_LINEARS),
     ({"preset": "tiny-llava"}, ["q_proj", "v_proj", "down_proj"]),
-])
+], ids=["qwen2-vl-all-linears", "llava-next-all-linears", "llava-three-linears"])
 def test_lora_adds_the_adapters_peft_adds_and_trains_them_with_the_projector(tmp_path, model, targets):
     lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": targets}
     expected, spec = counts(model=model, stage="lora", lora=lora)
@@ -185,7 +185,7 @@ SAME_WEIGHTS_LORA = """
 @pytest.mark.parametrize("preset, targets", [
     ("tiny-qwen2-vl", ALL_LINEARS),
     ("tiny-llava-next", ["q_proj", "o_proj", "up_proj"]),
-])
+], ids=["qwen2-vl-all-linears", "llava-next-three-linears"])
 def test_paddlenlp_lora_computes_what_peft_computes_from_the_same_weights(tmp_path, preset, targets):
     """Adapters on the same linears with the same scaling (alpha / r): with B non-zero, the
     logits of transformers + peft and of the Paddle model + paddlenlp.peft agree."""
