@@ -4,7 +4,9 @@ For each ``RECIPE:m1,m2,...`` the micro-batches are tried from largest to smalle
 its own process through xfw's launcher (an OOM in one probe cannot poison the next); the
 first that runs is the largest that fits, and the one above it is kept as the OOM edge.
 Every probe is an ordinary run directory. The seed's 8-GPU settings are reduced to one GPU:
-nproc 1, no sharding, global batch = micro batch.
+nproc 1, no sharding, global batch = micro batch. The search itself is ``xfw.maxbatch`` (what
+``xfw maxbatch --candidates`` runs); this script keeps the one-GPU reduction and the
+``maxbatch.json`` lines the H100 runs in results/h100 were made with.
 
     python benchmarks/gpu_maxbatch.py --out runs/h100 --steps 10 --warmup 3 \\
         recipes/qwen2vl2b_sft.yaml:32,16,8 recipes/llava7b_lora.yaml:16,8,4
@@ -17,25 +19,29 @@ import json
 import sys
 from pathlib import Path
 
-from xfw import launcher
-from xfw.recipe import load_recipe
-from xfw.results import write_json_atomic
+from xfw import launcher, maxbatch
+from xfw.results import RunResult, write_json_atomic
 
 
-def probe(path: str, micro: int, args, backend, description) -> dict:
-    overrides = [f"batch.micro={micro}", f"batch.global={micro}", "parallel.nproc_per_node=1",
-                 "parallel.sharding=none", f"measure.warmup_steps={args.warmup}", f"measure.steps={args.steps}",
-                 f"measure.timeout_s={args.timeout}", *args.set]
-    recipe = load_recipe(path, overrides)
-    run_dir = Path(args.out) / recipe.name / f"micro{micro}" / backend.name
-    result = launcher.launch(recipe, backend, run_dir, description=description)
-    m = result.measurement
-    line = {"recipe": recipe.name, "micro": micro, "status": result.status, "reason": result.reason,
-            "ips": m.ips, "tokens_per_s": m.tokens_per_s, "mfu": result.mfu,
-            "mem_alloc_peak_bytes": m.mem_alloc_peak_bytes, "mem_reserved_peak_bytes": m.mem_reserved_peak_bytes,
-            "step_time_median_s": m.step_time_median_s, "run_dir": str(run_dir), "overrides": overrides}
-    print(json.dumps(line), flush=True)
-    return line
+def one_gpu_overrides(args) -> list[str]:
+    return ["parallel.nproc_per_node=1", "parallel.sharding=none", f"measure.warmup_steps={args.warmup}",
+            f"measure.steps={args.steps}", f"measure.timeout_s={args.timeout}", *args.set]
+
+
+def lines_for(found: maxbatch.MaxBatch, overrides: list[str]) -> list[dict]:
+    """One line per probe, as this script always wrote them."""
+    lines = []
+    for p in found.probes:
+        r = RunResult.load(p.run_dir)
+        m = r.measurement
+        line = {"recipe": found.recipe, "micro": p.micro, "status": p.status, "reason": p.reason,
+                "ips": m.ips, "tokens_per_s": m.tokens_per_s, "mfu": r.mfu,
+                "mem_alloc_peak_bytes": m.mem_alloc_peak_bytes, "mem_reserved_peak_bytes": m.mem_reserved_peak_bytes,
+                "step_time_median_s": m.step_time_median_s, "run_dir": p.run_dir,
+                "overrides": [f"batch.micro={p.micro}", f"batch.global={p.micro}", *overrides]}
+        print(json.dumps(line), flush=True)
+        lines.append(line)
+    return lines
 
 
 def main() -> int:
@@ -50,14 +56,13 @@ def main() -> int:
     args = parser.parse_args()
     backend = launcher.Backend("torch", args.python)
     description = launcher.describe_backend(backend)
-    lines = []
+    overrides, lines = one_gpu_overrides(args), []
     for job in args.jobs:
         path, _, micros = job.partition(":")
-        for micro in sorted((int(m) for m in micros.split(",")), reverse=True):
-            line = probe(path, micro, args, backend, description)
-            lines.append(line)
-            if line["status"] == "ok":
-                break
+        found = maxbatch.search(path, backend, description, Path(args.out),
+                                candidates=maxbatch.parse_candidates(micros), overrides=overrides,
+                                log=lambda text: print(text, file=sys.stderr, flush=True))
+        lines += lines_for(found, overrides)
     write_json_atomic(Path(args.out) / "maxbatch.json", lines)
     return 0
 

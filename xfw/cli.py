@@ -4,6 +4,7 @@
     xfw run recipes/tiny/llava_sft.yaml --backend torch
     xfw compare recipes/tiny/llava_sft.yaml --backends paddle,torch
     xfw sweep recipes/tiny/llava_sft.yaml --set batch.micro=1,2 --set recompute=false,true --backends torch
+    xfw maxbatch recipes/llava7b_lora.yaml --backends torch --candidates 64,32,16
     xfw report runs/20261122-161500-tiny-llava-sft
     xfw report runs/sweep-tiny-llava-sft --layout scaling
     xfw env
@@ -181,6 +182,41 @@ def sweep(recipe, axes, backends, pythons, out_dir) -> None:
     if failed:
         click.echo(f"{len(failed)} of {len(results)} runs did not succeed (see 'Failed runs' above)", err=True)
     sys.exit(1 if failed else 0)
+
+
+@main.command()
+@click.argument("recipe", type=click.Path())
+@click.option("--backends", "backends", default="paddle,torch", show_default=True,
+              help="Comma-separated backends, searched one after the other.")
+@click.option("--candidates", default=None, metavar="M1,M2,...",
+              help="Micro-batches to try, largest first, stopping at the first that fits "
+                   "(default: double from the recipe's micro-batch until out of memory).")
+@click.option("--max-micro", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Largest micro-batch a doubling search tries.")
+@set_option
+@python_option
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Directory for the probes' run directories (default: runs/maxbatch-<recipe>); the same --out "
+                   "resumes, keeping settled probes.")
+def maxbatch(recipe, backends, candidates, max_micro, overrides, pythons, out_dir) -> None:
+    """Find the largest micro-batch that fits, per backend; each probe a separate process."""
+    from xfw.progress import make_progress
+
+    try:
+        values = workflow.plan_maxbatch(recipe, list(overrides), candidates)
+        prepared = workflow.prepare_backends(_backend_list(backends), _interpreters(pythons))
+    except workflow.UsageError as err:
+        _fail(str(err))
+    out_dir = out_dir or Path("runs") / f"maxbatch-{workflow.load_all([recipe], list(overrides))[0].name}"
+    click.echo(f"probes in {out_dir}", err=True)
+    found, report = workflow.run_maxbatch(recipe, prepared, out_dir, candidates=values, overrides=list(overrides),
+                                          max_micro=max_micro, progress=make_progress(),
+                                          log=lambda line: click.echo(line, err=True))
+    click.echo(report.markdown)
+    for kind, path in report.paths.items():
+        click.echo(f"{kind}: {path}", err=True)
+    settled = all(f.edge and all(p.status in ("ok", "oom") for p in f.probes) for f in found)
+    sys.exit(0 if settled else 1)
 
 
 @main.command()

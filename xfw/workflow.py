@@ -20,6 +20,7 @@ from pathlib import Path
 
 from xfw import compare as cmp
 from xfw import launcher, layouts, render
+from xfw import maxbatch as mb
 from xfw import sweep as sw
 from xfw.plot import plot_comparison
 from xfw.recipe import Recipe, RecipeError, load_recipe, resolve_spec
@@ -186,3 +187,32 @@ def run_sweep(points: list[sw.Point], backends: dict[str, tuple[launcher.Backend
     results = sw.run_sweep(points, backends, out_dir, progress, log)
     # No chart: its axis labels name the model and stage only, which every point shares.
     return results, write_report(results, list(backends), out_dir, chart=False)
+
+
+def plan_maxbatch(recipe_path: str, overrides: list[str], candidates: str | None) -> list[int] | None:
+    """Validate the recipe and every candidate probe before anything launches."""
+    try:
+        values = mb.parse_candidates(candidates) if candidates else None
+        load_recipe(recipe_path, overrides)
+        for micro in values or []:
+            mb.probe_recipe(recipe_path, micro, overrides)
+    except RecipeError as err:
+        raise UsageError(str(err)) from None
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    return values
+
+
+def run_maxbatch(recipe_path: str, backends: dict[str, tuple[launcher.Backend, dict]], out_dir: Path, *,
+                 candidates: list[int] | None, overrides: list[str], max_micro: int = mb.DEFAULT_MAX_MICRO,
+                 progress: launcher.Progress | None = None, log=print) -> tuple[list[mb.MaxBatch], Report]:
+    """One search per backend, one after the other; writes maxbatch.json and maxbatch.md."""
+    found = [mb.search(recipe_path, backend, description, out_dir, candidates=candidates, overrides=overrides,
+                       max_micro=max_micro, progress=progress, log=log)
+             for backend, description in backends.values()]
+    markdown = mb.to_markdown(found)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "maxbatch.json", "markdown": out_dir / "maxbatch.md"}
+    write_json_atomic(paths["json"], [f.to_dict() for f in found])
+    write_text_atomic(paths["markdown"], markdown)
+    return found, Report(markdown=markdown, paths=paths)
