@@ -54,9 +54,11 @@ def fake_backend(monkeypatch):
     return {"fake": sys.executable, "fake2": sys.executable}
 
 
-def run_adapter(backend: str, tmp_path: Path, *, timeout_s: float = 300, **sections):
+def run_adapter(backend: str, tmp_path: Path, *, timeout_s: float = 300, edit_spec=None, **sections):
     """Run a real adapter on TINY_RECIPE (updated with sections) in its own interpreter.
 
+    ``edit_spec(spec)`` may change the resolved spec afterwards, to reach an adapter's own
+    checks with input the recipe validation would already stop.
     Returns (exit code, records, stderr). The subprocess is exactly what the launcher runs.
     """
     import json
@@ -67,6 +69,8 @@ def run_adapter(backend: str, tmp_path: Path, *, timeout_s: float = 300, **secti
 
     python = require_interpreter(backend)
     spec = resolve_spec(recipe_from_dict({**TINY_RECIPE, **sections}), backend=backend, run_id="test")
+    if edit_spec:
+        edit_spec(spec)
     spec_path, records_path = tmp_path / f"{backend}-spec.json", tmp_path / f"{backend}-steps.jsonl"
     spec_path.write_text(json.dumps(spec))
     records_path.unlink(missing_ok=True)

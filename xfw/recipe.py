@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from xfw import presets
+from xfw.families import family_module
 
 SPEC_SCHEMA = 1
 
@@ -216,6 +217,12 @@ class Recipe:
             raise FieldError("lora", "stage 'lora' needs a lora section (r, alpha, targets)")
         if self.stage != "lora" and self.lora is not None:
             raise FieldError("lora", f"a lora section only applies to stage 'lora', not {self.stage!r}")
+        if self.lora is not None:
+            allowed = _lora_targets(family)
+            wrong = [t for t in self.lora.targets if allowed is not None and t not in allowed]
+            if wrong:
+                raise FieldError("lora.targets", f"{wrong[0]!r} is not a module LoRA can target in {family} "
+                                 f"models (choose from {', '.join(allowed)})")
         num_procs = self.parallel.nproc_per_node * self.parallel.nnodes
         per_step = self.batch.micro * num_procs
         if self.batch.global_size % per_step:
@@ -234,6 +241,14 @@ class Recipe:
     @property
     def grad_accum_steps(self) -> int:
         return self.batch.global_size // (self.batch.micro * self.num_processes)
+
+
+def _lora_targets(family: str) -> tuple[str, ...] | None:
+    """The module names a family lets LoRA target, or None when it does not restrict them."""
+    try:
+        return getattr(family_module(family), "LORA_TARGETS", None)
+    except ModuleNotFoundError:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------

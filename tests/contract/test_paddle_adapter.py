@@ -97,8 +97,8 @@ def test_recompute_is_applied_and_changes_memory_not_math(sft_run, tmp_path):
 
 
 def test_an_unknown_lora_target_exits_invalid_naming_the_key(tmp_path):
-    code, records, _ = run_adapter("paddle", tmp_path, stage="lora",
-                                   lora={"r": 4, "alpha": 8, "targets": ["q_proj", "qkv_proj"]})
+    code, records, _ = run_adapter("paddle", tmp_path, stage="lora", lora={"r": 4, "alpha": 8, "targets": ["q_proj"]},
+                                   edit_spec=lambda spec: spec["lora"].update(targets=["q_proj", "qkv_proj"]))
     assert code == 2
     assert records[-1]["status"] == "invalid" and records[-1]["message"].startswith("lora.targets: ")
     assert validate_record(records[-1]) == []

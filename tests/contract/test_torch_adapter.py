@@ -98,7 +98,8 @@ def test_lora_trains_only_the_adapters_and_the_projector(tmp_path):
 
 def test_a_lora_target_that_does_not_exist_is_invalid(tmp_path):
     code, records, _ = run_adapter("torch", tmp_path, stage="lora",
-                                   lora={"r": 4, "alpha": 8, "targets": ["no_such_proj"]})
+                                   lora={"r": 4, "alpha": 8, "targets": ["q_proj"]},
+                                   edit_spec=lambda spec: spec["lora"].update(targets=["no_such_proj"]))
     assert code == 2 and records[-1]["status"] == "invalid" and "lora.targets" in records[-1]["message"]
 
 

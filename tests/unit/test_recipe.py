@@ -144,3 +144,8 @@ def test_backend_knobs_are_passed_only_to_their_backend():
     recipe = recipe_from_dict({**TINY_RECIPE, "backends": {"torch": {"fused_optimizer": True}, "paddle": {}}})
     assert resolve_spec(recipe, backend="torch", run_id="r")["backend_knobs"] == {"fused_optimizer": True}
     assert resolve_spec(recipe, backend="paddle", run_id="r")["backend_knobs"] == {}
+
+
+def test_lora_target_that_is_not_a_decoder_linear_is_rejected_before_launch(write_recipe):
+    message = error_of(write_recipe, stage="lora", lora={"r": 4, "alpha": 8, "targets": ["q_proj", "embed_tokens"]})
+    assert "lora.targets: 'embed_tokens' is not a module LoRA can target in llava models" in message

@@ -13,6 +13,8 @@ from xfw.presets import ArchError
 
 IGNORE_INDEX = -100
 BOS_ID = 1
+# Module names stage lora may target: the decoder's linears (what count_lora_params counts).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FIRST_TEXT_ID = 2  # ids 0 and 1 are pad and BOS
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xfw.families.llava import count_lora_params  # noqa: F401 - the same Qwen2 decoder linears
+from xfw.families.llava import LORA_TARGETS, count_lora_params  # noqa: F401 - the same decoder linears
 from xfw.presets import ArchError
 
 IGNORE_INDEX = -100

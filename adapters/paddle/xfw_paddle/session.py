@@ -160,7 +160,8 @@ class PaddleSession:
             for p in part.parameters() if isinstance(part, paddle.nn.Layer) else [part]:
                 p.stop_gradient = False
         if spec["stage"] == "lora":
-            apply_lora(family.lora_target(model), spec["lora"])
+            # A family may bring its own (ppdiffusers models need a holder for paddlenlp.peft).
+            getattr(family, "apply_lora", apply_lora)(family.lora_target(model), spec["lora"])
         model.train()
         trainable = [p for p in model.parameters() if not p.stop_gradient]
         self.num_params_total = sum(int(p.size) for p in model.parameters())
