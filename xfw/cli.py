@@ -5,6 +5,7 @@
     xfw compare recipes/tiny/llava_sft.yaml --backends paddle,torch
     xfw sweep recipes/tiny/llava_sft.yaml --set batch.micro=1,2 --set recompute=false,true --backends torch
     xfw maxbatch recipes/llava7b_lora.yaml --backends torch --candidates 64,32,16
+    xfw estimate recipes/llava7b_lora.yaml
     xfw report runs/20261122-161500-tiny-llava-sft
     xfw report runs/sweep-tiny-llava-sft --layout scaling
     xfw env
@@ -217,6 +218,19 @@ def maxbatch(recipe, backends, candidates, max_micro, overrides, pythons, out_di
         click.echo(f"{kind}: {path}", err=True)
     settled = all(f.edge and all(p.status in ("ok", "oom") for p in f.probes) for f in found)
     sys.exit(0 if settled else 1)
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(), required=False)
+@set_option
+@click.option("--run", "run_dir", type=click.Path(), default=None,
+              help="Estimate this run directory's own spec and print what it measured beside the estimate.")
+def estimate(recipe, overrides, run_dir) -> None:
+    """Predict memory per GPU before running: model states by sharding and precision, activations."""
+    try:
+        click.echo(workflow.estimate_markdown(recipe, list(overrides), run_dir))
+    except workflow.UsageError as err:
+        _fail(str(err))
 
 
 @main.command()

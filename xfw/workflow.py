@@ -20,6 +20,7 @@ from pathlib import Path
 
 from xfw import compare as cmp
 from xfw import launcher, layouts, render
+from xfw import estimate as est
 from xfw import maxbatch as mb
 from xfw import sweep as sw
 from xfw.plot import plot_comparison
@@ -216,3 +217,30 @@ def run_maxbatch(recipe_path: str, backends: dict[str, tuple[launcher.Backend, d
     write_json_atomic(paths["json"], [f.to_dict() for f in found])
     write_text_atomic(paths["markdown"], markdown)
     return found, Report(markdown=markdown, paths=paths)
+
+
+def estimate_markdown(recipe_path: str | None, overrides: list[str], run_dir: str | None) -> str:
+    """The memory estimate of a recipe, or of a run's own spec next to what the run measured."""
+    import json
+
+    if (recipe_path is None) == (run_dir is None):
+        raise UsageError("give a RECIPE or --run DIR (a run directory's spec.json is its recipe), not both")
+    measured = None
+    if run_dir is not None:
+        if overrides:
+            raise UsageError("--set applies to a RECIPE, not to --run (the run's spec.json is what ran)")
+        spec_path = Path(run_dir) / "spec.json"
+        try:
+            spec = json.loads(spec_path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise UsageError(f"{spec_path}: cannot read a run's spec ({err})") from None
+        m = RunResult.load(run_dir).measurement
+        measured = {"mem_alloc_peak_bytes": m.mem_alloc_peak_bytes,
+                    "mem_reserved_peak_bytes": m.mem_reserved_peak_bytes, "mem_source": m.mem_source}
+    else:
+        (recipe,) = load_all([recipe_path], overrides)
+        spec = resolve_spec(recipe, backend="estimate", run_id="estimate")
+    try:
+        return est.to_markdown(spec, est.estimate(spec), measured)
+    except (KeyError, NotImplementedError) as err:
+        raise UsageError(f"{run_dir or recipe_path}: cannot estimate ({err})") from None

@@ -15,7 +15,7 @@ FRAMEWORKS = ("torch", "paddle", "paddlenlp", "ppdiffusers", "transformers", "di
 
 
 def test_importing_the_cli_imports_no_framework():
-    code = ("import sys, xfw.cli, xfw.workflow, xfw.launcher, xfw.compare, xfw.render, xfw.plot, xfw.progress, xfw.sweep, xfw.layouts, xfw.maxbatch; "
+    code = ("import sys, xfw.cli, xfw.workflow, xfw.launcher, xfw.compare, xfw.render, xfw.plot, xfw.progress, xfw.sweep, xfw.layouts, xfw.maxbatch, xfw.estimate; "
             f"print([m for m in {FRAMEWORKS!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -40,6 +40,7 @@ def test_cli_commands_and_options_are_frozen():
         "compare": ["backends", "master_addr", "master_port", "node_rank", "out_dir", "overrides", "pythons",
                     "recipes"],
         "env": ["backends", "pythons"],
+        "estimate": ["overrides", "recipe", "run_dir"],
         "maxbatch": ["backends", "candidates", "max_micro", "out_dir", "overrides", "pythons", "recipe"],
         "report": ["backends", "layout", "out_dir", "price_per_gpu_hour", "run_dirs"],
         "run": ["backend", "master_addr", "master_port", "node_rank", "out_dir", "overrides", "print_command",
@@ -51,5 +52,5 @@ def test_cli_commands_and_options_are_frozen():
 
 def test_help_lists_every_command():
     out = CliRunner().invoke(cli.main, ["--help"]).output
-    for name in ("compare", "env", "maxbatch", "report", "run", "sweep", "validate"):
+    for name in ("compare", "env", "estimate", "maxbatch", "report", "run", "sweep", "validate"):
         assert name in out

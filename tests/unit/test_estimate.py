@@ -1,0 +1,89 @@
+"""The memory estimate: bytes per parameter by AMP level and ZeRO stage, activations, and its error
+on the committed H100 runs."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from xfw import cli
+from xfw import estimate as est
+from xfw.recipe import load_recipe, resolve_spec
+from xfw.results import RunResult
+
+from conftest import ROOT
+
+H100 = ROOT / "results" / "h100"
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli.main, [str(a) for a in args], catch_exceptions=False)
+
+
+def spec_of(path, *overrides):
+    return resolve_spec(load_recipe(path, list(overrides)), backend="estimate", run_id="test")
+
+
+def test_o2_holds_low_precision_weights_an_fp32_master_copy_and_adam_for_trainable_parameters():
+    states = est.model_state_bytes(10, 4, amp_level="O2", sharding="none", num_processes=1)
+    assert states == {"weights": 20, "master weights": 16, "gradients": 8, "optimizer states": 32}
+    o1 = est.model_state_bytes(10, 4, amp_level="O1", sharding="none", num_processes=1)
+    assert o1 == {"weights": 40, "master weights": 0, "gradients": 16, "optimizer states": 32}
+
+
+@pytest.mark.parametrize("stage,sharded", [("stage1", {"master weights", "optimizer states"}),
+                                           ("stage2", {"master weights", "optimizer states", "gradients"}),
+                                           ("stage3", {"master weights", "optimizer states", "gradients", "weights"})])
+def test_each_zero_stage_divides_what_it_shards_by_the_process_count(stage, sharded):
+    full = est.model_state_bytes(10, 4, amp_level="O2", sharding="none", num_processes=4)
+    split = est.model_state_bytes(10, 4, amp_level="O2", sharding=stage, num_processes=4)
+    assert {k for k in full if split[k] == full[k] / 4} == sharded
+    assert {k for k in full if split[k] == full[k]} == set(full) - sharded
+
+
+def test_trainable_split_matches_what_the_adapter_reported_on_the_gpu():
+    spec = json.loads((H100 / "llava7b-lora" / "micro16" / "torch" / "spec.json").read_text())
+    assert est.trainable_params(spec)[:2] == (340_799_488, 7_383_246_848)
+    spec = json.loads((H100 / "qwen2vl2b-sft" / "micro8" / "torch" / "spec.json").read_text())
+    assert est.trainable_params(spec)[:2] == (1_577_802_240, 2_208_985_600)
+
+
+def test_recompute_shrinks_activations_and_fp32_doubles_them(write_recipe):
+    path = write_recipe()
+    plain, recomputed = (est.activation_bytes(spec_of(path, f"recompute={v}"), recompute=v) for v in (False, True))
+    assert recomputed < plain
+    bf16 = spec_of(path, "precision.dtype=bf16", "precision.amp_level=O1")
+    fp32 = spec_of(path)
+    vocab = 10 * 64 * 2 * 512  # the loss term (fp32 in both)
+    assert est.activation_bytes(fp32, recompute=False) - vocab == 2 * (est.activation_bytes(bf16, recompute=False)
+                                                                       - vocab)
+
+
+@pytest.mark.parametrize("run", ["llava7b-lora/micro16", "llava7b-lora/micro32", "qwen2vl2b-sft/micro8",
+                                 "sd3-dreambooth/micro8", "sd3-dreambooth/micro16", "sd3-lora/micro32"])
+def test_the_estimate_is_within_20_percent_of_the_h100_peak_allocated(run):
+    run_dir = H100 / run / "torch"
+    e = est.estimate(json.loads((run_dir / "spec.json").read_text()))
+    measured = RunResult.load(run_dir).measurement.mem_alloc_peak_bytes
+    assert abs(e.total_bytes - measured) / measured < 0.20
+
+
+@pytest.mark.parametrize("run", ["llava7b-lora/micro64", "qwen2vl2b-sft/micro32", "sd3-lora/micro64"])
+def test_the_estimate_exceeds_80_gb_where_the_h100_ran_out_of_memory(run):
+    e = est.estimate(json.loads((H100 / run / "torch" / "spec.json").read_text()))
+    assert e.total_bytes > 80e9
+
+
+def test_cli_prints_the_estimate_next_to_a_runs_measurement(tmp_path, write_recipe, fake_backend):
+    result = invoke("estimate", "--run", H100 / "qwen2vl2b-sft" / "micro8" / "torch")
+    assert result.exit_code == 0
+    assert "| measured peak allocated (cuda_allocator) | 52.07 |" in result.output
+    assert "| estimate error vs allocated | -3% |" in result.output
+    plain = invoke("estimate", write_recipe(), "--set", "parallel.sharding=stage2")
+    assert plain.exit_code == 0 and "| stage3 |" in plain.output and "measured" not in plain.output
+
+
+def test_cli_wants_a_recipe_or_a_run_and_names_bad_keys(write_recipe):
+    assert invoke("estimate").exit_code == 2
+    bad = invoke("estimate", write_recipe(batch={"global": 5, "micro": 2}))
+    assert bad.exit_code == 2 and "batch.global: 5 is not divisible" in bad.output
