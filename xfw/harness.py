@@ -143,6 +143,7 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
     session = None
     try:
         session = build_session(spec)
+        writer.rank = session.rank  # the adapter knows its launcher's rank variables; the core does not
         run_training(spec, writer, session)
         writer.write("end")
         return EXIT_OK

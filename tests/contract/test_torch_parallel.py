@@ -19,8 +19,8 @@ pytestmark = pytest.mark.contract
 STEPS = {"warmup_steps": 1, "steps": 3, "timeout_s": 240}
 
 
-def run(write_recipe, tmp_path, name, **sections):
-    backend = launcher.Backend("torch", str(require_interpreter("torch")))
+def run(write_recipe, tmp_path, name, backend_name="torch", **sections):
+    backend = launcher.Backend(backend_name, str(require_interpreter(backend_name)))
     recipe = load_recipe(write_recipe(f"{name}.yaml", measure=STEPS, batch={"global": 4, "micro": 2}, **sections))
     return launcher.launch(recipe, backend, tmp_path / name, description=launcher.describe_backend(backend))
 

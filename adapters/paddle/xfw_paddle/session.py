@@ -31,6 +31,7 @@ import paddle
 
 from xfw.env import cpu_model, package_versions
 from xfw.harness import InvalidSpec, Unsupported
+from xfw_paddle import parallel
 from xfw_paddle.families import family_module
 
 AMP_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -63,7 +64,8 @@ def describe() -> dict:
     return {
         "backend": "paddle", "framework": "paddle", "framework_version": paddle.__version__,
         "versions": library_versions(), "device": "gpu:0" if gpu else "cpu", "device_name": _device_name(gpu),
-        "launcher": ["{python}", "-m", "paddle.distributed.launch", "--nproc_per_node", "{nproc}",
+        "launcher": ["{python}", "-m", "paddle.distributed.launch", "--nnodes", "{nnodes}", "--rank", "{node_rank}",
+                     "--master", "{master_addr}:{master_port}", "--nproc_per_node", "{nproc}",
                      "--log_dir", "{log_dir}", main_py],
     }
 
@@ -92,10 +94,6 @@ def check_spec(spec: dict) -> None:
             raise InvalidSpec(f"backends.paddle.{knob}: unknown knob (known: {', '.join(sorted(KNOBS))})")
         if value not in KNOBS[knob]:
             raise InvalidSpec(f"backends.paddle.{knob}: {value!r} is not one of {', '.join(KNOBS[knob])}")
-    if spec["derived"]["num_processes"] != 1:
-        raise Unsupported("multi-process runs come in a later issue")
-    if spec["parallel"]["sharding"] != "none":
-        raise Unsupported(f"sharding {spec['parallel']['sharding']!r} comes with multi-process runs in a later issue")
 
 
 def lora_config_for(target: paddle.nn.Layer, lora: dict):
@@ -145,10 +143,10 @@ class PaddleSession:
     def __init__(self, spec: dict):
         check_spec(spec)
         family = family_module(spec["model"]["family"])
-        self._loss_fn = family.loss_fn
-        self.spec, self.rank, self.num_ranks = spec, 0, 1
+        self.spec = spec
+        self.rank, self.num_ranks, local_rank = parallel.world()
         self.gpu = _on_gpu()
-        paddle.set_device("gpu:0" if self.gpu else "cpu")
+        paddle.set_device(f"gpu:{local_rank}" if self.gpu else "cpu")
         self.attn = spec["backend_knobs"].get("attn_implementation", "sdpa")
         self.precision = plan_precision(spec["precision"]["dtype"], spec["precision"]["amp_level"], self.gpu)
 
@@ -177,7 +175,10 @@ class PaddleSession:
             model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2", dtype=dtype,
                                                    master_weight=True, master_grad=True)
         self.scaler = paddle.amp.GradScaler(init_loss_scaling=2.0 ** 16) if dtype == "float16" else None
-        self.model, self.optimizer = model, optimizer
+        self.model = model
+        self.layer, self.optimizer, self.impl = parallel.apply_parallel(
+            parallel.LossLayer(model, family.loss_fn, self._autocast), optimizer, spec=spec, gpu=self.gpu,
+            find_unused=getattr(family, "DDP_FIND_UNUSED", False))
         self.reset_memory_peaks()  # like the PyTorch adapter: peaks count from here, model built
 
     # -- the step ---------------------------------------------------------------------------
@@ -191,9 +192,11 @@ class PaddleSession:
 
     def train_step(self, micro_batches: list) -> paddle.Tensor:
         total = paddle.zeros([], dtype="float32")
-        for batch in micro_batches:
-            loss = self._loss_fn(self.model, batch, self._autocast) / len(micro_batches)
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        last = len(micro_batches) - 1
+        for i, batch in enumerate(micro_batches):
+            with parallel.gradient_sync(self.layer, self.impl, enabled=i == last):
+                loss = self.layer(**batch) / len(micro_batches)
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
         if self.scaler:
             self.scaler.step(self.optimizer)
@@ -268,7 +271,7 @@ class PaddleSession:
             framework="paddle", framework_version=paddle.__version__, device="gpu:0" if self.gpu else "cpu",
             device_name=_device_name(self.gpu), weight_dtype=_majority_dtype(self.model.parameters()),
             compute_dtype=self.precision.compute_dtype, amp_level=level, master_weights=self.master_weights,
-            sharding_impl="none", attention_impl=self.attn, tf32=tf32, fused_optimizer=False,
+            sharding_impl=self.impl, attention_impl=self.attn, tf32=tf32, fused_optimizer=False,
             recompute=bool(getattr(self.model, "recompute_enabled", self.spec["recompute"])),
             num_params_total=self.num_params_total, num_params_trainable=self.num_params_trainable,
             num_processes=self.num_ranks, grad_accum_steps=self.spec["derived"]["grad_accum_steps"],
