@@ -29,7 +29,7 @@ SETTINGS = ("device", "weight_dtype", "compute_dtype", "amp_level", "master_weig
 # Settings that differ by nature between frameworks: shown, never warned about.
 _EXPECTED_TO_DIFFER = {"framework_version", "mem_source"}
 
-_STAGE_NAMES = {"pretrain": "Pretrain", "sft": "SFT", "lora": "LoRA", "dreambooth": "SFT (Dreambooth)"}
+STAGE_NAMES = {"pretrain": "Pretrain", "sft": "SFT", "lora": "LoRA", "dreambooth": "SFT (Dreambooth)"}
 
 
 @dataclass(kw_only=True)
@@ -113,6 +113,15 @@ def variant_label(variant: dict) -> str:
     return ", ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in variant.items())
 
 
+def strip_common(variants: list[dict]) -> list[dict]:
+    """The variants without the keys every one of them sets to the same value (for display: a
+    ``--set measure.steps=4`` given to a whole sweep tells the rows apart from nothing)."""
+    if len(variants) < 2:
+        return [dict(v) for v in variants]
+    common = {k for k in variants[0] if all(k in v and v[k] == variants[0][k] for v in variants[1:])}
+    return [{k: val for k, val in v.items() if k not in common} for v in variants]
+
+
 def variant_key(variant: dict) -> str:
     """A hashable, order-independent identity of a variant."""
     return json.dumps(variant, sort_keys=True)
@@ -122,7 +131,7 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
     first = runs[0]
     sides = {b: _side(b, [r for r in runs if r.backend == b]) for b in backends}
     row = ComparisonRow(recipe=recipe, model=presets.display_name(first.preset),
-                        stage=_STAGE_NAMES.get(first.stage, first.stage), sides=sides, variant=dict(first.variant),
+                        stage=STAGE_NAMES.get(first.stage, first.stage), sides=sides, variant=dict(first.variant),
                         expected_params=_expected_params(first.preset))
     a, b = (sides[name] for name in backends[:2]) if len(backends) >= 2 else (None, None)
     if a and b and a.ok and b.ok and b.ips:

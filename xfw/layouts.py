@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from xfw import presets
-from xfw.compare import _STAGE_NAMES, variant_key, variant_label
+from xfw.compare import STAGE_NAMES, strip_common, variant_key, variant_label
 from xfw.results import RunResult
 
 GB = 1e9  # seeds 000 and 004 write decimal GB
@@ -58,6 +58,7 @@ class Entry:
     step_time_s: float | None = None
     mem_alloc_bytes: float | None = None
     mem_reserved_bytes: float | None = None
+    mem_source: str | None = None
     num_repeats: int = 0
 
     @property
@@ -89,7 +90,7 @@ def collapse(results: list[RunResult]) -> list[Entry]:
         first = (ok or runs)[0]
         setup = first.setup or {"num_processes": first.applied.get("num_processes", 1)}
         entry = Entry(backend=first.backend, recipe=first.recipe, model=presets.display_name(first.preset),
-                      stage=_STAGE_NAMES.get(first.stage, first.stage), variant=dict(first.variant), setup=setup,
+                      stage=STAGE_NAMES.get(first.stage, first.stage), variant=dict(first.variant), setup=setup,
                       device=device_of(first), status="ok" if ok else first.status, reason="" if ok else first.reason,
                       num_repeats=len(runs))
         if ok:
@@ -97,7 +98,11 @@ def collapse(results: list[RunResult]) -> list[Entry]:
             entry.step_time_s = _median(r.measurement.step_time_median_s for r in ok)
             entry.mem_alloc_bytes = _median(r.measurement.mem_alloc_peak_bytes for r in ok)
             entry.mem_reserved_bytes = _median(r.measurement.mem_reserved_peak_bytes for r in ok)
+            entry.mem_source = ok[0].measurement.mem_source
         entries.append(entry)
+    # Shown variants only: keys every entry shares (a sweep-wide --set) would clutter each row.
+    for entry, shown in zip(entries, strip_common([e.variant for e in entries])):
+        entry.variant = shown
     return entries
 
 
@@ -118,7 +123,7 @@ def _num(value: float | None, fmt: str) -> str:
 def strategy_name(e: Entry, applied_impl: str | None = None) -> str:
     sharding = e.setup.get("sharding", "none")
     name = _STRATEGY_NAMES.get(sharding, "DDP" if e.num_gpus > 1 else "single GPU")
-    if applied_impl and applied_impl not in ("none", sharding):
+    if applied_impl and applied_impl.lower() not in ("none", sharding, name.lower()):
         name += f" ({applied_impl})"
     rest = _other_keys(e.variant, ("parallel.",))
     return f"{name}, {variant_label(rest)}" if rest else name
@@ -158,6 +163,9 @@ def strategies(results: list[RunResult]) -> list[Table]:
                             "bytes_per_sample": per_sample, "global_batch": global_batch, "micro_batch": micro})
         tables.append(Table(title=f"For {gpus}x {' / '.join(devices)}:", header=header, cells=cells,
                             records=records, numeric=(2, 3, 4, 5)))
+    sources = sorted({e.mem_source for e in entries if e.mem_source and e.mem_source != "cuda_allocator"})
+    if tables and sources:
+        tables[-1].notes.append(f"Memory here is {', '.join(sources)}, not GPU memory: these runs had no GPU.")
     if tables:
         tables[-1].notes.append("Time for 100 iters = 100 x median optimizer-step time; batches/s = global "
                                 "samples/s / global batch; VRAM / GPU = the largest rank's peak reserved by the "
@@ -171,8 +179,8 @@ def strategies(results: list[RunResult]) -> list[Table]:
 def ranks(results: list[RunResult]) -> list[Table]:
     """Seed 001: per run, Rank | Time | Max Memory Allocated, then the final loss."""
     tables = []
-    for r in results:
-        title = f"{r.backend}: {r.recipe}" + (f" [{variant_label(r.variant)}]" if r.variant else "")
+    for r, variant in zip(results, strip_common([r.variant for r in results])):
+        title = f"{r.backend}: {r.recipe}" + (f" [{variant_label(variant)}]" if variant else "")
         title += f" (repeat {r.repeat_index})" if r.repeat_index else ""
         cells, records = [], []
         for p in r.measurement.per_rank:
@@ -186,6 +194,8 @@ def ranks(results: list[RunResult]) -> list[Table]:
         notes = [f"loss: {loss:.4f}" if loss is not None else "loss: –"]
         if not r.ok:
             notes.append(f"status: {r.status} — {r.reason}")
+        if r.measurement.mem_source and r.measurement.mem_source != "cuda_allocator":
+            notes.append(f"memory source: {r.measurement.mem_source}")
         tables.append(Table(title=title, header=["Rank", "Time", "Max Memory Allocated"], cells=cells,
                             records=records, notes=notes))
     if tables:

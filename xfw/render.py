@@ -11,7 +11,7 @@ allocator's peak.
 
 from __future__ import annotations
 
-from xfw.compare import ComparisonRow, Side, variant_label
+from xfw.compare import ComparisonRow, Side, strip_common, variant_label
 
 _SOURCE_LABELS = {"cuda_allocator": "GPU allocator", "host_allocator": "host allocator", "peak_rss": "peak RSS"}
 GIB, MIB = 1024**3, 1024**2
@@ -59,7 +59,8 @@ def fmt_params(row: ComparisonRow, backends: list[str]) -> str:
 def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> tuple[list[str], list[list[str]]]:
     """Seed 003's table: header and cells, one row per recipe."""
     a, b = backends[0], backends[1] if len(backends) > 1 else None
-    with_variant = any(row.variant for row in rows)
+    shown = strip_common([row.variant for row in rows])  # keys every row shares say nothing
+    with_variant = any(shown)
     header = ["Model", "Stage"] + (["Variant"] if with_variant else []) + [f"{a} ips"]
     if b:
         header += ["Contrast", f"{b} ips"]
@@ -70,9 +71,9 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> tuple[list
     header += [f"Params ({' / '.join(backends)})"]
     cells = []
     previous_model = None
-    for row in rows:
+    for row, variant in zip(rows, shown):
         line = [row.model if row.model != previous_model else "", row.stage]
-        line += [variant_label(row.variant)] if with_variant else []
+        line += [variant_label(variant)] if with_variant else []
         line += [fmt_side_rate(row.sides[a])]
         previous_model = row.model
         if b:

@@ -15,7 +15,8 @@ FRAMEWORKS = ("torch", "paddle", "paddlenlp", "ppdiffusers", "transformers", "di
 
 
 def test_importing_the_cli_imports_no_framework():
-    code = ("import sys, xfw.cli, xfw.workflow, xfw.launcher, xfw.compare, xfw.render, xfw.plot, xfw.progress, xfw.sweep, xfw.layouts, xfw.maxbatch, xfw.estimate; "
+    code = ("import sys, xfw.cli, xfw.workflow, xfw.launcher, xfw.compare, xfw.render, xfw.plot, xfw.progress, "
+            "xfw.sweep, xfw.layouts, xfw.maxbatch, xfw.estimate; "
             f"print([m for m in {FRAMEWORKS!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -116,3 +116,12 @@ def test_a_sweep_with_a_bad_point_launches_nothing(write_recipe, tmp_path, fake_
                     tmp_path / "out", *python_args(fake_backend))
     assert result.exit_code == 2 and "not divisible by micro (3)" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_keys_every_point_shares_are_recorded_but_not_shown_as_a_difference(write_recipe, tmp_path, fake_backend):
+    recipe = write_recipe(backends={"fake": {"ips": 120}})
+    out = tmp_path / "sweep"
+    result = invoke("sweep", recipe, "--set", "batch.micro=1,2", "--set", "measure.steps=2", "--backends", "fake",
+                    "--out", out, *python_args(fake_backend))
+    assert "| Tiny LLaVA | SFT | batch.micro=1 | 120 |" in result.output
+    assert {tuple(sorted(r.variant)) for r in load_runs([out])} == {("batch.micro", "measure.steps")}
