@@ -1,0 +1,78 @@
+"""Neutral weight files: safetensors written and read with numpy alone."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from xfw import weights
+
+
+def sample() -> dict:
+    rng = np.random.default_rng(0)
+    return {"model.layers.0.q_proj.weight": rng.standard_normal((8, 4)).astype(np.float32),
+            "model.embed.weight": rng.standard_normal((3, 2)).astype(np.float16),
+            "bf16.weight": np.array([[0x3F80, 0x4000]], dtype=np.uint16),
+            "steps": np.array([1, 2, 3], dtype=np.int64), "scalar": np.float32(2.5).reshape(())}
+
+
+def test_a_round_trip_returns_every_tensor_bit_exact_with_its_dtype(tmp_path):
+    path = tmp_path / "model.safetensors"
+    weights.save_file(sample(), path, bf16={"bf16.weight"}, metadata={"format": "pt"})
+    got = weights.load_file(path)
+    assert set(got) == set(sample())
+    for name, value in sample().items():
+        assert got[name].dtype == value.dtype and got[name].shape == value.shape
+        assert got[name].tobytes() == value.tobytes()
+    assert not list(tmp_path.glob(".*tmp*"))  # the temporary file was renamed into place
+
+
+def test_the_file_follows_the_safetensors_layout(tmp_path):
+    path = tmp_path / "model.safetensors"
+    weights.save_file({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, path)
+    raw = path.read_bytes()
+    (size,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + size])
+    assert header["w"] == {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}
+    assert (8 + size) % 8 == 0 and raw[8 + size:] == np.arange(6, dtype="<f4").tobytes()
+
+
+def test_listing_reads_the_header_alone(tmp_path):
+    path = tmp_path / "model.safetensors"
+    weights.save_file(sample(), path, bf16={"bf16.weight"})
+    with open(path, "r+b") as f:  # cut off the data: the header is still enough
+        (size,) = struct.unpack("<Q", f.read(8))
+        f.truncate(8 + size)
+    listed = weights.list_tensors(path)
+    assert listed["model.layers.0.q_proj.weight"] == ("F32", (8, 4))
+    assert listed["bf16.weight"] == ("BF16", (1, 2)) and listed["scalar"] == ("F32", ())
+    with pytest.raises(weights.WeightsError, match="data offsets"):
+        weights.load_file(path)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x05\x00\x00\x00\x00\x00\x00\x00{nope", b"\xff" * 16,
+                                     struct.pack("<Q", 2) + b"[]"])
+def test_a_corrupt_file_gives_one_line_naming_the_file(tmp_path, content):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(content)
+    for read in (weights.load_file, weights.list_tensors):
+        with pytest.raises(weights.WeightsError) as err:
+            read(path)
+        assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_missing_file_names_the_key_and_the_directory(tmp_path):
+    with pytest.raises(weights.WeightsError, match=r"model\.weights: .* holds no model\.safetensors"):
+        weights.weights_file(tmp_path)
+
+
+def test_a_strict_check_names_missing_extra_and_misshapen_tensors(tmp_path):
+    path = tmp_path / "model.safetensors"
+    weights.save_file({"a": np.zeros((2, 3), np.float32), "b": np.zeros(2, np.float32)}, path)
+    weights.check_against({"a": (2, 3), "b": (2,)}, path)
+    with pytest.raises(weights.WeightsError) as err:
+        weights.check_against({"a": (3, 2), "c": (1,)}, path)
+    message = str(err.value)
+    assert "1 parameters missing (e.g. c)" in message and "1 unexpected tensors (e.g. b)" in message
+    assert "a: model [3, 2], file [2, 3]" in message

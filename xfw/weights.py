@@ -1,0 +1,155 @@
+"""Neutral weight files: safetensors read and written with numpy alone, no framework.
+
+The canonical names are the PyTorch side's parameter names (transformers / diffusers, as the
+xfw_torch family builds the model), with Linear weights laid out [out, in]. Each adapter maps
+its own names and layouts onto these (the Paddle side transposes its [in, out] Linear weights)::
+
+    save_file({"lm_head.weight": np.zeros((8, 4), np.float32)}, "w/model.safetensors")
+    list_tensors("w/model.safetensors")   # {"lm_head.weight": ("F32", (8, 4))}, header only
+    load_file("w/model.safetensors")      # {"lm_head.weight": array(...)}
+
+Format (https://github.com/huggingface/safetensors#format): an 8-byte little-endian header
+length N, N bytes of JSON ``{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__":
+{str: str}}``, then the raw little-endian bytes, offsets relative to the end of the header.
+bf16 has no numpy dtype: it is read and written as its raw uint16 bits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+WEIGHTS_FILE = "model.safetensors"  # the file name Hugging Face checkpoints use
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the reference implementation's limit
+
+# safetensors dtype name -> numpy dtype (little-endian). BF16 is carried as raw uint16 bits.
+DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
+          "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+_NAMES = {np.dtype(v).str: k for k, v in DTYPES.items() if k != "BF16"}
+
+
+class WeightsError(ValueError):
+    """A weight file that cannot be read or written; the message names the file."""
+
+
+def _dtype_name(array: np.ndarray, bf16: bool) -> str:
+    if bf16:
+        if array.dtype != np.uint16:
+            raise WeightsError(f"bf16 tensors are written from their uint16 bits, got {array.dtype}")
+        return "BF16"
+    key = array.dtype.str.replace(">", "<")  # written little-endian whatever the host order
+    if key not in _NAMES:
+        raise WeightsError(f"dtype {array.dtype} has no safetensors name")
+    return _NAMES[key]
+
+
+def save_file(tensors: dict[str, np.ndarray], path: str | os.PathLike, *, bf16: set[str] = frozenset(),
+              metadata: dict[str, str] | None = None) -> None:
+    """Write ``tensors`` to ``path`` atomically (a temporary file, then a rename). Names in
+    ``bf16`` are uint16 arrays holding bfloat16 bits."""
+    path = Path(path)
+    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
+    chunks, offset = [], 0
+    for name in sorted(tensors):
+        array = np.asarray(tensors[name])  # tobytes() writes C order; ascontiguousarray would make 0-d 1-d
+        dtype = _dtype_name(array, name in bf16)
+        data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # pad so the data starts 8-byte aligned, as the reference does
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for chunk in chunks:
+            f.write(chunk)
+    os.replace(tmp, path)
+
+
+def _read_header(f, path: Path) -> tuple[dict, int]:
+    head = f.read(8)
+    if len(head) != 8:
+        raise WeightsError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
+    (size,) = struct.unpack("<Q", head)
+    if size > MAX_HEADER_BYTES:
+        raise WeightsError(f"{path}: not a safetensors file (header length {size} bytes)")
+    raw = f.read(size)
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise WeightsError(f"{path}: not a safetensors file (its header is not JSON)") from None
+    if len(raw) != size or not isinstance(header, dict):
+        raise WeightsError(f"{path}: not a safetensors file (truncated or malformed header)")
+    header.pop("__metadata__", None)
+    for name, entry in header.items():
+        if (not isinstance(entry, dict) or entry.get("dtype") not in DTYPES
+                or not isinstance(entry.get("shape"), list) or len(entry.get("data_offsets", ())) != 2):
+            raise WeightsError(f"{path}: tensor {name!r} has a malformed header entry {entry!r}")
+    return header, 8 + size
+
+
+def list_tensors(path: str | os.PathLike) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{name: (dtype, shape)}`` from the header alone (no tensor data is read)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            header, _ = _read_header(f, path)
+    except OSError as err:
+        raise WeightsError(f"{path}: cannot read ({err.strerror})") from None
+    return {n: (e["dtype"], tuple(e["shape"])) for n, e in header.items()}
+
+
+def load_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every tensor in ``path`` as a numpy array (BF16 as uint16 bits)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            header, start = _read_header(f, path)
+            data = f.read()
+    except OSError as err:
+        raise WeightsError(f"{path}: cannot read ({err.strerror})") from None
+    out = {}
+    for name, e in header.items():
+        begin, end = e["data_offsets"]
+        dtype = np.dtype(DTYPES[e["dtype"]])
+        count = int(np.prod(e["shape"], dtype=np.int64))
+        if not 0 <= begin <= end <= len(data) or end - begin != count * dtype.itemsize:
+            raise WeightsError(f"{path}: tensor {name!r} data offsets {[begin, end]} do not fit its shape "
+                               f"{e['shape']} or the file ({start + len(data)} bytes)")
+        out[name] = np.frombuffer(data, dtype=dtype, count=count, offset=begin).reshape(e["shape"]).copy()
+    return out
+
+
+def weights_file(directory: str | os.PathLike) -> Path:
+    """The ``model.safetensors`` a recipe's ``model.weights`` directory must hold."""
+    path = Path(directory) / WEIGHTS_FILE
+    if not path.is_file():
+        raise WeightsError(f"model.weights: {directory} holds no {WEIGHTS_FILE}")
+    return path
+
+
+def check_against(names_shapes: dict[str, tuple[int, ...]], path: str | os.PathLike) -> None:
+    """Strict match of a model's ``{canonical name: shape}`` against a file's header: every name
+    present, none extra, shapes equal. Raises one WeightsError summarising every mismatch."""
+    listed = list_tensors(path)
+    missing = sorted(set(names_shapes) - set(listed))
+    extra = sorted(set(listed) - set(names_shapes))
+    shapes = sorted(n for n in set(names_shapes) & set(listed) if tuple(names_shapes[n]) != listed[n][1])
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} parameters missing (e.g. {missing[0]})")
+    if extra:
+        problems.append(f"{len(extra)} unexpected tensors (e.g. {extra[0]})")
+    if shapes:
+        n = shapes[0]
+        problems.append(f"{len(shapes)} shapes differ (e.g. {n}: model {list(names_shapes[n])}, "
+                        f"file {list(listed[n][1])})")
+    if problems:
+        raise WeightsError(f"model.weights: {path} does not fit the model: {'; '.join(problems)}")
