@@ -67,6 +67,15 @@ def rendezvous_options(fn):
     return fn
 
 
+repeat_option = click.option("--repeat", type=click.IntRange(min=1), default=None, metavar="K",
+                             help="Run each backend K times (same as --set measure.repeat=K); the report shows "
+                                  "the median and the spread, and flags a contrast within the noise.")
+
+
+def _with_repeat(overrides: tuple[str, ...], repeat: int | None) -> tuple[str, ...]:
+    return (*overrides, f"measure.repeat={repeat}") if repeat else overrides
+
+
 out_option = click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
                           help="Directory for run directories and the report (default: runs/<time>-<recipe>).")
 
@@ -128,15 +137,18 @@ def validate(recipes, overrides, print_spec) -> None:
 @click.argument("recipe", type=click.Path())
 @click.option("--backend", required=True, help="Backend to run, e.g. torch or paddle.")
 @set_option
+@repeat_option
 @python_option
 @out_option
 @rendezvous_options
 @click.option("--print-command", is_flag=True,
               help="Print the exact launch command and environment (and write spec.json) without running.")
-def run(recipe, backend, overrides, pythons, out_dir, node_rank, master_addr, master_port, print_command) -> None:
+def run(recipe, backend, overrides, repeat, pythons, out_dir, node_rank, master_addr, master_port,
+        print_command) -> None:
     """Run one recipe on one backend and report it."""
     rendezvous = launcher.Rendezvous(node_rank, master_addr, master_port)
-    sys.exit(_execute([recipe], [backend], overrides, pythons, out_dir, rendezvous, print_command))
+    sys.exit(_execute([recipe], [backend], _with_repeat(overrides, repeat), pythons, out_dir, rendezvous,
+                      print_command))
 
 
 @main.command()
@@ -144,13 +156,15 @@ def run(recipe, backend, overrides, pythons, out_dir, node_rank, master_addr, ma
 @click.option("--backends", "backends", default="paddle,torch", show_default=True,
               help="Comma-separated backends; contrast = (first - second) / second.")
 @set_option
+@repeat_option
 @python_option
 @out_option
 @rendezvous_options
-def compare(recipes, backends, overrides, pythons, out_dir, node_rank, master_addr, master_port) -> None:
+def compare(recipes, backends, overrides, repeat, pythons, out_dir, node_rank, master_addr, master_port) -> None:
     """Run recipes on several backends, one at a time, and print the contrast table."""
     rendezvous = launcher.Rendezvous(node_rank, master_addr, master_port)
-    sys.exit(_execute(recipes, _backend_list(backends), overrides, pythons, out_dir, rendezvous))
+    sys.exit(_execute(recipes, _backend_list(backends), _with_repeat(overrides, repeat), pythons, out_dir,
+                      rendezvous))
 
 
 @main.command()
@@ -160,15 +174,16 @@ def compare(recipes, backends, overrides, pythons, out_dir, node_rank, master_ad
                    "Repeatable: the sweep is the cartesian product.")
 @click.option("--backends", "backends", default="paddle,torch", show_default=True,
               help="Comma-separated backends, each run at every point.")
+@repeat_option
 @python_option
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Sweep directory (default: runs/sweep-<recipe>); the same --out resumes, skipping finished runs.")
-def sweep(recipe, axes, backends, pythons, out_dir) -> None:
+def sweep(recipe, axes, backends, repeat, pythons, out_dir) -> None:
     """Run a recipe at every combination of --set values, one run at a time; resumable."""
     from xfw.progress import make_progress
 
     try:
-        points = workflow.plan_sweep(recipe, list(axes))
+        points = workflow.plan_sweep(recipe, list(axes), list(_with_repeat((), repeat)))
         prepared = workflow.prepare_backends(_backend_list(backends), _interpreters(pythons))
     except workflow.UsageError as err:
         _fail(str(err))

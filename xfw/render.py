@@ -42,7 +42,8 @@ def fmt_memory(side: Side) -> str:
 
 def fmt_side_rate(side: Side) -> str:
     if side.ok:
-        return fmt_rate(side.ips)
+        spread = f" (spread {side.ips_spread:.1%})" if side.ips_spread is not None else ""
+        return fmt_rate(side.ips) + spread
     return f"**{side.status}**"
 
 
@@ -124,6 +125,9 @@ def report_markdown(rows: list[ComparisonRow], backends: list[str], *, title: st
     if len(backends) > 1:
         out += [f"Contrast = ({backends[0]} − {backends[1]}) / {backends[1]} on samples per second "
                 "(ips, global, measured window only). Memory: peak allocated / peak reserved per rank.", ""]
+    if any(side.ips_spread is not None for row in rows for side in row.sides.values()):
+        out += ["With repeats, ips is the median and spread = (max − min) / median; a contrast no larger "
+                "than either side's spread is marked (noise).", ""]
     fails = failures(rows)
     if fails:
         out += ["### Failed runs", ""] + [f"- {f}" for f in fails] + [""]

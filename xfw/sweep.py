@@ -114,8 +114,11 @@ class Point:
     label: str
 
 
-def plan(recipe_path: str, assignments: list[str]) -> list[Point]:
-    """Every point of the sweep, validated (a bad point raises before anything launches)."""
+def plan(recipe_path: str, assignments: list[str], fixed: list[str] = ()) -> list[Point]:
+    """Every point of the sweep, validated (a bad point raises before anything launches).
+
+    ``fixed`` overrides (e.g. ``measure.repeat=3`` from ``--repeat``) apply to every point and are
+    not part of its variant."""
     source = str(recipe_path)
     axes = parse_axes(assignments, source)
     points, problems = [], []
@@ -123,7 +126,7 @@ def plan(recipe_path: str, assignments: list[str]) -> list[Point]:
         overrides = tuple(f"{axis.key}={raw}" for axis, raw in zip(axes, combo))
         variant = {axis.key: _parse_value(raw, axis.key, source) for axis, raw in zip(axes, combo)}
         try:
-            recipe = load_recipe(recipe_path, list(overrides))
+            recipe = load_recipe(recipe_path, [*fixed, *overrides])
         except RecipeError as err:
             problems.append(f"{err} (point {', '.join(overrides)})")
             continue

@@ -170,10 +170,10 @@ def report_from_dirs(paths: list[str], backends: list[str] | None, out_dir: Path
     return write_report(results, names, target)
 
 
-def plan_sweep(recipe_path: str, assignments: list[str]) -> list[sw.Point]:
+def plan_sweep(recipe_path: str, assignments: list[str], fixed: list[str] = ()) -> list[sw.Point]:
     """Every point of a sweep, validated; UsageError (one line per bad point) before any launch."""
     try:
-        return sw.plan(recipe_path, assignments)
+        return sw.plan(recipe_path, assignments, fixed)
     except RecipeError as err:
         raise UsageError(str(err)) from None
 

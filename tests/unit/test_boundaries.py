@@ -39,14 +39,14 @@ def test_cli_commands_and_options_are_frozen():
     commands = {name: sorted(p.name for p in cmd.params) for name, cmd in cli.main.commands.items()}
     assert commands == {
         "compare": ["backends", "master_addr", "master_port", "node_rank", "out_dir", "overrides", "pythons",
-                    "recipes"],
+                    "recipes", "repeat"],
         "env": ["backends", "pythons"],
         "estimate": ["overrides", "recipe", "run_dir"],
         "maxbatch": ["backends", "candidates", "max_micro", "out_dir", "overrides", "pythons", "recipe"],
         "report": ["backends", "layout", "out_dir", "price_per_gpu_hour", "run_dirs"],
         "run": ["backend", "master_addr", "master_port", "node_rank", "out_dir", "overrides", "print_command",
-                "pythons", "recipe"],
-        "sweep": ["axes", "backends", "out_dir", "pythons", "recipe"],
+                "pythons", "recipe", "repeat"],
+        "sweep": ["axes", "backends", "out_dir", "pythons", "recipe", "repeat"],
         "validate": ["overrides", "print_spec", "recipes"],
     }
 

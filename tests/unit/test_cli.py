@@ -96,3 +96,14 @@ def test_repeat_runs_each_backend_k_times_and_reports_the_median(write_recipe, t
     result = invoke("compare", recipe, "--backends", "fake,fake2", "--out", out, *python_args(fake_backend))
     assert result.exit_code == 0
     assert sorted(p.name for p in (out / "tiny-test").iterdir()) == ["fake-r0", "fake-r1", "fake2-r0", "fake2-r1"]
+
+
+def test_repeat_option_runs_k_times_and_shows_the_spread(write_recipe, tmp_path, fake_backend):
+    recipe = write_recipe(backends={"fake": {"ips": 120}, "fake2": {"ips": 100}},
+                          measure={"warmup_steps": 0, "steps": 2})
+    out = tmp_path / "out"
+    result = invoke("compare", recipe, "--backends", "fake,fake2", "--repeat", "2", "--out", out,
+                    *python_args(fake_backend))
+    assert result.exit_code == 0
+    assert sorted(p.name for p in (out / "tiny-test").iterdir()) == ["fake-r0", "fake-r1", "fake2-r0", "fake2-r1"]
+    assert "| 120 (spread 0.0%) | +20% | 100 (spread 0.0%) |" in result.output

@@ -125,3 +125,12 @@ def test_keys_every_point_shares_are_recorded_but_not_shown_as_a_difference(writ
                     "--out", out, *python_args(fake_backend))
     assert "| Tiny LLaVA | SFT | batch.micro=1 | 120 |" in result.output
     assert {tuple(sorted(r.variant)) for r in load_runs([out])} == {("batch.micro", "measure.steps")}
+
+
+def test_sweep_repeat_runs_every_point_k_times_without_making_it_a_variant(write_recipe, tmp_path, fake_backend):
+    out = tmp_path / "sweep"
+    result = invoke("sweep", write_recipe(backends={"fake": {"ips": 120}}), "--set", "batch.micro=1,2", "--repeat",
+                    "2", "--backends", "fake", "--out", out, *python_args(fake_backend))
+    assert result.exit_code == 0
+    runs = load_runs([out])
+    assert len(runs) == 4 and all(set(r.variant) == {"batch.micro"} for r in runs)
