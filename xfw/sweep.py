@@ -19,6 +19,7 @@ Ctrl-C) is run again; so is one whose recipe changed since (its spec.json differ
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
@@ -35,6 +36,7 @@ SETTLED = ("ok", "oom", "unsupported", "invalid", "timeout")
 """Statuses a resumed sweep keeps; ``crashed`` (or no summary at all) is run again."""
 
 _OPENERS, _CLOSERS = "[{(", "]})"
+MAX_LABEL_CHARS = 120  # file systems allow 255 bytes per name; leave room for humans too
 
 
 def split_top_level(text: str) -> list[str]:
@@ -101,7 +103,11 @@ def point_label(variant: dict) -> str:
         text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
         text = re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_") or "_"
         parts.append(f"{key}-{text}")
-    return "__".join(parts)
+    label = "__".join(parts)
+    if len(label) > MAX_LABEL_CHARS:  # keep it unique and readable: a prefix and a digest of the whole point
+        digest = hashlib.sha1(json.dumps(variant, sort_keys=True).encode()).hexdigest()[:10]
+        label = f"{label[:MAX_LABEL_CHARS - 11]}-{digest}"
+    return label
 
 
 @dataclass(frozen=True)

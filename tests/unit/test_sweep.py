@@ -134,3 +134,10 @@ def test_sweep_repeat_runs_every_point_k_times_without_making_it_a_variant(write
     assert result.exit_code == 0
     runs = load_runs([out])
     assert len(runs) == 4 and all(set(r.variant) == {"batch.micro"} for r in runs)
+
+
+def test_a_long_point_gets_a_short_unique_directory_name():
+    long_a = {"lora.targets": [f"module_{i}" for i in range(40)]}
+    long_b = {"lora.targets": [f"module_{i}" for i in range(41)]}
+    a, b = sweep.point_label(long_a), sweep.point_label(long_b)
+    assert len(a) <= sweep.MAX_LABEL_CHARS and a != b and a.startswith("lora.targets-module_0_module_1")
