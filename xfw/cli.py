@@ -223,7 +223,7 @@ def maxbatch(recipe, backends, candidates, max_micro, overrides, pythons, out_di
         prepared = workflow.prepare_backends(_backend_list(backends), _interpreters(pythons))
     except workflow.UsageError as err:
         _fail(str(err))
-    out_dir = out_dir or Path("runs") / f"maxbatch-{workflow.load_all([recipe], list(overrides))[0].name}"
+    out_dir = out_dir or workflow.default_maxbatch_dir(recipe, list(overrides))
     click.echo(f"probes in {out_dir}", err=True)
     found, report = workflow.run_maxbatch(recipe, prepared, out_dir, candidates=values, overrides=list(overrides),
                                           max_micro=max_micro, progress=make_progress(),

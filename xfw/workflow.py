@@ -1,4 +1,5 @@
-"""What the CLI commands do, as library functions: validate, run, compare, sweep, report.
+"""What the CLI commands do, as library functions: validate, run, compare, sweep, maxbatch,
+estimate, report.
 
 ``compare(["recipes/tiny/llava_sft.yaml"], ["paddle", "torch"], out_dir=...)`` validates every
 recipe and checks every backend *before* launching anything, then runs each backend one at a
@@ -14,13 +15,14 @@ results. A failed backend is a result with a status; it never stops the others::
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from xfw import compare as cmp
-from xfw import launcher, layouts, render
 from xfw import estimate as est
+from xfw import launcher, layouts, render
 from xfw import maxbatch as mb
 from xfw import sweep as sw
 from xfw.plot import plot_comparison
@@ -197,11 +199,14 @@ def plan_maxbatch(recipe_path: str, overrides: list[str], candidates: str | None
         load_recipe(recipe_path, overrides)
         for micro in values or []:
             mb.probe_recipe(recipe_path, micro, overrides)
-    except RecipeError as err:
-        raise UsageError(str(err)) from None
-    except ValueError as err:
+    except ValueError as err:  # RecipeError included: one line naming the file and key
         raise UsageError(str(err)) from None
     return values
+
+
+def default_maxbatch_dir(recipe_path: str, overrides: list[str], root: Path = Path("runs")) -> Path:
+    """Stable (no timestamp), so running the same search again keeps the settled probes."""
+    return root / f"maxbatch-{load_all([recipe_path], overrides)[0].name}"
 
 
 def run_maxbatch(recipe_path: str, backends: dict[str, tuple[launcher.Backend, dict]], out_dir: Path, *,
@@ -221,8 +226,6 @@ def run_maxbatch(recipe_path: str, backends: dict[str, tuple[launcher.Backend, d
 
 def estimate_markdown(recipe_path: str | None, overrides: list[str], run_dir: str | None) -> str:
     """The memory estimate of a recipe, or of a run's own spec next to what the run measured."""
-    import json
-
     if (recipe_path is None) == (run_dir is None):
         raise UsageError("give a RECIPE or --run DIR (a run directory's spec.json is its recipe), not both")
     measured = None
