@@ -118,22 +118,47 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
     writer.write("applied", **session.applied())
 
 
+def _export(export_weights: Callable[[dict, str], None] | None, spec: dict, directory: str) -> int:
+    """``--export-weights DIR``: the adapter writes the model this spec starts from (seeded init,
+    or ``model.weights``) to ``DIR/model.safetensors`` under the canonical names (xfw.weights)."""
+    if export_weights is None:
+        print("this backend cannot export weights", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    try:
+        export_weights(spec, directory)
+    except Unsupported as err:
+        print(f"unsupported: {err}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    except InvalidSpec as err:
+        print(f"invalid: {err}", file=sys.stderr)
+        return EXIT_INVALID
+    return EXIT_OK
+
+
 def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
-         argv: list[str] | None = None) -> int:
+         argv: list[str] | None = None, *, export_weights: Callable[[dict, str], None] | None = None) -> int:
     """Entry point for ``python -m xfw_<backend>``: spec in, records out, status as exit code.
 
     ``--describe`` prints one JSON object (framework, versions, device, multi-process launcher)
     and exits; the core uses it for ``xfw env`` and to check an interpreter before launching.
+    ``--export-weights DIR --spec spec.json`` calls the adapter's optional ``export_weights``.
     """
     parser = argparse.ArgumentParser(description="Run one xfw spec and append records.")
     parser.add_argument("--describe", action="store_true", help="print this backend's description as JSON")
     parser.add_argument("--spec", help="resolved spec.json written by the core")
     parser.add_argument("--records", help="steps.jsonl to append records to")
     parser.add_argument("--rank", type=int, default=None, help="this process's rank (default: from the launcher)")
+    parser.add_argument("--export-weights", metavar="DIR",
+                        help="write the spec's initial model to DIR/model.safetensors and exit (no training)")
     args = parser.parse_args(argv)
     if args.describe:
         print(json.dumps(describe()))
         return EXIT_OK
+    if args.export_weights:
+        if not args.spec:
+            parser.error("--export-weights needs --spec")
+        with open(args.spec, encoding="utf-8") as f:
+            return _export(export_weights, json.load(f), args.export_weights)
     if not args.spec or not args.records:
         parser.error("--spec and --records are required")
     with open(args.spec, encoding="utf-8") as f:

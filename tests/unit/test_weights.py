@@ -76,3 +76,34 @@ def test_a_strict_check_names_missing_extra_and_misshapen_tensors(tmp_path):
     message = str(err.value)
     assert "1 parameters missing (e.g. c)" in message and "1 unexpected tensors (e.g. b)" in message
     assert "a: model [3, 2], file [2, 3]" in message
+
+
+def test_the_harness_hands_export_weights_to_the_adapter_and_trains_nothing(tmp_path):
+    import json as _json
+
+    from xfw import harness
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(_json.dumps({"model": {"weights": "random"}}))
+    calls = []
+
+    def refuse(_spec):
+        raise AssertionError("no session is built for an export")
+
+    argv = ["--export-weights", str(tmp_path / "out"), "--spec", str(spec)]
+    assert harness.main(refuse, dict, argv, export_weights=lambda s, d: calls.append((s, d))) == harness.EXIT_OK
+    assert calls == [({"model": {"weights": "random"}}, str(tmp_path / "out"))]
+    assert harness.main(refuse, dict, argv) == harness.EXIT_UNSUPPORTED  # an adapter without the hook
+
+
+def test_an_adapter_rejecting_the_weights_exits_invalid(tmp_path):
+    from xfw import harness
+
+    spec = tmp_path / "spec.json"
+    spec.write_text("{}")
+
+    def reject(_spec, _dir):
+        raise harness.InvalidSpec("model.weights: nope")
+
+    argv = ["--export-weights", str(tmp_path), "--spec", str(spec)]
+    assert harness.main(None, dict, argv, export_weights=reject) == harness.EXIT_INVALID

@@ -27,8 +27,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import paddle
 
+from xfw import weights as neutral
 from xfw.env import cpu_model, package_versions
 from xfw.harness import InvalidSpec, Unsupported
 from xfw_paddle import parallel
@@ -131,6 +133,48 @@ def apply_lora(target: paddle.nn.Layer, lora: dict) -> None:
     LoRAModel(target, config)  # replaces the sublayers of ``target``; the wrapper itself is not needed
 
 
+def load_weights(model: paddle.nn.Layer, names: dict[str, tuple[str, bool]], directory: str) -> None:
+    """Convert ``directory/model.safetensors`` (canonical names, torch layouts) on the fly and
+    copy it into ``model``: ``names`` is the family's ``canonical_names(model)`` (our name ->
+    canonical name, transposed?). Strict: every parameter present, nothing extra, shapes equal."""
+    params = dict(model.named_parameters())
+    expected = {canon: tuple(reversed(params[ours].shape)) if transposed else tuple(params[ours].shape)
+                for ours, (canon, transposed) in names.items()}
+    try:
+        path = neutral.weights_file(directory)
+        neutral.check_against(expected, path)
+        state = neutral.load_file(path)
+    except neutral.WeightsError as err:
+        raise InvalidSpec(str(err) if str(err).startswith("model.weights") else f"model.weights: {err}") from None
+    for ours, (canon, transposed) in names.items():
+        value = state[canon].T if transposed else state[canon]  # by layer kind, never by shape
+        params[ours].set_value(np.ascontiguousarray(value).astype(str(params[ours].dtype).removeprefix("paddle.")))
+
+
+def build_model(spec: dict, *, use_sdpa: bool) -> paddle.nn.Layer:
+    """The family's model as a run starts from: seeded random init, then ``model.weights`` if
+    it names a directory (converted on the fly). Base weights only (before LoRA)."""
+    family = family_module(spec["model"]["family"])
+    paddle.seed(spec["measure"]["seed"])
+    model = family.build(spec["model"]["arch"], use_sdpa=use_sdpa, recompute=bool(spec["recompute"]))
+    if spec["model"].get("weights", "random") != "random":
+        load_weights(model, family.canonical_names(model), spec["model"]["weights"])
+    return model
+
+
+def export_weights(spec: dict, directory: str) -> None:
+    """``python -m xfw_paddle --export-weights DIR --spec spec.json``: the model a run of this
+    spec starts from, written to ``DIR/model.safetensors`` under the canonical names and torch
+    layouts (Linear weights transposed back to [out, in])."""
+    check_spec(spec)
+    paddle.set_device("cpu")
+    model = build_model(spec, use_sdpa=spec["backend_knobs"].get("attn_implementation", "sdpa") == "sdpa")
+    params = dict(model.named_parameters())
+    tensors = {canon: np.ascontiguousarray(params[ours].numpy().T if transposed else params[ours].numpy())
+               for ours, (canon, transposed) in family_module(spec["model"]["family"]).canonical_names(model).items()}
+    neutral.save_file(tensors, f"{directory}/{neutral.WEIGHTS_FILE}", metadata={"format": "paddle"})
+
+
 def _majority_dtype(params: list) -> str:
     counts: dict[str, int] = {}
     for p in params:
@@ -150,8 +194,7 @@ class PaddleSession:
         self.attn = spec["backend_knobs"].get("attn_implementation", "sdpa")
         self.precision = plan_precision(spec["precision"]["dtype"], spec["precision"]["amp_level"], self.gpu)
 
-        paddle.seed(spec["measure"]["seed"])
-        model = family.build(spec["model"]["arch"], use_sdpa=self.attn == "sdpa", recompute=bool(spec["recompute"]))
+        model = build_model(spec, use_sdpa=self.attn == "sdpa")
         for p in model.parameters():
             p.stop_gradient = True
         for part in family.trainable_parts(model, spec["stage"]):

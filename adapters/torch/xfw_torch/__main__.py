@@ -1,6 +1,6 @@
 import sys
 
 from xfw import harness
-from xfw_torch.session import build_session, describe
+from xfw_torch.session import build_session, describe, export_weights
 
-sys.exit(harness.main(build_session, describe))
+sys.exit(harness.main(build_session, describe, export_weights=export_weights))

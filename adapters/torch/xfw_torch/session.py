@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from xfw import weights as neutral
 from xfw.env import cpu_model, package_versions
 from xfw.harness import InvalidSpec, Unsupported
 from xfw_torch import parallel
@@ -59,6 +60,40 @@ def apply_lora(target: torch.nn.Module, lora: dict) -> None:
         raise InvalidSpec(f"lora.targets: {err}") from None
 
 
+def load_weights(model: torch.nn.Module, directory: str) -> None:
+    """Copy ``directory/model.safetensors`` into ``model``: the file's names are this model's
+    parameter names (the canonical ones, xfw.weights), strictly (every name, no extra, same shapes)."""
+    try:
+        path = neutral.weights_file(directory)
+        params = dict(model.named_parameters())  # tied weights appear once, under their first name
+        neutral.check_against({n: tuple(p.shape) for n, p in params.items()}, path)
+        state = neutral.load_file(path)
+    except neutral.WeightsError as err:
+        raise InvalidSpec(str(err) if str(err).startswith("model.weights") else f"model.weights: {err}") from None
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(torch.from_numpy(state[name]))
+
+
+def build_model(spec: dict, device: torch.device, attn: str) -> torch.nn.Module:
+    """The family's model as a run starts from: seeded random init, then ``model.weights`` if
+    it names a directory. Base weights only (before LoRA)."""
+    torch.manual_seed(spec["measure"]["seed"])  # the same initial weights on every rank
+    with device:  # initialise on the device: a 7B model built on the host takes minutes
+        model = family_module(spec["model"]["family"]).build(spec["model"]["arch"], attn_implementation=attn)
+    if spec["model"].get("weights", "random") != "random":
+        load_weights(model, spec["model"]["weights"])
+    return model
+
+
+def export_weights(spec: dict, directory: str) -> None:
+    """``python -m xfw_torch --export-weights DIR --spec spec.json``: the model a run of this
+    spec starts from, written to ``DIR/model.safetensors`` under the canonical names."""
+    model = build_model(spec, torch.device("cpu"), spec["backend_knobs"].get("attn_implementation", "sdpa"))
+    tensors = {n: p.detach().float().cpu().numpy() for n, p in model.named_parameters()}
+    neutral.save_file(tensors, f"{directory}/{neutral.WEIGHTS_FILE}", metadata={"format": "pt"})
+
+
 class MasterWeights:
     """fp32 master copies of low-precision trainable weights; the optimizer updates these."""
 
@@ -90,10 +125,8 @@ class TorchSession:
             raise InvalidSpec(f"parallel: the spec asks for {spec['derived']['num_processes']} processes, "
                               f"the launcher started {self.num_ranks}")
         self.cuda = self.device.type == "cuda"
-        torch.manual_seed(spec["measure"]["seed"])  # the same initial weights on every rank
         attn = knobs.get("attn_implementation", "sdpa")
-        with self.device:  # initialise on the device: a 7B model built on the host takes minutes
-            model = family.build(spec["model"]["arch"], attn_implementation=attn)
+        model = build_model(spec, self.device, attn)
         model.requires_grad_(False)
         for part in family.trainable_parts(model, spec["stage"]):
             part.requires_grad_(True)

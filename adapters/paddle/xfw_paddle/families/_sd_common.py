@@ -122,6 +122,13 @@ def _linear_weights(model: nn.Layer) -> set[str]:
             if isinstance(m, nn.Linear)}
 
 
+def canonical_names(model: nn.Layer) -> dict[str, tuple[str, bool]]:
+    """``{our name: (diffusers' name, transposed?)}``: ppdiffusers keeps diffusers' names, and
+    Paddle's Linear weights are [in, out] where torch's are [out, in]."""
+    linear = _linear_weights(model)
+    return {n: (n, n in linear) for n, _ in model.named_parameters()}
+
+
 def load_diffusers_state(model: nn.Layer, state) -> None:
     """Copy weights given under diffusers' names and torch layouts (numpy arrays) into ``model``."""
     linear = _linear_weights(model)

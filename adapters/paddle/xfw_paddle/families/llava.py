@@ -379,6 +379,12 @@ def _with_peft_names(name_map):
     return mapped
 
 
+def canonical_names(model: nn.Layer, name_map=hf_name) -> dict[str, tuple[str, bool]]:
+    """``{our name: (transformers' name, transposed?)}`` for every parameter: the map a neutral
+    weight file (xfw.weights) is read and written through."""
+    return {n: (name_map(n), _is_linear_weight(n, p.shape)) for n, p in model.named_parameters()}
+
+
 def load_hf_state(model: nn.Layer, state: dict, name_map=hf_name) -> None:
     """Copy weights given under transformers' names and shapes (numpy arrays) into ``model``;
     ``name_map`` is the family's ``hf_name``."""

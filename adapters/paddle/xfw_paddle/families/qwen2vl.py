@@ -32,6 +32,7 @@ from paddle import nn
 from xfw.families.qwen2vl import grid
 from xfw.harness import Unsupported
 from xfw_paddle.families.llava import causal_lm_loss, quick_gelu, scatter_image_features
+from xfw_paddle.families.llava import canonical_names as _canonical_names
 from xfw_paddle.families.llava import load_hf_state as _load_hf_state
 
 # transformers' Qwen2VLPreTrainedModel._init_weights: normal(0, initializer_range = 0.02), zero biases.
@@ -344,6 +345,11 @@ def hf_name(name: str) -> str:
     if name.startswith("lm_head."):
         return name
     raise KeyError(name)
+
+
+def canonical_names(model: nn.Layer) -> dict[str, tuple[str, bool]]:
+    """``{our name: (transformers' name, transposed?)}``, as llava.canonical_names."""
+    return _canonical_names(model, hf_name)
 
 
 def load_hf_state(model: nn.Layer, state: dict) -> None:

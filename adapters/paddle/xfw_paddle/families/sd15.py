@@ -27,9 +27,9 @@ from paddle import nn
 
 from xfw.families import sd15 as core
 from xfw.harness import Unsupported
-from xfw_paddle.families._sd_common import apply_lora, build_vae, encode_latents, use_attention
+from xfw_paddle.families._sd_common import apply_lora, build_vae, canonical_names, encode_latents, use_attention
 
-__all__ = ["apply_lora", "build", "trainable_parts", "lora_target", "prediction", "loss_fn"]
+__all__ = ["apply_lora", "canonical_names", "build", "trainable_parts", "lora_target", "prediction", "loss_fn"]
 
 
 class StableDiffusion15(nn.Layer):

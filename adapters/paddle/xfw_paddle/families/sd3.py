@@ -28,9 +28,9 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from xfw.harness import InvalidSpec, Unsupported
-from xfw_paddle.families._sd_common import apply_lora, build_vae, encode_latents, use_attention
+from xfw_paddle.families._sd_common import apply_lora, build_vae, canonical_names, encode_latents, use_attention
 
-__all__ = ["apply_lora", "build", "trainable_parts", "lora_target", "prediction", "loss_fn"]
+__all__ = ["apply_lora", "canonical_names", "build", "trainable_parts", "lora_target", "prediction", "loss_fn"]
 
 
 class StableDiffusion3(nn.Layer):
