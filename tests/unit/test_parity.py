@@ -1,0 +1,48 @@
+"""Parity's comparison and report, without any backend."""
+
+import math
+
+from xfw import parity
+
+
+def test_losses_within_tolerance_pass_and_the_first_step_has_the_tighter_one():
+    steps = parity.compare_losses([2.0, 2.0, 2.0], [2.0 + 1e-6, 2.0 + 1e-3, 2.0 + 1e-2])
+    assert [s.passed for s in steps] == [True, True, False]
+    assert steps[0].abs_diff == abs((2.0 + 1e-6) - 2.0) and math.isclose(steps[2].rel_diff, 5e-3)
+    assert [s.tolerance_rel for s in steps] == [1e-5, 1e-3, 1e-3]
+    assert not parity.compare_losses([2.0], [2.0 + 1e-4])[0].passed  # 5e-5 relative: over step 0's 1e-5
+
+
+def test_a_missing_or_non_finite_loss_fails_its_step():
+    steps = parity.compare_losses([1.0, 1.0, float("nan")], [1.0, None, 1.0])
+    assert [s.passed for s in steps] == [True, False, False]
+    assert steps[1].abs_diff is None and steps[1].loss_other is None
+
+
+def report(other: list) -> parity.ParityReport:
+    return parity.ParityReport(recipe="tiny", num_steps=2, weights_dir="w", run_dirs={"torch": "t", "paddle": "p"},
+                               tolerances=parity.Tolerances(), steps=parity.compare_losses([3.0, 2.5], other))
+
+
+def test_the_report_round_trips_through_json_and_says_pass_or_fail(tmp_path):
+    good, bad = report([3.0, 2.5]), report([3.1, 2.5])
+    assert good.passed and good.first_failing_step is None and "— PASS" in good.markdown()
+    assert not bad.passed and bad.first_failing_step == 0
+    assert "— FAIL" in bad.markdown() and "First step outside tolerance: 0." in bad.markdown()
+    bad.save(tmp_path)
+    loaded = parity.ParityReport.load(tmp_path)
+    assert loaded.to_dict() == bad.to_dict() and loaded.to_dict()["passed"] is False
+
+
+def test_a_short_run_fails_even_when_every_step_it_has_agrees():
+    short = parity.ParityReport(recipe="tiny", num_steps=3, weights_dir="w", run_dirs={},
+                                tolerances=parity.Tolerances(), steps=parity.compare_losses([1.0], [1.0]))
+    assert not short.passed
+
+
+def test_parity_forces_fp32_one_process_no_warmup_and_the_shared_weights():
+    forced = parity.forced_overrides(10, "out/weights")
+    for setting in ("precision.dtype=fp32", "precision.amp_level=O0", "parallel.nproc_per_node=1",
+                    "measure.warmup_steps=0", "measure.steps=10", "model.weights=out/weights"):
+        assert setting in forced
+    assert not any(s.startswith("model.weights") for s in parity.forced_overrides(10))
