@@ -11,10 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xfw.compare import ComparisonRow
+from xfw.compare import ComparisonRow, strip_common, variant_label
 from xfw.render import fmt_contrast, fmt_rate
 
 _COLORS = ["#2f6fdf", "#ee4c2c", "#6a9955", "#b07cc6"]
+
+
+def chart_labels(rows: list[ComparisonRow]) -> list[str]:
+    """One label per group: model and stage, plus the sweep point where rows differ by one."""
+    variants = [variant_label(v) for v in strip_common([r.variant for r in rows])]
+    return [f"{r.model}\n{r.stage}" + (f"\n{v}" if v else "") for r, v in zip(rows, variants)]
 
 
 def plot_comparison(rows: list[ComparisonRow], backends: list[str], path: str | Path, *,
@@ -42,7 +48,7 @@ def plot_comparison(rows: list[ComparisonRow], backends: list[str], path: str | 
             top = max([s.ips for s in row.sides.values() if s.ok] or [0.0])
             ax.text(j, top + tallest * 0.08, fmt_contrast(row), ha="center", va="bottom", fontsize=10,
                     fontweight="bold")
-    ax.set_xticks(range(len(rows)), [f"{r.model}\n{r.stage}" for r in rows], rotation=0 if len(rows) < 5 else 30)
+    ax.set_xticks(range(len(rows)), chart_labels(rows), rotation=0 if len(rows) < 5 else 30)
     ax.set_ylabel("Training speed (ips, samples/s)")
     subtitle = f"contrast = ({backends[0]} − {backends[1]}) / {backends[1]}" if len(backends) > 1 else ""
     ax.set_title(f"{title}\n{subtitle}".strip(), fontsize=11)

@@ -188,8 +188,7 @@ def default_sweep_dir(points: list[sw.Point], root: Path = Path("runs")) -> Path
 def run_sweep(points: list[sw.Point], backends: dict[str, tuple[launcher.Backend, dict]], out_dir: Path,
               progress: launcher.Progress | None = None, log=print) -> tuple[list[RunResult], Report]:
     results = sw.run_sweep(points, backends, out_dir, progress, log)
-    # No chart: its axis labels name the model and stage only, which every point shares.
-    return results, write_report(results, list(backends), out_dir, chart=False)
+    return results, write_report(results, list(backends), out_dir)
 
 
 def plan_maxbatch(recipe_path: str, overrides: list[str], candidates: str | None) -> list[int] | None:

@@ -6,7 +6,7 @@ import pytest
 from xfw import render
 from xfw.compare import compare_runs
 from xfw.measure import Measurement
-from xfw.plot import plot_comparison
+from xfw.plot import chart_labels, plot_comparison
 from xfw.results import RunResult
 
 
@@ -108,3 +108,11 @@ def test_chart_is_written_as_a_png_even_with_a_failed_side(tmp_path):
     path = plot_comparison(rows, ["paddle", "torch"], tmp_path / "chart.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*"))  # no temp file left behind
+
+
+def test_chart_labels_tell_sweep_points_apart():
+    runs = [result(b, 1.0) for b in ("paddle", "torch")] + [result(b, 2.0) for b in ("paddle", "torch")]
+    for r, micro in zip(runs, (1, 1, 2, 2)):
+        r.variant = {"batch.micro": micro, "measure.steps": 5}
+    labels = chart_labels(compare_runs(runs, ["paddle", "torch"]))
+    assert labels == ["LLaVA1.6 7B\nSFT\nbatch.micro=1", "LLaVA1.6 7B\nSFT\nbatch.micro=2"]
