@@ -120,9 +120,10 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
 
 def _export(export_weights: Callable[[dict, str], None] | None, spec: dict, directory: str) -> int:
     """``--export-weights DIR``: the adapter writes the model this spec starts from (seeded init,
-    or ``model.weights``) to ``DIR/model.safetensors`` under the canonical names (xfw.weights)."""
+    or ``model.weights``) to ``DIR/model.safetensors`` under the canonical names (xfw.weights).
+    ``--probe-modules FILE`` has the same shape (any tool the adapter offers beside training)."""
     if export_weights is None:
-        print("this backend cannot export weights", file=sys.stderr)
+        print("this backend does not offer this", file=sys.stderr)
         return EXIT_UNSUPPORTED
     try:
         export_weights(spec, directory)
@@ -136,12 +137,16 @@ def _export(export_weights: Callable[[dict, str], None] | None, spec: dict, dire
 
 
 def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
-         argv: list[str] | None = None, *, export_weights: Callable[[dict, str], None] | None = None) -> int:
+         argv: list[str] | None = None, *, export_weights: Callable[[dict, str], None] | None = None,
+         probe_modules: Callable[[dict, str], None] | None = None) -> int:
     """Entry point for ``python -m xfw_<backend>``: spec in, records out, status as exit code.
 
     ``--describe`` prints one JSON object (framework, versions, device, multi-process launcher)
     and exits; the core uses it for ``xfw env`` and to check an interpreter before launching.
-    ``--export-weights DIR --spec spec.json`` calls the adapter's optional ``export_weights``.
+    ``--export-weights DIR --spec spec.json`` calls the adapter's optional ``export_weights``;
+    ``--probe-modules FILE --spec spec.json`` its optional ``probe_modules``: one forward pass on
+    the first synthetic batch, every parameter-owning module's output norm written to FILE as
+    ``{"modules": [{"name": canonical module name, "norm": float}, ...]}`` in call order.
     """
     parser = argparse.ArgumentParser(description="Run one xfw spec and append records.")
     parser.add_argument("--describe", action="store_true", help="print this backend's description as JSON")
@@ -150,15 +155,19 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
     parser.add_argument("--rank", type=int, default=None, help="this process's rank (default: from the launcher)")
     parser.add_argument("--export-weights", metavar="DIR",
                         help="write the spec's initial model to DIR/model.safetensors and exit (no training)")
+    parser.add_argument("--probe-modules", metavar="FILE",
+                        help="write per-module output norms of one forward pass to FILE (JSON) and exit")
     args = parser.parse_args(argv)
     if args.describe:
         print(json.dumps(describe()))
         return EXIT_OK
-    if args.export_weights:
-        if not args.spec:
-            parser.error("--export-weights needs --spec")
-        with open(args.spec, encoding="utf-8") as f:
-            return _export(export_weights, json.load(f), args.export_weights)
+    for flag, target, hook in (("--export-weights", args.export_weights, export_weights),
+                               ("--probe-modules", args.probe_modules, probe_modules)):
+        if target:
+            if not args.spec:
+                parser.error(f"{flag} needs --spec")
+            with open(args.spec, encoding="utf-8") as f:
+                return _export(hook, json.load(f), target)
     if not args.spec or not args.records:
         parser.error("--spec and --records are required")
     with open(args.spec, encoding="utf-8") as f:

@@ -17,6 +17,7 @@ identical inputs, may differ only by fp32 rounding (relative ≤ 1e-5); every la
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -69,6 +70,9 @@ class ParityReport:
     """Why the comparison is incomplete (a run failed, steps missing); empty when it is whole."""
     notes: list[str] = field(default_factory=list)
     """What the reader should know that is not a failure (a side given its own weights)."""
+    first_differing_module: str | None = None
+    """When a step fails: the first module (canonical name, forward order) whose output norm
+    differs on the first batch from each side's starting weights; None if none does or no probe ran."""
     backends: tuple[str, str] = (REFERENCE, OTHER)
 
     @property
@@ -98,8 +102,6 @@ class ParityReport:
 
     @classmethod
     def load(cls, out_dir: str | Path) -> "ParityReport":
-        import json
-
         return cls.from_dict(json.loads((Path(out_dir) / "parity.json").read_text()))
 
     def markdown(self) -> str:
@@ -117,6 +119,9 @@ class ParityReport:
             lines.append(f"| {s.step} | {' | '.join(cells)} | {s.tolerance_rel:g} | {'✓' if s.passed else '✗'} |")
         if self.first_failing_step is not None:
             lines += ["", f"First step outside tolerance: {self.first_failing_step}."]
+            if self.first_differing_module:
+                lines.append(f"First module whose output differs (first batch, starting weights): "
+                             f"`{self.first_differing_module}`.")
         if self.problems or self.notes:
             lines += ["", *(f"* {p}" for p in self.problems + self.notes)]
         return "\n".join(lines) + "\n"
@@ -142,6 +147,34 @@ def compare_losses(reference: list[float | None], other: list[float | None],
         out.append(StepParity(step=i, loss_reference=a, loss_other=b, abs_diff=abs_diff, rel_diff=rel,
                               tolerance_rel=tolerances.for_step(i), passed=ok))
     return out
+
+
+MODULE_REL_TOL = 1e-5
+"""Relative output-norm difference that marks a module as differing: fp32 rounding through the
+tiny models reaches ~1e-7 (measured on tiny-llava), a changed weight far more."""
+
+
+def first_differing_module(reference: list[dict], other: list[dict], rel_tol: float = MODULE_REL_TOL) -> str | None:
+    """The first module, in the reference's forward order, whose output norm differs beyond
+    ``rel_tol`` (``{"name", "norm"}`` entries from ``--probe-modules``). Modules only one side
+    calls as a module (a parameter used directly) are skipped."""
+    norms = {m["name"]: m["norm"] for m in other}
+    for m in reference:
+        theirs = norms.get(m["name"])
+        if theirs is not None and not abs(theirs - m["norm"]) <= rel_tol * max(abs(m["norm"]), 1e-30):
+            return m["name"]
+    return None
+
+
+def probe(backend: launcher.Backend, run_dir: Path, timeout_s: float) -> list[dict] | None:
+    """``--probe-modules`` on the spec a run used; None if the adapter could not."""
+    path = run_dir / "modules.json"
+    cmd = [backend.python, "-m", backend.module, "--probe-modules", str(path), "--spec", str(run_dir / "spec.json")]
+    try:
+        subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+        return json.loads(path.read_text())["modules"]
+    except (subprocess.TimeoutExpired, OSError, ValueError, KeyError):
+        return None
 
 
 def measured_losses(run_dir: Path) -> list[float | None]:
@@ -211,6 +244,12 @@ def run_parity(recipe_path: str, overrides: list[str], steps: int, out_dir: Path
             report.problems.append(f"{name} run {result.status}: {result.reason}")
         losses[name] = measured_losses(run_dir)
     report.steps = compare_losses(losses[REFERENCE], losses[OTHER], tolerances)
+    if report.first_failing_step is not None:
+        probes = [probe(backends[name], out_dir / name, base.measure.timeout_s) for name in (REFERENCE, OTHER)]
+        if None in probes:
+            report.notes.append("the module probe did not run on both sides")
+        else:
+            report.first_differing_module = first_differing_module(*probes)
     if any(len(v) != steps for v in losses.values()):
         report.problems.append(f"measured steps: {REFERENCE} {len(losses[REFERENCE])}, {OTHER} {len(losses[OTHER])}, "
                                f"asked {steps}")

@@ -46,3 +46,12 @@ def test_parity_forces_fp32_one_process_no_warmup_and_the_shared_weights():
                     "measure.warmup_steps=0", "measure.steps=10", "model.weights=out/weights"):
         assert setting in forced
     assert not any(s.startswith("model.weights") for s in parity.forced_overrides(10))
+
+
+def test_the_first_module_whose_output_differs_is_named_in_forward_order():
+    ours = [{"name": "embed", "norm": 2.0}, {"name": "pos", "norm": 1.0}, {"name": "norm", "norm": 5.0},
+            {"name": "head", "norm": 7.0}]
+    theirs = [{"name": "embed", "norm": 2.0 + 1e-7}, {"name": "head", "norm": 7.5}, {"name": "norm", "norm": 5.1}]
+    assert parity.first_differing_module(ours, theirs) == "norm"  # "pos" is only a module on one side: skipped
+    assert parity.first_differing_module(ours[:2], theirs) is None
+    assert parity.first_differing_module([{"name": "x", "norm": 1.0}], [{"name": "x", "norm": float("nan")}]) == "x"

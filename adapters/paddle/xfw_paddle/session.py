@@ -175,6 +175,47 @@ def export_weights(spec: dict, directory: str) -> None:
     neutral.save_file(tensors, f"{directory}/{neutral.WEIGHTS_FILE}", metadata={"format": "paddle"})
 
 
+def _first_tensor(output):
+    if isinstance(output, paddle.Tensor):
+        return output
+    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
+    return next((t for t in (_first_tensor(v) for v in values) if t is not None), None)
+
+
+def probe_modules(spec: dict, path: str) -> None:
+    """``--probe-modules FILE``: as the PyTorch adapter's, with each layer named by the
+    canonical name of the module its parameters map to (the family's ``canonical_names``)."""
+    from xfw.results import write_json_atomic
+    from xfw.synthetic import make_pool
+
+    check_spec(spec)
+    paddle.set_device("cpu")
+    family = family_module(spec["model"]["family"])
+    model = build_model(spec, use_sdpa=spec["backend_knobs"].get("attn_implementation", "sdpa") == "sdpa")
+    model.train()
+    names = family.canonical_names(model)
+    found: list[dict] = []
+    seen: set[str] = set()
+
+    def hook(name):
+        def record(_layer, _inputs, output):
+            tensor = _first_tensor(output)
+            if name not in seen and tensor is not None and tensor.dtype in (paddle.float32, paddle.float64):
+                seen.add(name)
+                found.append({"name": name, "norm": float(paddle.linalg.norm(tensor.detach().astype("float64")))})
+        return record
+
+    for name, layer in model.named_sublayers():
+        own = next(iter(layer.named_parameters(include_sublayers=False)), None)
+        if own is not None and f"{name}.{own[0]}" in names:
+            canon = names[f"{name}.{own[0]}"][0].removesuffix(f".{own[0]}")
+            layer.register_forward_post_hook(hook(canon))
+    batch = {k: paddle.to_tensor(v) for k, v in make_pool(spec, 0)[0].items()}
+    with paddle.no_grad():
+        family.loss_fn(model, batch, contextlib.nullcontext)
+    write_json_atomic(path, {"modules": found})
+
+
 def _majority_dtype(params: list) -> str:
     counts: dict[str, int] = {}
     for p in params:

@@ -94,6 +94,42 @@ def export_weights(spec: dict, directory: str) -> None:
     neutral.save_file(tensors, f"{directory}/{neutral.WEIGHTS_FILE}", metadata={"format": "pt"})
 
 
+def _first_tensor(output):
+    if isinstance(output, torch.Tensor):
+        return output
+    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
+    return next((t for t in (_first_tensor(v) for v in values) if t is not None), None)
+
+
+def probe_modules(spec: dict, path: str) -> None:
+    """``--probe-modules FILE``: one forward pass of the spec's starting model on the first
+    synthetic batch; the output norm of every module that owns a parameter, in call order
+    (first call only), under its canonical name (this model's own)."""
+    from xfw.results import write_json_atomic
+    from xfw.synthetic import make_pool
+
+    model = build_model(spec, torch.device("cpu"), spec["backend_knobs"].get("attn_implementation", "sdpa"))
+    model.train()  # as a run's first step computes it
+    found: list[dict] = []
+    seen: set[str] = set()
+
+    def hook(name):
+        def record(_module, _inputs, output):
+            tensor = _first_tensor(output)
+            if name not in seen and tensor is not None and tensor.is_floating_point():
+                seen.add(name)
+                found.append({"name": name, "norm": float(tensor.detach().double().norm())})
+        return record
+
+    for name, module in model.named_modules():
+        if next(module.parameters(recurse=False), None) is not None:
+            module.register_forward_hook(hook(name))
+    batch = {k: torch.from_numpy(v) for k, v in make_pool(spec, 0)[0].items()}
+    with torch.no_grad():
+        family_module(spec["model"]["family"]).loss_fn(model, batch)
+    write_json_atomic(path, {"modules": found})
+
+
 class MasterWeights:
     """fp32 master copies of low-precision trainable weights; the optimizer updates these."""
 
