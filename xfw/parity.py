@@ -17,6 +17,7 @@ identical inputs, may differ only by fp32 rounding (relative ≤ 1e-5); every la
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,11 @@ from xfw.results import write_json_atomic
 
 PARITY_SCHEMA = 1
 REFERENCE, OTHER = "torch", "paddle"  # the reference exports the starting weights
+
+
+# An interpreter's description does not change while this process lives; asking once per
+# backend saves a framework import (~2 s) per parity run after the first.
+describe_backend = functools.lru_cache(maxsize=None)(launcher.describe_backend)
 
 
 class ParityError(ValueError):
@@ -223,7 +229,7 @@ def run_parity(recipe_path: str, overrides: list[str], steps: int, out_dir: Path
     weights_dir = out_dir / "weights"
     try:
         backends = {name: launcher.resolve_backend(name, interpreters) for name in (REFERENCE, OTHER)}
-        described = {name: launcher.describe_backend(b) for name, b in backends.items()}
+        described = {name: describe_backend(b) for name, b in backends.items()}
         base = load_recipe(recipe_path, [*overrides, *forced_overrides(steps)])
     except (RecipeError, launcher.BackendError) as err:
         raise ParityError(str(err)) from None

@@ -49,7 +49,7 @@ def test_both_backends_train_the_same_model_from_the_same_weights(parity_runs, f
 def launch_paddle(recipe_path: str, weights_dir, run_dir):
     backend = launcher.resolve_backend("paddle", {})
     recipe = load_recipe(recipe_path, parity.forced_overrides(STEPS, weights_dir))
-    return launcher.launch(recipe, backend, run_dir, description=launcher.describe_backend(backend))
+    return launcher.launch(recipe, backend, run_dir, description=parity.describe_backend(backend))
 
 
 def test_a_weight_changed_on_one_side_fails_parity_at_step_0_and_the_module_is_named(parity_runs, tmp_path):
