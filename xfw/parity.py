@@ -226,7 +226,7 @@ def run_parity(recipe_path: str, overrides: list[str], steps: int, out_dir: Path
     out_dir = Path(out_dir)
     if steps < 1:
         raise ParityError(f"steps: {steps} (must be ≥ 1)")
-    weights_dir = out_dir / "weights"
+    weights_dir = (out_dir / "weights").resolve()  # absolute: the adapters may run elsewhere than here
     try:
         backends = {name: launcher.resolve_backend(name, interpreters) for name in (REFERENCE, OTHER)}
         described = {name: describe_backend(b) for name, b in backends.items()}
@@ -239,12 +239,12 @@ def run_parity(recipe_path: str, overrides: list[str], steps: int, out_dir: Path
                           tolerances=tolerances)
     losses = {}
     for name, backend in backends.items():
-        start = (weights or {}).get(name, weights_dir)
+        start = Path((weights or {}).get(name, weights_dir)).resolve()
         recipe = load_recipe(recipe_path, [*overrides, *forced_overrides(steps, start)])
         run_dir = out_dir / name
         result = launcher.launch(recipe, backend, run_dir, description=described[name])
         report.run_dirs[name] = str(run_dir)
-        if Path(start) != weights_dir:
+        if start != weights_dir:
             report.notes.append(f"{name} started from {start}, not the shared export")
         if not result.ok:
             report.problems.append(f"{name} run {result.status}: {result.reason}")
