@@ -270,6 +270,33 @@ def report(run_dirs, backends, out_dir, layout, price_per_gpu_hour) -> None:
         click.echo(f"{kind}: {path}", err=True)
 
 
+@main.command()
+@click.argument("recipe", type=click.Path())
+@click.option("--backends", default="torch,paddle", show_default=True,
+              help="REFERENCE,OTHER: the reference exports the starting weights both sides load.")
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Training steps to compare.")
+@set_option
+@python_option
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Directory for the weights, both runs and parity.json (default: runs/parity-<recipe>).")
+def parity(recipe, backends, steps, overrides, pythons, out_dir) -> None:
+    """Train both backends from the same weights on the same batches (fp32, CPU-exact) and
+    compare the loss per step; exit 1 when a step is outside tolerance."""
+    from xfw import parity as par
+
+    names = _backend_list(backends)
+    if len(names) != 2:
+        _fail(f"--backends {backends!r}: parity compares exactly two backends")
+    try:
+        name = workflow.load_all([recipe], list(overrides))[0].name
+        report = par.run_parity(recipe, list(overrides), steps, out_dir or Path("runs") / f"parity-{name}",
+                                _interpreters(pythons), backends=(names[0], names[1]))
+    except (workflow.UsageError, par.ParityError) as err:
+        _fail(str(err))
+    click.echo(report.markdown())
+    sys.exit(0 if report.passed else 1)
+
+
 @main.command(name="env")
 @click.option("--backends", default="paddle,torch", show_default=True, help="Backends to describe.")
 @python_option

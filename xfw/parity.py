@@ -29,7 +29,6 @@ from xfw.recipe import RecipeError, load_recipe, resolve_spec
 from xfw.results import write_json_atomic
 
 PARITY_SCHEMA = 1
-REFERENCE, OTHER = "torch", "paddle"  # the reference exports the starting weights
 
 
 # An interpreter's description does not change while this process lives; asking once per
@@ -79,7 +78,8 @@ class ParityReport:
     first_differing_module: str | None = None
     """When a step fails: the first module (canonical name, forward order) whose output norm
     differs on the first batch from each side's starting weights; None if none does or no probe ran."""
-    backends: tuple[str, str] = (REFERENCE, OTHER)
+    backends: tuple[str, str] = ("reference", "other")
+    """(reference, other): the reference exports the starting weights both sides load."""
 
     @property
     def passed(self) -> bool:
@@ -217,28 +217,30 @@ def export_initial_weights(recipe_path: str, overrides: list[str], backend: laun
 
 
 def run_parity(recipe_path: str, overrides: list[str], steps: int, out_dir: Path,
-               interpreters: dict[str, str], *, tolerances: Tolerances = Tolerances(),
+               interpreters: dict[str, str], *, backends: tuple[str, str], tolerances: Tolerances = Tolerances(),
                weights: dict[str, str] | None = None) -> ParityReport:
     """Train ``recipe_path`` for ``steps`` steps on both backends from the same weights and
     compare the losses. ``weights`` optionally gives a backend its own ``model.weights``
     directory instead of the shared export (to check that a changed weight is caught).
+    ``backends`` is (reference, other): the reference's adapter exports the starting weights.
     Writes ``out_dir/parity.json``; raises ParityError when parity cannot start."""
+    reference, other = backends
     out_dir = Path(out_dir)
     if steps < 1:
         raise ParityError(f"steps: {steps} (must be ≥ 1)")
     weights_dir = (out_dir / "weights").resolve()  # absolute: the adapters may run elsewhere than here
     try:
-        backends = {name: launcher.resolve_backend(name, interpreters) for name in (REFERENCE, OTHER)}
-        described = {name: describe_backend(b) for name, b in backends.items()}
+        resolved = {name: launcher.resolve_backend(name, interpreters) for name in (reference, other)}
+        described = {name: describe_backend(b) for name, b in resolved.items()}
         base = load_recipe(recipe_path, [*overrides, *forced_overrides(steps)])
     except (RecipeError, launcher.BackendError) as err:
         raise ParityError(str(err)) from None
-    export_initial_weights(recipe_path, [*overrides, *forced_overrides(steps)], backends[REFERENCE], weights_dir,
+    export_initial_weights(recipe_path, [*overrides, *forced_overrides(steps)], resolved[reference], weights_dir,
                            base.measure.timeout_s)
     report = ParityReport(recipe=base.name, num_steps=steps, weights_dir=str(weights_dir), run_dirs={},
-                          tolerances=tolerances)
+                          tolerances=tolerances, backends=(reference, other))
     losses = {}
-    for name, backend in backends.items():
+    for name, backend in resolved.items():
         start = Path((weights or {}).get(name, weights_dir)).resolve()
         recipe = load_recipe(recipe_path, [*overrides, *forced_overrides(steps, start)])
         run_dir = out_dir / name
@@ -249,15 +251,15 @@ def run_parity(recipe_path: str, overrides: list[str], steps: int, out_dir: Path
         if not result.ok:
             report.problems.append(f"{name} run {result.status}: {result.reason}")
         losses[name] = measured_losses(run_dir)
-    report.steps = compare_losses(losses[REFERENCE], losses[OTHER], tolerances)
+    report.steps = compare_losses(losses[reference], losses[other], tolerances)
     if report.first_failing_step is not None:
-        probes = [probe(backends[name], out_dir / name, base.measure.timeout_s) for name in (REFERENCE, OTHER)]
+        probes = [probe(resolved[name], out_dir / name, base.measure.timeout_s) for name in (reference, other)]
         if None in probes:
             report.notes.append("the module probe did not run on both sides")
         else:
             report.first_differing_module = first_differing_module(*probes)
     if any(len(v) != steps for v in losses.values()):
-        report.problems.append(f"measured steps: {REFERENCE} {len(losses[REFERENCE])}, {OTHER} {len(losses[OTHER])}, "
+        report.problems.append(f"measured steps: {reference} {len(losses[reference])}, {other} {len(losses[other])}, "
                                f"asked {steps}")
     report.save(out_dir)
     return report

@@ -20,6 +20,7 @@ from xfw.recipe import load_recipe, resolve_spec
 pytestmark = pytest.mark.contract
 
 STEPS = 3
+BACKENDS = ("torch", "paddle")  # the reference (exports the start) first
 RECIPES = {"llava": "recipes/tiny/llava_sft.yaml", "qwen2vl": "recipes/tiny/qwen2vl_sft.yaml",
            "sd15": "recipes/tiny/sd15_pretrain.yaml"}
 
@@ -29,7 +30,8 @@ def parity_runs(tmp_path_factory):
     require_interpreter("torch")
     require_interpreter("paddle")
     out = tmp_path_factory.mktemp("parity")
-    return {name: parity.run_parity(str(ROOT / path), [], STEPS, out / name, {}) for name, path in RECIPES.items()}
+    return {name: parity.run_parity(str(ROOT / path), [], STEPS, out / name, {}, backends=BACKENDS)
+            for name, path in RECIPES.items()}
 
 
 @pytest.mark.parametrize("family", RECIPES)

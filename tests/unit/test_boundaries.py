@@ -41,6 +41,7 @@ def test_cli_commands_and_options_are_frozen():
         "compare": ["backends", "master_addr", "master_port", "node_rank", "out_dir", "overrides", "pythons",
                     "recipes", "repeat"],
         "env": ["backends", "pythons"],
+        "parity": ["backends", "out_dir", "overrides", "pythons", "recipe", "steps"],
         "estimate": ["overrides", "recipe", "run_dir"],
         "maxbatch": ["backends", "candidates", "max_micro", "out_dir", "overrides", "pythons", "recipe"],
         "report": ["backends", "layout", "out_dir", "price_per_gpu_hour", "run_dirs"],
