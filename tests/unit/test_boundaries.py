@@ -56,3 +56,9 @@ def test_help_lists_every_command():
     out = CliRunner().invoke(cli.main, ["--help"]).output
     for name in ("compare", "env", "estimate", "maxbatch", "report", "run", "sweep", "validate"):
         assert name in out
+
+
+def test_test_files_have_unique_names():
+    # The test directories are not packages: two files with one basename break collection.
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
