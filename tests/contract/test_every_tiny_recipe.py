@@ -1,0 +1,34 @@
+"""Every tiny recipe, as shipped, trains on both backends and both build the same model."""
+
+from pathlib import Path
+
+import pytest
+
+from xfw import launcher
+from xfw.recipe import load_recipe
+
+from conftest import ROOT, require_interpreter
+
+pytestmark = pytest.mark.contract
+RECIPES = sorted((ROOT / "recipes" / "tiny").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def backends():
+    out = {}
+    for name in ("torch", "paddle"):
+        backend = launcher.Backend(name, str(require_interpreter(name)))
+        out[name] = (backend, launcher.describe_backend(backend))
+    return out
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_tiny_recipe_trains_on_both_backends_with_equal_parameter_counts(path: Path, backends, tmp_path):
+    recipe = load_recipe(path, ["measure.warmup_steps=0", "measure.steps=2"])
+    results = {name: launcher.launch(recipe, backend, tmp_path / name, description=description)
+               for name, (backend, description) in backends.items()}
+    for name, result in results.items():
+        assert result.status == "ok", f"{name}: {result.reason}"
+        assert result.measurement.num_measured_steps == 2
+    counts = {name: (r.applied["num_params_total"], r.applied["num_params_trainable"]) for name, r in results.items()}
+    assert counts["torch"] == counts["paddle"]
