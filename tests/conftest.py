@@ -90,3 +90,13 @@ def applied(records):
 
 def losses(records):
     return [r["loss"] for r in records if r["kind"] == "step"]
+
+
+def spread_weights(model) -> None:
+    """Scale a torch model's matrices 5x and jitter its vectors, so every part of it moves the
+    output: a same-weights comparison then cannot pass with a part ignored or mis-mapped."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(5.0) if p.ndim > 1 else p.normal_(1.0 if p.abs().min() == 1 else 0.0, 0.1)

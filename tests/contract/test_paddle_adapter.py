@@ -15,7 +15,7 @@ import pytest
 from xfw import presets
 from xfw.records import validate_record
 
-from conftest import TINY_RECIPE, applied, kinds, losses, require_interpreter, run_adapter
+from conftest import TINY_RECIPE, applied, kinds, losses, require_interpreter, run_adapter, spread_weights
 
 pytestmark = pytest.mark.contract
 ARCH = presets.resolve_arch("tiny-llava", {}, None, None)
@@ -223,9 +223,7 @@ def test_paddle_llava_computes_transformers_logits_and_loss_from_the_same_weight
     arch = spec["model"]["arch"]
     torch.manual_seed(0)
     model = transformers_llava(arch).eval()
-    with torch.no_grad():  # weights 5x the init scale, so that every part of the tower moves the logits
-        for p in model.parameters():
-            p.mul_(5.0) if p.ndim > 1 else p.normal_(1.0 if p.abs().min() == 1 else 0.0, 0.1)
+    spread_weights(model)
     batch = make_pool(spec, 0)[0]
     with torch.no_grad():
         expected = model(**{k: torch.from_numpy(v) for k, v in batch.items()})

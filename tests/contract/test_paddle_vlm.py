@@ -12,7 +12,7 @@ import pytest
 from xfw import presets
 from xfw.families.llava import count_lora_params
 
-from conftest import TINY_RECIPE, applied, losses, run_adapter
+from conftest import TINY_RECIPE, applied, losses, run_adapter, spread_weights
 from test_paddle_adapter import run_in_paddle
 
 pytestmark = pytest.mark.contract
@@ -144,9 +144,7 @@ def test_paddle_qwen2vl_computes_transformers_logits_and_loss_from_the_same_weig
     arch = spec["model"]["arch"]
     torch.manual_seed(0)
     model = transformers_qwen2vl(arch).eval()
-    with torch.no_grad():  # weights 5x the init scale, so that every part of the tower moves the logits
-        for p in model.parameters():
-            p.mul_(5.0) if p.ndim > 1 else p.normal_(1.0 if p.abs().min() == 1 else 0.0, 0.1)
+    spread_weights(model)
     batch = make_pool(spec, 0)[0]
     with torch.no_grad():
         expected = model(**{k: torch.from_numpy(v) for k, v in batch.items()})

@@ -201,3 +201,42 @@ def count_params(arch: dict) -> dict[str, int]:
     """Analytic parameter counts per component; the UNet trains, the VAE and text encoder are frozen."""
     counts = {"unet": count_unet(arch), "vae": count_vae(arch["vae"]), "text_encoder": count_text(arch["text"])}
     return {**counts, "total": sum(counts.values())}
+
+
+# -- constructor arguments ------------------------------------------------------------------------
+# diffusers and ppdiffusers (and transformers' / ppdiffusers' CLIPTextConfig) take the same
+# keyword arguments, so the neutral -> library mapping is written once, here, as plain data.
+
+def vae_kwargs(vae: dict) -> dict:
+    """``AutoencoderKL(**vae_kwargs(arch["vae"]))``: encoder and decoder; only the encoder runs."""
+    levels = len(vae["block_out_channels"])
+    return dict(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * levels,
+        up_block_types=("UpDecoderBlock2D",) * levels, block_out_channels=tuple(vae["block_out_channels"]),
+        layers_per_block=vae["layers_per_block"], norm_num_groups=vae["norm_num_groups"],
+        latent_channels=vae["latent_channels"], scaling_factor=vae["scaling_factor"],
+        shift_factor=vae["shift_factor"], use_quant_conv=vae["use_quant_conv"],
+        use_post_quant_conv=vae["use_quant_conv"],
+    )
+
+
+def unet_kwargs(arch: dict) -> dict:
+    """``UNet2DConditionModel(**unet_kwargs(arch))``."""
+    u, z = arch["unet"], arch["vae"]["latent_channels"]
+    return dict(
+        sample_size=u["sample_size"], in_channels=z, out_channels=z, down_block_types=tuple(u["down_block_types"]),
+        up_block_types=tuple(u["up_block_types"]), block_out_channels=tuple(u["block_out_channels"]),
+        layers_per_block=u["layers_per_block"], cross_attention_dim=u["cross_attention_dim"],
+        attention_head_dim=u["attention_head_dim"], norm_num_groups=u["norm_num_groups"],
+    )
+
+
+def text_kwargs(text: dict) -> dict:
+    """``CLIPTextConfig(**text_kwargs(arch["text"]))``: BOS/EOS are the last two ids, as make_batch draws them."""
+    t = text
+    return dict(
+        vocab_size=t["vocab_size"], hidden_size=t["hidden_size"], intermediate_size=t["intermediate_size"],
+        num_hidden_layers=t["num_layers"], num_attention_heads=t["num_heads"],
+        max_position_embeddings=t["max_length"], hidden_act=t["hidden_act"], layer_norm_eps=t["layer_norm_eps"],
+        bos_token_id=t["vocab_size"] - 2, eos_token_id=t["vocab_size"] - 1, pad_token_id=t["vocab_size"] - 1,
+    )

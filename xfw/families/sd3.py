@@ -119,3 +119,14 @@ def count_params(arch: dict) -> dict[str, int]:
     """Analytic parameter counts per component; text embeddings are precomputed, so no text encoders."""
     counts = {"transformer": count_transformer(arch["transformer"]), "vae": count_vae(arch["vae"])}
     return {**counts, "total": sum(counts.values())}
+
+
+def transformer_kwargs(t: dict) -> dict:
+    """``SD3Transformer2DModel(**transformer_kwargs(arch["transformer"]))`` (diffusers and ppdiffusers alike)."""
+    return dict(
+        sample_size=t["sample_size"], patch_size=t["patch_size"], in_channels=t["in_channels"],
+        num_layers=t["num_layers"], attention_head_dim=t["head_dim"], num_attention_heads=t["num_heads"],
+        joint_attention_dim=t["joint_attention_dim"], caption_projection_dim=t["caption_projection_dim"],
+        pooled_projection_dim=t["pooled_projection_dim"], out_channels=t["out_channels"],
+        pos_embed_max_size=t["pos_embed_max_size"],
+    )

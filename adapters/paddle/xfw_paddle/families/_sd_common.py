@@ -27,6 +27,8 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from xfw.families.sd15 import vae_kwargs
+
 
 def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                training=True, attention_op=None):
@@ -65,15 +67,7 @@ def use_attention(layer: nn.Layer, use_sdpa: bool) -> None:
 def build_vae(vae: dict):
     from ppdiffusers import AutoencoderKL
 
-    levels = len(vae["block_out_channels"])
-    return AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * levels,
-        up_block_types=("UpDecoderBlock2D",) * levels, block_out_channels=tuple(vae["block_out_channels"]),
-        layers_per_block=vae["layers_per_block"], norm_num_groups=vae["norm_num_groups"],
-        latent_channels=vae["latent_channels"], scaling_factor=vae["scaling_factor"],
-        shift_factor=vae["shift_factor"], use_quant_conv=vae["use_quant_conv"],
-        use_post_quant_conv=vae["use_quant_conv"],
-    )
+    return AutoencoderKL(**vae_kwargs(vae))
 
 
 def encode_latents(vae, pixel_values: paddle.Tensor, cfg: dict) -> paddle.Tensor:

@@ -52,25 +52,14 @@ class StableDiffusion15(nn.Layer):
 def _text_encoder(t: dict):
     from ppdiffusers.transformers import CLIPTextConfig, CLIPTextModel
 
-    config = CLIPTextConfig(
-        vocab_size=t["vocab_size"], hidden_size=t["hidden_size"], intermediate_size=t["intermediate_size"],
-        num_hidden_layers=t["num_layers"], num_attention_heads=t["num_heads"],
-        max_position_embeddings=t["max_length"], hidden_act=t["hidden_act"], layer_norm_eps=t["layer_norm_eps"],
-        bos_token_id=t["vocab_size"] - 2, eos_token_id=t["vocab_size"] - 1, pad_token_id=t["vocab_size"] - 1,
-    )
+    config = CLIPTextConfig(**core.text_kwargs(t))
     return CLIPTextModel(config)
 
 
 def build(arch: dict, *, use_sdpa: bool = True, recompute: bool = False) -> StableDiffusion15:
     from ppdiffusers import UNet2DConditionModel
 
-    u, z = arch["unet"], arch["vae"]["latent_channels"]
-    unet = UNet2DConditionModel(
-        sample_size=u["sample_size"], in_channels=z, out_channels=z, down_block_types=tuple(u["down_block_types"]),
-        up_block_types=tuple(u["up_block_types"]), block_out_channels=tuple(u["block_out_channels"]),
-        layers_per_block=u["layers_per_block"], cross_attention_dim=u["cross_attention_dim"],
-        attention_head_dim=u["attention_head_dim"], norm_num_groups=u["norm_num_groups"],
-    )
+    unet = UNet2DConditionModel(**core.unet_kwargs(arch))
     model = StableDiffusion15(arch, unet, build_vae(arch["vae"]), _text_encoder(arch["text"]))
     use_attention(model.unet, use_sdpa)
     use_attention(model.vae, use_sdpa)

@@ -27,6 +27,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from xfw.families.sd3 import transformer_kwargs
 from xfw.harness import InvalidSpec, Unsupported
 from xfw_paddle.families._sd_common import apply_lora, build_vae, canonical_names, encode_latents, use_attention
 
@@ -76,14 +77,7 @@ def build(arch: dict, *, use_sdpa: bool = True, recompute: bool = False) -> Stab
     if not use_sdpa:
         # As on the PyTorch side: diffusers has no non-SDPA processor for SD3's joint attention.
         raise InvalidSpec("backends.paddle.attn_implementation: 'eager' for SD3 (only 'sdpa', as on the PyTorch side)")
-    t = arch["transformer"]
-    transformer = SD3Transformer2DModel(
-        sample_size=t["sample_size"], patch_size=t["patch_size"], in_channels=t["in_channels"],
-        num_layers=t["num_layers"], attention_head_dim=t["head_dim"], num_attention_heads=t["num_heads"],
-        joint_attention_dim=t["joint_attention_dim"], caption_projection_dim=t["caption_projection_dim"],
-        pooled_projection_dim=t["pooled_projection_dim"], out_channels=t["out_channels"],
-        pos_embed_max_size=t["pos_embed_max_size"],
-    )
+    transformer = SD3Transformer2DModel(**transformer_kwargs(arch["transformer"]))
     if getattr(transformer, "inference_optimize", False):
         raise Unsupported("ppdiffusers' INFERENCE_OPTIMIZE=True builds an inference-only SD3; unset it")
     _drop_adanorm_bias(transformer)

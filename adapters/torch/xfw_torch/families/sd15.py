@@ -29,15 +29,7 @@ def build_vae(vae: dict):
     """The AutoencoderKL both SD families use (encoder and decoder; only the encoder runs)."""
     from diffusers import AutoencoderKL
 
-    levels = len(vae["block_out_channels"])
-    return AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * levels,
-        up_block_types=("UpDecoderBlock2D",) * levels, block_out_channels=tuple(vae["block_out_channels"]),
-        layers_per_block=vae["layers_per_block"], norm_num_groups=vae["norm_num_groups"],
-        latent_channels=vae["latent_channels"], scaling_factor=vae["scaling_factor"],
-        shift_factor=vae["shift_factor"], use_quant_conv=vae["use_quant_conv"],
-        use_post_quant_conv=vae["use_quant_conv"],
-    )
+    return AutoencoderKL(**core.vae_kwargs(vae))
 
 
 def encode_latents(vae, pixel_values: torch.Tensor, cfg: dict) -> torch.Tensor:
@@ -71,20 +63,8 @@ def build(arch: dict, *, attn_implementation: str = "sdpa") -> torch.nn.Module:
     if attn_implementation not in ATTN_IMPLEMENTATIONS:
         raise InvalidSpec(f"backends.torch.attn_implementation: {attn_implementation!r} for SD1.5 "
                           f"(known: {', '.join(ATTN_IMPLEMENTATIONS)})")
-    u, t = arch["unet"], arch["text"]
-    unet = UNet2DConditionModel(
-        sample_size=u["sample_size"], in_channels=arch["vae"]["latent_channels"],
-        out_channels=arch["vae"]["latent_channels"], down_block_types=tuple(u["down_block_types"]),
-        up_block_types=tuple(u["up_block_types"]), block_out_channels=tuple(u["block_out_channels"]),
-        layers_per_block=u["layers_per_block"], cross_attention_dim=u["cross_attention_dim"],
-        attention_head_dim=u["attention_head_dim"], norm_num_groups=u["norm_num_groups"],
-    )
-    text_config = CLIPTextConfig(
-        vocab_size=t["vocab_size"], hidden_size=t["hidden_size"], intermediate_size=t["intermediate_size"],
-        num_hidden_layers=t["num_layers"], num_attention_heads=t["num_heads"],
-        max_position_embeddings=t["max_length"], hidden_act=t["hidden_act"], layer_norm_eps=t["layer_norm_eps"],
-        bos_token_id=t["vocab_size"] - 2, eos_token_id=t["vocab_size"] - 1, pad_token_id=t["vocab_size"] - 1,
-    )
+    unet = UNet2DConditionModel(**core.unet_kwargs(arch))
+    text_config = CLIPTextConfig(**core.text_kwargs(arch["text"]))
     text_config._attn_implementation = attn_implementation
     model = StableDiffusion15(arch, unet, build_vae(arch["vae"]), CLIPTextModel(text_config))
     if attn_implementation == "eager":  # diffusers' default is AttnProcessor2_0 (SDPA)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from xfw.families.sd3 import transformer_kwargs
 from xfw.harness import InvalidSpec, Unsupported
 from xfw_torch.families.sd15 import build_vae, encode_latents
 
@@ -34,14 +35,7 @@ def build(arch: dict, *, attn_implementation: str = "sdpa") -> torch.nn.Module:
     if attn_implementation != "sdpa":
         # diffusers has no non-SDPA processor for SD3's joint attention (JointAttnProcessor2_0 only).
         raise InvalidSpec(f"backends.torch.attn_implementation: {attn_implementation!r} for SD3 (only 'sdpa')")
-    t = arch["transformer"]
-    transformer = SD3Transformer2DModel(
-        sample_size=t["sample_size"], patch_size=t["patch_size"], in_channels=t["in_channels"],
-        num_layers=t["num_layers"], attention_head_dim=t["head_dim"], num_attention_heads=t["num_heads"],
-        joint_attention_dim=t["joint_attention_dim"], caption_projection_dim=t["caption_projection_dim"],
-        pooled_projection_dim=t["pooled_projection_dim"], out_channels=t["out_channels"],
-        pos_embed_max_size=t["pos_embed_max_size"],
-    )
+    transformer = SD3Transformer2DModel(**transformer_kwargs(arch["transformer"]))
     return StableDiffusion3(arch, transformer, build_vae(arch["vae"]))
 
 
