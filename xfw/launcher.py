@@ -38,6 +38,14 @@ POLL_INTERVAL_S = 0.2
 DESCRIBE_TIMEOUT_S = 180
 KILL_GRACE_S = 10
 RUN_ENV = {"PYTHONUNBUFFERED": "1"}  # added to the caller's environment for every backend process
+
+
+def run_env(recipe: Recipe) -> dict[str, str]:
+    """What a backend process gets on top of the caller's environment: RUN_ENV, plus the host
+    thread count when the recipe sets ``measure.cpu_threads`` (honoured by both frameworks)."""
+    threads = recipe.measure.cpu_threads
+    extra = {} if threads is None else {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return {**RUN_ENV, **extra}
 _OOM_PATTERNS = re.compile(r"out of memory|OutOfMemoryError|ResourceExhaustedError|CUDA error: out of memory", re.I)
 
 
@@ -198,7 +206,7 @@ def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict
     t0 = time.monotonic()
     with open(run_dir / "stdout.log", "wb") as out, open(run_dir / "stderr.log", "wb") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, **RUN_ENV})
+                                env={**os.environ, **run_env(recipe)})
         try:
             while proc.poll() is None:
                 if time.monotonic() - t0 > timeout_s:

@@ -108,7 +108,7 @@ def launch_commands(recipes: list[Recipe], backends: dict[str, tuple[launcher.Ba
             spec_path = run_dir / "spec.json"
             write_json_atomic(spec_path, resolve_spec(recipe, backend=name, run_id=f"{out_dir.name}/{recipe.name}"))
             cmd = launcher.build_command(backend, description, recipe, spec_path, run_dir / "steps.jsonl", rendezvous)
-            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launcher.RUN_ENV.items())
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launcher.run_env(recipe).items())
             lines.append(f"# {name}: {recipe.name} (timeout {recipe.measure.timeout_s:g} s)\n{env} {shlex.join(cmd)}")
     return lines
 

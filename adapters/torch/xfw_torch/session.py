@@ -27,7 +27,7 @@ from xfw_torch import parallel
 from xfw_torch.families import family_module
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-KNOBS = {"fused_optimizer", "attn_implementation", "sharding_impl", "compile"}
+KNOBS = {"fused_optimizer", "attn_implementation", "sharding_impl", "compile", "detect_anomaly"}
 
 
 def _library_versions() -> dict[str, str]:
@@ -170,6 +170,10 @@ class TorchSession:
             apply_lora(family.lora_target(model), spec["lora"])
         if spec["recompute"]:
             family.enable_recompute(model)
+        # A debugging switch people leave on by accident (every op records its traceback and every
+        # backward checks for NaN): slow by design; the nightly suite uses it to inject a slowdown.
+        self.detect_anomaly = bool(knobs.get("detect_anomaly", False))
+        torch.autograd.set_detect_anomaly(self.detect_anomaly, check_nan=self.detect_anomaly)
         self.compiled = bool(knobs.get("compile", False))
         if self.compiled:
             # Per block, not the whole model: the blocks share one graph (compiled once), and
@@ -292,6 +296,8 @@ class TorchSession:
             notes += f"; {type(self.scaler).__name__}"
         if self.compiled:
             notes += "; torch.compile per block"
+        if self.detect_anomaly:
+            notes += "; autograd anomaly detection on"
         versions = {f"version_{k}": v for k, v in _library_versions().items()}
         return dict(
             framework="torch", framework_version=torch.__version__, device=str(self.device),
