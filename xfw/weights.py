@@ -7,6 +7,12 @@ its own names and layouts onto these (the Paddle side transposes its [in, out] L
     save_file({"lm_head.weight": np.zeros((8, 4), np.float32)}, "w/model.safetensors")
     list_tensors("w/model.safetensors")   # {"lm_head.weight": ("F32", (8, 4))}, header only
     load_file("w/model.safetensors")      # {"lm_head.weight": array(...)}
+    ckpt = Checkpoint("w", family="llava")   # a model.weights directory, names made canonical
+    ckpt.shapes(lora=False); ckpt.load(ckpt.names(lora=True))
+
+A ``model.weights`` directory is an xfw export or a Hugging Face checkpoint directory
+(``model.safetensors``, or shards listed in ``model.safetensors.index.json``). Names written by
+older transformers, and LoRA adapters, are mapped to the canonical names by ``xfw.hf_names``.
 
 Format (https://github.com/huggingface/safetensors#format): an 8-byte little-endian header
 length N, N bytes of JSON ``{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__":
@@ -23,7 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
+from xfw import hf_names
+
 WEIGHTS_FILE = "model.safetensors"  # the file name Hugging Face checkpoints use
+INDEX_FILE = "model.safetensors.index.json"  # sharded Hugging Face checkpoints
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the reference implementation's limit
 
 # safetensors dtype name -> numpy dtype (little-endian). BF16 is carried as raw uint16 bits.
@@ -138,7 +147,13 @@ def weights_file(directory: str | os.PathLike) -> Path:
 def check_against(names_shapes: dict[str, tuple[int, ...]], path: str | os.PathLike) -> None:
     """Strict match of a model's ``{canonical name: shape}`` against a file's header: every name
     present, none extra, shapes equal. Raises one WeightsError summarising every mismatch."""
-    listed = list_tensors(path)
+    check_shapes(names_shapes, {n: shape for n, (_, shape) in list_tensors(path).items()}, path)
+
+
+def check_shapes(names_shapes: dict[str, tuple[int, ...]], listed: dict[str, tuple[int, ...]],
+                 path: str | os.PathLike) -> None:
+    """:func:`check_against` over ``{name: shape}`` already read (``path`` names it in the error)."""
+    listed = {n: ("", tuple(s)) for n, s in listed.items()}
     missing = sorted(set(names_shapes) - set(listed))
     extra = sorted(set(listed) - set(names_shapes))
     shapes = sorted(n for n in set(names_shapes) & set(listed) if tuple(names_shapes[n]) != listed[n][1])
@@ -153,3 +168,67 @@ def check_against(names_shapes: dict[str, tuple[int, ...]], path: str | os.PathL
                         f"file {list(listed[n][1])})")
     if problems:
         raise WeightsError(f"model.weights: {path} does not fit the model: {'; '.join(problems)}")
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 (its uint16 bits) widened exactly to float32: the upper half of a float32."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+class Checkpoint:
+    """A ``model.weights`` directory read under the canonical names of ``family``: one file or
+    Hugging Face shards, older transformers names mapped (``xfw.hf_names``). bf16 tensors are
+    returned as float32 (exact); the adapters cast to their parameters' dtype."""
+
+    def __init__(self, directory: str | os.PathLike, *, family: str):
+        self.directory = Path(directory)
+        self.family = family
+        self._where: dict[str, tuple[Path, str]] = {}  # canonical -> (file, name in it)
+        self._header: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for path in self.files():
+            listed = list_tensors(path)
+            try:
+                renamed = hf_names.canonical_names(family, listed)
+            except ValueError as err:
+                raise WeightsError(f"model.weights: {path}: {err}") from None
+            for name, canon in renamed.items():
+                if canon in self._where:
+                    raise WeightsError(f"model.weights: {canon!r} is in both {self._where[canon][0]} and {path}")
+                self._where[canon] = (path, name)
+                self._header[canon] = listed[name]
+
+    def files(self) -> list[Path]:
+        single, index = self.directory / WEIGHTS_FILE, self.directory / INDEX_FILE
+        if single.is_file():
+            return [single]
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+                return [self.directory / f for f in sorted(set(weight_map.values()))]
+            except (ValueError, KeyError, TypeError, AttributeError):
+                raise WeightsError(f"model.weights: {index} has no weight_map of tensor -> file") from None
+        raise WeightsError(f"model.weights: {self.directory} holds no {WEIGHTS_FILE} (nor {INDEX_FILE})")
+
+    def names(self, *, lora: bool | None = None) -> list[str]:
+        """Canonical names, all or only the LoRA adapters' (``lora=True``) or the rest (False)."""
+        return [n for n in self._header if lora is None or hf_names.is_lora(n) == lora]
+
+    def shapes(self, *, lora: bool | None = None) -> dict[str, tuple[int, ...]]:
+        return {n: self._header[n][1] for n in self.names(lora=lora)}
+
+    def check(self, names_shapes: dict[str, tuple[int, ...]], *, lora: bool) -> None:
+        """Strict match of the model's base (or LoRA) parameters against the directory's."""
+        check_shapes(names_shapes, self.shapes(lora=lora), self.directory)
+
+    def load(self, names) -> dict[str, np.ndarray]:
+        """``{canonical name: array}`` for ``names`` (each file read once)."""
+        by_file: dict[Path, list[str]] = {}
+        for n in names:
+            by_file.setdefault(self._where[n][0], []).append(n)
+        out = {}
+        for path, wanted in by_file.items():
+            state = load_file(path)
+            for n in wanted:
+                array = state[self._where[n][1]]
+                out[n] = bf16_to_float32(array) if self._header[n][0] == "BF16" else array
+        return out

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 
+from xfw import hf_names
 from xfw import weights as neutral
 from xfw.env import cpu_model, package_versions
 from xfw.harness import InvalidSpec, Unsupported
@@ -133,17 +134,33 @@ def apply_lora(target: paddle.nn.Layer, lora: dict) -> None:
     LoRAModel(target, config)  # replaces the sublayers of ``target``; the wrapper itself is not needed
 
 
-def load_weights(model: paddle.nn.Layer, names: dict[str, tuple[str, bool]], directory: str) -> None:
-    """Convert ``directory/model.safetensors`` (canonical names, torch layouts) on the fly and
-    copy it into ``model``: ``names`` is the family's ``canonical_names(model)`` (our name ->
-    canonical name, transposed?). Strict: every parameter present, nothing extra, shapes equal."""
+def canonical_names(family, model: paddle.nn.Layer) -> dict[str, tuple[str, bool]]:
+    """The family's ``{our name: (canonical name, transposed?)}`` with paddlenlp's LoRA adapters
+    named as peft saves them: ``q_proj.lora_A`` [in, r] is ``q_proj.lora_A.weight`` [r, in]
+    and ``q_proj.lora_B`` [r, out] is ``q_proj.lora_B.weight`` [out, r] (both transposed)."""
+    names = dict(family.canonical_names(model))
+    for ours in names:
+        for part in ("lora_A", "lora_B"):
+            if ours.endswith(f".{part}"):
+                linear = names[f"{ours.removesuffix(part)}weight"][0].removesuffix(".weight")
+                names[ours] = (f"{linear}.{part}.weight", True)
+    return names
+
+
+def load_weights(model: paddle.nn.Layer, names: dict[str, tuple[str, bool]], directory: str, *,
+                 family: str = "", lora: bool = False) -> None:
+    """Convert ``directory``'s tensors (canonical names, torch layouts; older transformers names
+    mapped by xfw.hf_names) on the fly and copy them into ``model``: ``names`` is
+    :func:`canonical_names` (our name -> canonical name, transposed?). ``lora=False``: the base
+    parameters; ``lora=True``: the adapters. Strict: every one present, nothing extra, shapes equal."""
     params = dict(model.named_parameters())
+    names = {ours: v for ours, v in names.items() if hf_names.is_lora(v[0]) == lora}
     expected = {canon: tuple(reversed(params[ours].shape)) if transposed else tuple(params[ours].shape)
                 for ours, (canon, transposed) in names.items()}
     try:
-        path = neutral.weights_file(directory)
-        neutral.check_against(expected, path)
-        state = neutral.load_file(path)
+        ckpt = neutral.Checkpoint(directory, family=family)
+        ckpt.check(expected, lora=lora)
+        state = ckpt.load(expected)
     except neutral.WeightsError as err:
         raise InvalidSpec(str(err) if str(err).startswith("model.weights") else f"model.weights: {err}") from None
     for ours, (canon, transposed) in names.items():
@@ -151,27 +168,57 @@ def load_weights(model: paddle.nn.Layer, names: dict[str, tuple[str, bool]], dir
         params[ours].set_value(np.ascontiguousarray(value).astype(str(params[ours].dtype).removeprefix("paddle.")))
 
 
+def _weights_dir(spec: dict) -> str | None:
+    weights = spec["model"].get("weights", "random")
+    return None if weights == "random" else weights
+
+
 def build_model(spec: dict, *, use_sdpa: bool) -> paddle.nn.Layer:
     """The family's model as a run starts from: seeded random init, then ``model.weights`` if
-    it names a directory (converted on the fly). Base weights only (before LoRA)."""
+    it names a directory (converted on the fly). Base weights only (LoRA: :func:`add_lora`)."""
     family = family_module(spec["model"]["family"])
     paddle.seed(spec["measure"]["seed"])
     model = family.build(spec["model"]["arch"], use_sdpa=use_sdpa, recompute=bool(spec["recompute"]))
-    if spec["model"].get("weights", "random") != "random":
-        load_weights(model, family.canonical_names(model), spec["model"]["weights"])
+    directory = _weights_dir(spec)
+    if directory is not None:
+        load_weights(model, canonical_names(family, model), directory, family=spec["model"]["family"])
+        adapters = neutral.Checkpoint(directory, family=spec["model"]["family"]).names(lora=True)
+        if adapters and spec["stage"] != "lora":
+            raise InvalidSpec(f"model.weights: {directory} holds LoRA adapters (e.g. {adapters[0]}) "
+                              f"but the stage is {spec['stage']!r}")
+    return model
+
+
+def add_lora(model: paddle.nn.Layer, spec: dict) -> None:
+    """Stage ``lora``: paddlenlp.peft adapters on the family's target, then the adapters of
+    ``model.weights`` when it holds any (else paddlenlp's seeded ones)."""
+    family = family_module(spec["model"]["family"])
+    # A family may bring its own (ppdiffusers models need a holder for paddlenlp.peft).
+    getattr(family, "apply_lora", apply_lora)(family.lora_target(model), spec["lora"])
+    directory = _weights_dir(spec)
+    if directory is not None and neutral.Checkpoint(directory, family=spec["model"]["family"]).names(lora=True):
+        load_weights(model, canonical_names(family, model), directory, family=spec["model"]["family"], lora=True)
+
+
+def start_model(spec: dict, *, use_sdpa: bool) -> paddle.nn.Layer:
+    """The whole starting model, LoRA adapters included: what export and probe look at."""
+    model = build_model(spec, use_sdpa=use_sdpa)
+    if spec["stage"] == "lora":
+        add_lora(model, spec)
     return model
 
 
 def export_weights(spec: dict, directory: str) -> None:
     """``python -m xfw_paddle --export-weights DIR --spec spec.json``: the model a run of this
-    spec starts from, written to ``DIR/model.safetensors`` under the canonical names and torch
-    layouts (Linear weights transposed back to [out, in])."""
+    spec starts from, LoRA adapters included, written to ``DIR/model.safetensors`` under the
+    canonical names and torch layouts (Linear weights and adapters transposed back to [out, in])."""
     check_spec(spec)
     paddle.set_device("cpu")
-    model = build_model(spec, use_sdpa=spec["backend_knobs"].get("attn_implementation", "sdpa") == "sdpa")
+    model = start_model(spec, use_sdpa=spec["backend_knobs"].get("attn_implementation", "sdpa") == "sdpa")
     params = dict(model.named_parameters())
+    names = canonical_names(family_module(spec["model"]["family"]), model)
     tensors = {canon: np.ascontiguousarray(params[ours].numpy().T if transposed else params[ours].numpy())
-               for ours, (canon, transposed) in family_module(spec["model"]["family"]).canonical_names(model).items()}
+               for ours, (canon, transposed) in names.items()}
     neutral.save_file(tensors, f"{directory}/{neutral.WEIGHTS_FILE}", metadata={"format": "paddle"})
 
 
@@ -191,9 +238,9 @@ def probe_modules(spec: dict, path: str) -> None:
     check_spec(spec)
     paddle.set_device("cpu")
     family = family_module(spec["model"]["family"])
-    model = build_model(spec, use_sdpa=spec["backend_knobs"].get("attn_implementation", "sdpa") == "sdpa")
+    model = start_model(spec, use_sdpa=spec["backend_knobs"].get("attn_implementation", "sdpa") == "sdpa")
     model.train()
-    names = family.canonical_names(model)
+    names = canonical_names(family, model)
     found: list[dict] = []
     seen: set[str] = set()
 
@@ -242,8 +289,7 @@ class PaddleSession:
             for p in part.parameters() if isinstance(part, paddle.nn.Layer) else [part]:
                 p.stop_gradient = False
         if spec["stage"] == "lora":
-            # A family may bring its own (ppdiffusers models need a holder for paddlenlp.peft).
-            getattr(family, "apply_lora", apply_lora)(family.lora_target(model), spec["lora"])
+            add_lora(model, spec)
         model.train()
         trainable = [p for p in model.parameters() if not p.stop_gradient]
         self.num_params_total = sum(int(p.size) for p in model.parameters())

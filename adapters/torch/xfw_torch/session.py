@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from xfw import hf_names
 from xfw import weights as neutral
 from xfw.env import cpu_model, package_versions
 from xfw.harness import InvalidSpec, Unsupported
@@ -60,14 +61,17 @@ def apply_lora(target: torch.nn.Module, lora: dict) -> None:
         raise InvalidSpec(f"lora.targets: {err}") from None
 
 
-def load_weights(model: torch.nn.Module, directory: str) -> None:
-    """Copy ``directory/model.safetensors`` into ``model``: the file's names are this model's
-    parameter names (the canonical ones, xfw.weights), strictly (every name, no extra, same shapes)."""
+def load_weights(model: torch.nn.Module, directory: str, *, family: str = "", lora: bool = False) -> None:
+    """Copy ``directory``'s tensors (canonical names, xfw.weights; older transformers names
+    mapped by xfw.hf_names) into ``model``, strictly: every parameter, nothing extra, same
+    shapes. ``lora=False``: the base parameters (the file's LoRA adapters are not looked at);
+    ``lora=True``: the peft adapters injected since, named as peft saves them."""
+    params = {hf_names.peft_to_canonical(n): p for n, p in model.named_parameters()}  # tied: first name only
+    params = {n: p for n, p in params.items() if hf_names.is_lora(n) == lora}
     try:
-        path = neutral.weights_file(directory)
-        params = dict(model.named_parameters())  # tied weights appear once, under their first name
-        neutral.check_against({n: tuple(p.shape) for n, p in params.items()}, path)
-        state = neutral.load_file(path)
+        ckpt = neutral.Checkpoint(directory, family=family)
+        ckpt.check({n: tuple(p.shape) for n, p in params.items()}, lora=lora)
+        state = ckpt.load(params)
     except neutral.WeightsError as err:
         raise InvalidSpec(str(err) if str(err).startswith("model.weights") else f"model.weights: {err}") from None
     with torch.no_grad():
@@ -75,22 +79,50 @@ def load_weights(model: torch.nn.Module, directory: str) -> None:
             param.copy_(torch.from_numpy(state[name]))
 
 
+def _weights_dir(spec: dict) -> str | None:
+    weights = spec["model"].get("weights", "random")
+    return None if weights == "random" else weights
+
+
 def build_model(spec: dict, device: torch.device, attn: str) -> torch.nn.Module:
     """The family's model as a run starts from: seeded random init, then ``model.weights`` if
-    it names a directory. Base weights only (before LoRA)."""
+    it names a directory. Base weights only (LoRA comes after the stage's freezing: :func:`add_lora`)."""
     torch.manual_seed(spec["measure"]["seed"])  # the same initial weights on every rank
     with device:  # initialise on the device: a 7B model built on the host takes minutes
         model = family_module(spec["model"]["family"]).build(spec["model"]["arch"], attn_implementation=attn)
-    if spec["model"].get("weights", "random") != "random":
-        load_weights(model, spec["model"]["weights"])
+    directory = _weights_dir(spec)
+    if directory is not None:
+        load_weights(model, directory, family=spec["model"]["family"])
+        adapters = neutral.Checkpoint(directory, family=spec["model"]["family"]).names(lora=True)
+        if adapters and spec["stage"] != "lora":
+            raise InvalidSpec(f"model.weights: {directory} holds LoRA adapters (e.g. {adapters[0]}) "
+                              f"but the stage is {spec['stage']!r}")
+    return model
+
+
+def add_lora(model: torch.nn.Module, spec: dict) -> None:
+    """Stage ``lora``: peft adapters on the family's target, seeded (the RNG continues from the
+    model's init), then the adapters of ``model.weights`` when it holds any (else the seeded ones)."""
+    apply_lora(family_module(spec["model"]["family"]).lora_target(model), spec["lora"])
+    directory = _weights_dir(spec)
+    if directory is not None and neutral.Checkpoint(directory, family=spec["model"]["family"]).names(lora=True):
+        load_weights(model, directory, family=spec["model"]["family"], lora=True)
+
+
+def start_model(spec: dict, device: torch.device, attn: str) -> torch.nn.Module:
+    """The whole starting model, LoRA adapters included: what export and probe look at."""
+    model = build_model(spec, device, attn)
+    if spec["stage"] == "lora":
+        add_lora(model, spec)
     return model
 
 
 def export_weights(spec: dict, directory: str) -> None:
     """``python -m xfw_torch --export-weights DIR --spec spec.json``: the model a run of this
-    spec starts from, written to ``DIR/model.safetensors`` under the canonical names."""
-    model = build_model(spec, torch.device("cpu"), spec["backend_knobs"].get("attn_implementation", "sdpa"))
-    tensors = {n: p.detach().float().cpu().numpy() for n, p in model.named_parameters()}
+    spec starts from, LoRA adapters included, written to ``DIR/model.safetensors`` under the
+    canonical names."""
+    model = start_model(spec, torch.device("cpu"), spec["backend_knobs"].get("attn_implementation", "sdpa"))
+    tensors = {hf_names.peft_to_canonical(n): p.detach().float().cpu().numpy() for n, p in model.named_parameters()}
     neutral.save_file(tensors, f"{directory}/{neutral.WEIGHTS_FILE}", metadata={"format": "pt"})
 
 
@@ -108,7 +140,7 @@ def probe_modules(spec: dict, path: str) -> None:
     from xfw.results import write_json_atomic
     from xfw.synthetic import make_pool
 
-    model = build_model(spec, torch.device("cpu"), spec["backend_knobs"].get("attn_implementation", "sdpa"))
+    model = start_model(spec, torch.device("cpu"), spec["backend_knobs"].get("attn_implementation", "sdpa"))
     model.train()  # as a run's first step computes it
     found: list[dict] = []
     seen: set[str] = set()
@@ -122,8 +154,8 @@ def probe_modules(spec: dict, path: str) -> None:
         return record
 
     for name, module in model.named_modules():
-        if next(module.parameters(recurse=False), None) is not None:
-            module.register_forward_hook(hook(name))
+        if next(module.parameters(recurse=False), None) is not None:  # peft's q_proj.base_layer is q_proj
+            module.register_forward_hook(hook(hf_names.peft_to_canonical(f"{name}.").removesuffix(".")))
     batch = {k: torch.from_numpy(v) for k, v in make_pool(spec, 0)[0].items()}
     with torch.no_grad():
         family_module(spec["model"]["family"]).loss_fn(model, batch)
@@ -167,7 +199,7 @@ class TorchSession:
         for part in family.trainable_parts(model, spec["stage"]):
             part.requires_grad_(True)
         if spec["stage"] == "lora":
-            apply_lora(family.lora_target(model), spec["lora"])
+            add_lora(model, spec)
         if spec["recompute"]:
             family.enable_recompute(model)
         # A debugging switch people leave on by accident (every op records its traceback and every

@@ -1,0 +1,86 @@
+"""The neutral weight file survives torch → file → Paddle → file → torch bit for bit, for every
+family and for LoRA adapters, so parity starts both sides from one model, adapters included.
+
+The PyTorch exports run in this process (the test interpreter is the torch environment: one
+framework import for the whole module); the Paddle exports run as the adapter's subprocess.
+"""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, require_interpreter
+from xfw import parity, weights
+from xfw.recipe import load_recipe, resolve_spec
+
+pytestmark = pytest.mark.contract
+
+RECIPES = {"llava": "llava_sft", "llava-next": "llava_next_sft", "qwen2vl": "qwen2vl_sft", "sd15": "sd15_pretrain",
+           "sd3": "sd3_dreambooth", "llava-lora": "llava_lora", "sd3-lora": "sd3_lora"}
+
+
+def spec_for(backend: str, recipe: str, weights_dir) -> dict:
+    path = ROOT / "recipes" / "tiny" / f"{recipe}.yaml"
+    return resolve_spec(load_recipe(str(path), parity.forced_overrides(1, weights_dir)), backend=backend, run_id="t")
+
+
+def export_torch(recipe: str, weights_dir, out_dir) -> dict:
+    pytest.importorskip("torch")
+    from xfw_torch.session import export_weights
+
+    export_weights(spec_for("torch", recipe, weights_dir), str(out_dir))
+    return weights.load_file(out_dir / weights.WEIGHTS_FILE)
+
+
+def export_paddle(recipe: str, weights_dir, out_dir) -> dict:
+    python = require_interpreter("paddle")
+    spec_path = out_dir.parent / f"{out_dir.name}.spec.json"
+    spec_path.write_text(json.dumps(spec_for("paddle", recipe, weights_dir)))
+    done = subprocess.run([str(python), "-m", "xfw_paddle", "--export-weights", str(out_dir), "--spec", str(spec_path)],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return weights.load_file(out_dir / weights.WEIGHTS_FILE)
+
+
+def assert_bit_identical(state: dict, original: dict) -> None:
+    assert sorted(state) == sorted(original)
+    for name, value in original.items():
+        assert state[name].dtype == value.dtype and state[name].tobytes() == value.tobytes(), name
+
+
+@pytest.mark.parametrize("family", RECIPES)
+def test_weights_round_trip_torch_file_paddle_file_torch_bit_exact(tmp_path, family):
+    recipe = RECIPES[family]
+    original = export_torch(recipe, None, tmp_path / "torch0")
+    through_paddle = export_paddle(recipe, tmp_path / "torch0", tmp_path / "paddle")
+    assert_bit_identical(through_paddle, original)
+    assert_bit_identical(export_torch(recipe, tmp_path / "paddle", tmp_path / "torch1"), original)
+    if family.endswith("-lora"):
+        adapters = [n for n in original if n.endswith(".lora_A.weight")]
+        assert adapters and all(np.abs(original[n]).max() > 0 for n in adapters)  # A starts random, not zero
+        assert all(original[n.replace("lora_A", "lora_B")].shape[1] == original[n].shape[0] for n in adapters)
+
+
+def test_the_paddle_side_takes_the_files_adapters_not_its_own_seeded_ones(tmp_path):
+    """Without this the round trip above could pass with adapters the file never set: Paddle's
+    own seeded LoRA A differs from PyTorch's, so only a real load makes the exports equal."""
+    own = export_paddle("llava_lora", None, tmp_path / "own")
+    torch_start = export_torch("llava_lora", None, tmp_path / "torch0")
+    loaded = export_paddle("llava_lora", tmp_path / "torch0", tmp_path / "loaded")
+    a = "model.language_model.layers.0.self_attn.q_proj.lora_A.weight"
+    assert own[a].shape == torch_start[a].shape and not np.array_equal(own[a], torch_start[a])
+    assert loaded[a].tobytes() == torch_start[a].tobytes()
+
+
+def test_adapters_in_the_file_of_a_stage_without_lora_are_rejected(tmp_path):
+    pytest.importorskip("torch")
+    from xfw.harness import InvalidSpec
+    from xfw_torch.session import build_model
+
+    export_torch("llava_lora", None, tmp_path / "lora")
+    import torch
+
+    with pytest.raises(InvalidSpec, match=r"model\.weights: .* holds LoRA adapters .* stage is 'sft'"):
+        build_model(spec_for("torch", "llava_sft", tmp_path / "lora"), torch.device("cpu"), "sdpa")
