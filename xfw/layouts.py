@@ -118,6 +118,25 @@ def _num(value: float | None, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
 
 
+def _memory_source_notes(entries: list[Entry]) -> list[str]:
+    """Say where memory is not GPU memory, and which framework measured it how: a column must not
+    silently mix an allocator's bytes with a process's peak RSS."""
+    by_backend: dict[str, set[str]] = {}
+    for e in entries:
+        if e.mem_source:
+            by_backend.setdefault(e.backend, set()).add(e.mem_source)
+    sources = set().union(*by_backend.values()) if by_backend else set()
+    notes = []
+    if sources - {"cuda_allocator"}:
+        notes.append(f"Memory here is {', '.join(sorted(sources - {'cuda_allocator'}))}, not GPU memory: "
+                     "these runs had no GPU.")
+    if len(sources) > 1:
+        notes.append("Memory sources differ (" + "; ".join(f"{b}: {', '.join(sorted(v))}" for b, v in
+                                                         by_backend.items())
+                     + "): compare memory within a framework, not across.")
+    return notes
+
+
 # --- seed 000: strategies x GPU count -----------------------------------------------------------
 
 def strategy_name(e: Entry, applied_impl: str | None = None) -> str:
@@ -163,9 +182,8 @@ def strategies(results: list[RunResult]) -> list[Table]:
                             "bytes_per_sample": per_sample, "global_batch": global_batch, "micro_batch": micro})
         tables.append(Table(title=f"For {gpus}x {' / '.join(devices)}:", header=header, cells=cells,
                             records=records, numeric=(2, 3, 4, 5)))
-    sources = sorted({e.mem_source for e in entries if e.mem_source and e.mem_source != "cuda_allocator"})
-    if tables and sources:
-        tables[-1].notes.append(f"Memory here is {', '.join(sources)}, not GPU memory: these runs had no GPU.")
+    if tables:
+        tables[-1].notes += _memory_source_notes(entries)
     if tables:
         tables[-1].notes.append("Time for 100 iters = 100 x median optimizer-step time; batches/s = global "
                                 "samples/s / global batch; VRAM / GPU = the largest rank's peak reserved by the "
@@ -238,19 +256,47 @@ def batch(results: list[RunResult]) -> list[Table]:
 
 # --- seed 004: scaling and cost -----------------------------------------------------------------
 
+_SCALED = ("batch.", "parallel.nproc_per_node", "parallel.nnodes")
+
+
+def _unsharded_single(e: Entry, entries: list[Entry]) -> Entry | None:
+    """The same framework's single-process, unsharded run with otherwise the same settings: the
+    baseline of a sharded group whose 1-process run could not run (one process has nothing to shard)."""
+    rest = variant_key(_other_keys(e.variant, (*_SCALED, "parallel.sharding")))
+    return next((o for o in entries if o.ok and o.num_gpus == 1 and o.recipe == e.recipe and o.backend == e.backend
+                 and o.setup.get("sharding", "none") == "none"
+                 and variant_key(_other_keys(o.variant, (*_SCALED, "parallel.sharding"))) == rest), None)
+
+
+def scaling_baseline(group: list[Entry], entries: list[Entry]) -> tuple[Entry | None, str]:
+    """(baseline, how it was chosen): the group's run at its smallest GPU count; where that did not
+    run, the framework's 1-process unsharded run; else the smallest GPU count that ran."""
+    smallest = min(e.num_gpus for e in group)
+    base = next((e for e in group if e.ok and e.num_gpus == smallest), None)
+    if base:
+        return base, ""
+    single = _unsharded_single(group[0], entries) if smallest == 1 else None
+    if single:
+        return single, (f"Linear Scaling against the 1x unsharded run ({single.ips:,.1f} samples/s): the 1x row of "
+                        "this strategy did not run, and one process has nothing to shard.")
+    base = next((e for e in group if e.ok), None)
+    if base:
+        return base, f"Linear Scaling against {base.num_gpus}x, the smallest GPU count that ran."
+    return None, ""
+
+
 def scaling(results: list[RunResult]) -> list[Table]:
     """Seed 004: per (recipe, backend, variant apart from batch and GPU count), GPUs | Batch Size |
-    Throughput | Linear Scaling, against the smallest GPU count that ran."""
+    Throughput | Linear Scaling, against the smallest GPU count (:func:`scaling_baseline`)."""
+    everything = collapse(results)
     groups: dict[tuple, list[Entry]] = {}
-    for e in collapse(results):
-        rest = _other_keys(e.variant, ("batch.", "parallel.nproc_per_node", "parallel.nnodes"))
-        groups.setdefault((e.recipe, e.backend, variant_key(rest)), []).append(e)
+    for e in everything:
+        groups.setdefault((e.recipe, e.backend, variant_key(_other_keys(e.variant, _SCALED))), []).append(e)
     tables = []
     for (recipe, backend, _), entries in groups.items():
         entries.sort(key=lambda e: (e.num_gpus, e.setup.get("global_batch") or 0))
-        base = next((e for e in entries if e.ok), None)
-        rest = variant_label(_other_keys(entries[0].variant, ("batch.", "parallel.nproc_per_node",
-                                                              "parallel.nnodes")))
+        base, how = scaling_baseline(entries, everything)
+        rest = variant_label(_other_keys(entries[0].variant, _SCALED))
         cells, records = [], []
         for e in entries:
             eff = (e.ips / e.num_gpus) / (base.ips / base.num_gpus) if e.ok and base else None
@@ -259,11 +305,12 @@ def scaling(results: list[RunResult]) -> list[Table]:
                           f"{eff:.2f}x" if eff is not None else "–"])
             records.append({"recipe": recipe, "framework": backend, "num_gpus": e.num_gpus,
                             "global_batch": e.setup.get("global_batch"), "samples_per_s": e.ips,
-                            "linear_scaling": eff, "status": e.status})
+                            "linear_scaling": eff, "baseline_num_gpus": base.num_gpus if base else None,
+                            "status": e.status})
         title = f"{entries[0].model} {entries[0].stage} on {entries[0].device} ({backend})" + \
             (f" [{rest}]" if rest else "")
         tables.append(Table(title=title, header=["GPUs", "Batch Size", "Throughput", "Linear Scaling"],
-                            cells=cells, records=records, numeric=(1, 2, 3)))
+                            cells=cells, records=records, numeric=(1, 2, 3), notes=[how] if how else []))
     if tables:
         tables[-1].notes.append("Linear Scaling = (samples/s per GPU) / (samples/s per GPU at the smallest GPU "
                                 "count that ran); 1.00x is perfect scaling.")
@@ -321,10 +368,23 @@ def to_markdown(tables: list[Table], title: str) -> str:
     return "\n".join(out)
 
 
+def plain(cell: str) -> str:
+    """A cell without markdown emphasis, for CSV and HTML (``**unsupported**`` -> ``unsupported``)."""
+    return cell[2:-2] if cell.startswith("**") and cell.endswith("**") and len(cell) > 4 else cell
+
+
 def to_frame(tables: list[Table]):
+    """One row per table row: the section, the seed's columns as shown, then the raw numbers (units
+    in their names) for anyone recomputing from the CSV."""
     import pandas as pd  # reporting dependency: only where the CLI runs
 
-    return pd.DataFrame([{"section": t.title, **rec} for t in tables for rec in t.records])
+    rows = []
+    for t in tables:
+        for i, cells in enumerate(t.cells):
+            shown = {col: plain(cell) for col, cell in zip(t.header, cells)}
+            raw = t.records[i] if i < len(t.records) else {}
+            rows.append({"section": t.title, **shown, **{k: v for k, v in raw.items() if k not in shown}})
+    return pd.DataFrame(rows)
 
 
 def to_csv(tables: list[Table]) -> str:
@@ -339,6 +399,7 @@ def to_html(tables: list[Table], title: str) -> str:
     parts = [f"<h2>{html.escape(title)}</h2>"]
     for t in tables:
         parts.append(f"<h3>{html.escape(t.title)}</h3>")
-        parts.append(pd.DataFrame(t.cells, columns=t.header).to_html(index=False, escape=True))
+        cells = [[plain(c) for c in row] for row in t.cells]
+        parts.append(pd.DataFrame(cells, columns=t.header).to_html(index=False, escape=True))
         parts += [f"<p>{html.escape(n)}</p>" for n in t.notes]
     return "\n".join(parts) + "\n"

@@ -113,3 +113,28 @@ def test_cost_without_a_price_is_a_clear_error(strategy_runs):
     assert result.exit_code == 2 and "--price-per-gpu-hour" in result.output
     ok = invoke("report", strategy_runs, "--layout", "cost", "--price-per-gpu-hour", "2.5")
     assert ok.exit_code == 0 and header_of(ok.output, "Model") == SEED_004_COST
+
+
+def _entry(backend, gpus, sharding, status="ok", ips=None):
+    return layouts.Entry(backend=backend, recipe="r", model="m", stage="SFT", variant={"parallel.sharding": sharding},
+                         setup={"num_processes": gpus, "sharding": sharding}, device="cpu", status=status, reason="",
+                         ips=ips)
+
+
+def test_scaling_baseline_is_the_one_process_unsharded_run_when_a_strategy_cannot_run_on_one():
+    single = _entry("fake", 1, "none", ips=100.0)
+    group = [_entry("fake", 1, "stage1", status="unsupported"), _entry("fake", 2, "stage1", ips=150.0)]
+    other = _entry("fake2", 1, "none", ips=10.0)  # another framework never serves as the baseline
+    base, how = layouts.scaling_baseline(group, [other, single, *group])
+    assert base is single and "1x unsharded run" in how
+    assert layouts.scaling_baseline(group, [other, *group])[0] is group[1]  # else the smallest count that ran
+    assert layouts.scaling_baseline([single], [single]) == (single, "")
+
+
+def test_csv_and_html_lead_with_the_seed_columns_without_markdown_emphasis(strategy_runs, tmp_path):
+    invoke("report", strategy_runs, "--layout", "scaling", "--out", tmp_path)
+    frame = pd.read_csv(tmp_path / "report-scaling.csv")
+    assert list(frame.columns[:5]) == ["section", *SEED_004_SCALING]
+    assert frame["Linear Scaling"].tolist()[:2] == ["1.00x", "0.90x"]
+    html = (tmp_path / "report-scaling.html").read_text()
+    assert "<th>Linear Scaling</th>" in html and "**" not in html
