@@ -161,10 +161,33 @@ def run(recipe, backend, overrides, repeat, pythons, out_dir, node_rank, master_
 @out_option
 @rendezvous_options
 def compare(recipes, backends, overrides, repeat, pythons, out_dir, node_rank, master_addr, master_port) -> None:
-    """Run recipes on several backends, one at a time, and print the contrast table."""
+    """Run recipes on several backends, one at a time, and print the contrast table. The settings
+    section shows each recipe's parity status: the newest parity.json with the same recipe
+    fingerprint in --out (or one level below) or in runs/parity-<recipe> (xfw parity's default)."""
+    from xfw import compare as cmp
+    from xfw import parity as par
+    from xfw import render
+    from xfw.progress import make_progress
+    from xfw.results import write_text_atomic
+
     rendezvous = launcher.Rendezvous(node_rank, master_addr, master_port)
-    sys.exit(_execute(recipes, _backend_list(backends), _with_repeat(overrides, repeat), pythons, out_dir,
-                      rendezvous))
+    names = _backend_list(backends)
+    loaded, resolved = _prepare(recipes, names, _with_repeat(overrides, repeat), pythons)
+    out_dir = out_dir or workflow.default_out_dir(loaded)
+    click.echo(f"runs in {out_dir}", err=True)
+    results = workflow.run_all(loaded, resolved, out_dir, make_progress(), rendezvous)
+    report = workflow.write_report(results, names, out_dir)
+    search = [out_dir, *(Path("runs") / f"parity-{r.name}" for r in loaded)]
+    statuses = {r.name: par.find_parity(r, search) for r in loaded}
+    markdown = render.report_markdown(cmp.compare_runs(results, names, parity=statuses), names)
+    write_text_atomic(report.paths["markdown"], markdown)  # the same report, with the parity lines
+    click.echo(markdown)
+    for kind, path in report.paths.items():
+        click.echo(f"{kind}: {path}", err=True)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        click.echo(f"{len(failed)} of {len(results)} runs failed (see 'Failed runs' above)", err=True)
+    sys.exit(1 if failed else 0)
 
 
 @main.command()

@@ -71,6 +71,8 @@ class ComparisonRow:
     differing: list[str] = field(default_factory=list)
     """Settings whose values differ between the sides (and are expected not to)."""
     warnings: list[str] = field(default_factory=list)
+    parity: dict | None = None
+    """This recipe's parity status (``xfw.parity.find_parity``); None when nobody looked."""
 
 
 def _side(backend: str, runs: list[RunResult]) -> Side:
@@ -158,12 +160,18 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
     return row
 
 
-def compare_runs(results: list[RunResult], backends: list[str]) -> list[ComparisonRow]:
-    """One row per (recipe, variant), in the order they first appear; repeats share a row."""
+def compare_runs(results: list[RunResult], backends: list[str], *,
+                 parity: dict[str, dict] | None = None) -> list[ComparisonRow]:
+    """One row per (recipe, variant), in the order they first appear; repeats share a row.
+    ``parity``: recipe name -> its parity status, when looked up (a recipe missing from it has none)."""
     groups: dict[tuple[str, str], list[RunResult]] = {}
     for r in results:
         groups.setdefault((r.recipe, variant_key(r.variant)), []).append(r)
-    return [compare_row(name, runs, backends) for (name, _), runs in groups.items()]
+    rows = [compare_row(name, runs, backends) for (name, _), runs in groups.items()]
+    if parity is not None:
+        for row in rows:
+            row.parity = parity.get(row.recipe, {"status": "none", "path": None, "note": ""})
+    return rows
 
 
 def backends_in(results: list[RunResult]) -> list[str]:

@@ -28,6 +28,10 @@ from xfw import synthetic
 
 EXIT_OK, EXIT_INVALID, EXIT_UNSUPPORTED, EXIT_OOM = 0, 2, 3, 4
 DRAIN_INTERVAL_S = 1.0
+GRAD_NORM_KNOB = "grad_norm"
+"""A backend knob every adapter accepts (``backends.<name>.grad_norm: true``): record each step's
+global gradient norm (``grad_norm_l2``). Parity turns it on; reading the norm is a host sync
+every step, so a measured run for throughput must never set it."""
 
 
 class Unsupported(Exception):
@@ -63,6 +67,23 @@ class Session(Protocol):
     def is_oom(self, error: BaseException) -> bool: ...
     def applied(self) -> dict:
         """The settings actually applied (the ``applied`` record's fields)."""
+    def grad_norm(self) -> float:
+        """Only when :func:`wants_grad_norm`: the last ``train_step``'s global L2 norm over every
+        trainable parameter's gradient (accumulated over its micro-batches, unscaled, before the
+        optimizer step), summed in float64. A host sync."""
+
+
+def wants_grad_norm(spec: dict) -> bool:
+    """Whether this run records gradient norms; one process only (a sharded or not-yet-reduced
+    gradient would give a local norm)."""
+    wanted = spec["backend_knobs"].get(GRAD_NORM_KNOB, False)
+    if not isinstance(wanted, bool):
+        raise InvalidSpec(f"backends.{spec.get('backend', '<backend>')}.{GRAD_NORM_KNOB}: must be true or false, "
+                          f"got {wanted!r}")
+    if wanted and spec["derived"]["num_processes"] != 1:
+        raise InvalidSpec(f"backends.{spec.get('backend', '<backend>')}.{GRAD_NORM_KNOB}: only with one process "
+                          f"(parity runs), not {spec['derived']['num_processes']}")
+    return wanted
 
 
 def _micro_batches(pool: list, step: int, accum: int) -> list:
@@ -77,18 +98,23 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
     samples = spec["batch"]["micro"] * accum
     tokens = sum(synthetic.num_tokens(pool_np[i]) for i in range(accum))
     pool = [session.to_device(b) for b in pool_np]  # converted before anything is timed
+    with_grad_norm = wants_grad_norm(spec)
+    grad_norms: list[float] = []  # index: step; filled only when asked (parity)
     writer.start(num_ranks=session.num_ranks, warmup_steps=warmup, steps=steps)
 
     def write_step(step: int, phase: str, time_s: float, loss: float | None) -> None:
         alloc, reserved = session.memory_peaks()
+        extra = {"grad_norm_l2": grad_norms[step]} if with_grad_norm else {}
         writer.write("step", step=step, phase=phase, step_time_s=time_s, samples=samples, tokens=tokens,
-                     loss=loss, mem_alloc_peak_bytes=alloc, mem_reserved_peak_bytes=reserved)
+                     loss=loss, mem_alloc_peak_bytes=alloc, mem_reserved_peak_bytes=reserved, **extra)
 
     # Warm-up: synchronised every step (it is excluded, so the syncs cost nothing we report).
     for step in range(warmup):
         t0 = time.perf_counter()
         loss = session.train_step(_micro_batches(pool, step, accum))
         session.synchronize()  # SYNC: warm-up only
+        if with_grad_norm:
+            grad_norms.append(session.grad_norm())
         write_step(step, "warmup", time.perf_counter() - t0, session.loss_value(session.loss_token(loss)))
 
     # Measured window. Sync once before and once after; inside, only timestamps and
@@ -102,6 +128,8 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
         loss = session.train_step(_micro_batches(pool, warmup + i, accum))
         tokens_pending.append(session.loss_token(loss))
         stamps.append(session.timestamp())
+        if with_grad_norm:  # SYNC: parity only (wants_grad_norm); its step times are not a measurement
+            grad_norms.append(session.grad_norm())
         if time.perf_counter() - t_drain < DRAIN_INTERVAL_S:
             continue
         t_drain = time.perf_counter()

@@ -18,6 +18,7 @@ identical inputs, may differ only by fp32 rounding (relative ≤ 1e-5); every la
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -25,7 +26,8 @@ from pathlib import Path
 
 from xfw import launcher
 from xfw import records as rec
-from xfw.recipe import RecipeError, load_recipe, resolve_spec
+from xfw.harness import GRAD_NORM_KNOB
+from xfw.recipe import Recipe, RecipeError, load_recipe, resolve_spec, to_dict
 from xfw.results import write_json_atomic
 
 PARITY_SCHEMA = 1
@@ -34,6 +36,10 @@ PARITY_SCHEMA = 1
 # An interpreter's description does not change while this process lives; asking once per
 # backend saves a framework import (~2 s) per parity run after the first.
 describe_backend = functools.lru_cache(maxsize=None)(launcher.describe_backend)
+
+
+GRAD_NORM_REL = 1e-3
+"""The gradient norm is compared at the loss trajectory's tolerance: ...measured below (GRAD_NORM_NOTE)."""
 
 
 class ParityError(ValueError):
@@ -46,6 +52,8 @@ class Tolerances:
     """Relative loss difference allowed at the first step: same weights, same batch, fp32 rounding only."""
     step_rel: float = 1e-3
     """Relative loss difference allowed at every step of the trajectory."""
+    grad_norm_rel: float | None = GRAD_NORM_REL
+    """Relative gradient-norm difference allowed at every step; None: reported, never failed."""
 
     def for_step(self, index: int) -> float:
         return self.step0_rel if index == 0 else self.step_rel
@@ -61,6 +69,12 @@ class StepParity:
     """|other − reference| / |reference|."""
     tolerance_rel: float
     passed: bool
+    grad_norm_reference: float | None = None
+    """Global L2 norm of the trainable gradients before this step's optimizer update."""
+    grad_norm_other: float | None = None
+    grad_norm_abs_diff: float | None = None
+    grad_norm_rel_diff: float | None = None
+    """|other − reference| / |reference| of the gradient norms (reported; see GRAD_NORM_NOTE)."""
 
 
 @dataclass(kw_only=True)
@@ -80,6 +94,8 @@ class ParityReport:
     differs on the first batch from each side's starting weights; None if none does or no probe ran."""
     backends: tuple[str, str] = ("reference", "other")
     """(reference, other): the reference exports the starting weights both sides load."""
+    recipe_fingerprint: str | None = None
+    """:func:`recipe_fingerprint` of the recipe as given (what a compare report matches on)."""
 
     @property
     def passed(self) -> bool:
@@ -92,12 +108,12 @@ class ParityReport:
     def to_dict(self) -> dict:
         data = asdict(self)
         data.update(schema=PARITY_SCHEMA, passed=self.passed, first_failing_step=self.first_failing_step,
-                    backends=list(self.backends))
+                    backends=list(self.backends), worst=self.worst())
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "ParityReport":
-        data = {k: v for k, v in data.items() if k not in ("schema", "passed", "first_failing_step")}
+        data = {k: v for k, v in data.items() if k not in ("schema", "passed", "first_failing_step", "worst")}
         return cls(**{**data, "tolerances": Tolerances(**data["tolerances"]),
                       "steps": [StepParity(**s) for s in data["steps"]], "backends": tuple(data["backends"])})
 
@@ -113,16 +129,26 @@ class ParityReport:
     def markdown(self) -> str:
         ref, other = self.backends
         verdict = "PASS" if self.passed else "FAIL"
+        g_tol = self.tolerances.grad_norm_rel
         lines = [f"## Parity: {self.recipe} — {verdict}", "",
                  f"{self.num_steps} steps, fp32 AMP O0, 1 process, both sides from `{self.weights_dir}`. "
                  f"Tolerance: relative loss difference ≤ {self.tolerances.step0_rel:g} at step 0, "
-                 f"≤ {self.tolerances.step_rel:g} at every step.", "",
-                 f"| step | {ref} loss | {other} loss | abs diff | rel diff | tolerance | |",
-                 "|---:|---:|---:|---:|---:|---:|:-:|"]
+                 f"≤ {self.tolerances.step_rel:g} at every step; relative gradient-norm difference "
+                 + (f"≤ {g_tol:g} at every step." if g_tol is not None else "reported only."), "",
+                 f"| step | {ref} loss | {other} loss | abs diff | rel diff | tolerance "
+                 f"| {ref} grad norm | {other} grad norm | grad abs diff | grad rel diff | |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|"]
         for s in self.steps:
             cells = [_num(s.loss_reference, ".8f"), _num(s.loss_other, ".8f"), _num(s.abs_diff, ".2e"),
-                     _num(s.rel_diff, ".2e")]
-            lines.append(f"| {s.step} | {' | '.join(cells)} | {s.tolerance_rel:g} | {'✓' if s.passed else '✗'} |")
+                     _num(s.rel_diff, ".2e"), f"{s.tolerance_rel:g}", _num(s.grad_norm_reference, ".6g"),
+                     _num(s.grad_norm_other, ".6g"), _num(s.grad_norm_abs_diff, ".2e"),
+                     _num(s.grad_norm_rel_diff, ".2e")]
+            lines.append(f"| {s.step} | {' | '.join(cells)} | {'✓' if s.passed else '✗'} |")
+        worst = self.worst()
+        if worst["loss_rel_diff"] is not None:
+            lines += ["", f"Worst relative difference: loss {worst['loss_rel_diff']:.2e} (step {worst['loss_step']})"
+                      + (f", gradient norm {worst['grad_norm_rel_diff']:.2e} (step {worst['grad_norm_step']})"
+                         if worst["grad_norm_rel_diff"] is not None else "") + "."]
         if self.first_failing_step is not None:
             lines += ["", f"First step outside tolerance: {self.first_failing_step}."]
             if self.first_differing_module:
@@ -132,26 +158,48 @@ class ParityReport:
             lines += ["", *(f"* {p}" for p in self.problems + self.notes)]
         return "\n".join(lines) + "\n"
 
+    def worst(self) -> dict:
+        """The largest relative loss and gradient-norm differences and their steps (None: none)."""
+        out: dict = {"loss_rel_diff": None, "loss_step": None, "grad_norm_rel_diff": None, "grad_norm_step": None}
+        for s in self.steps:
+            for key, value in (("loss", s.rel_diff), ("grad_norm", s.grad_norm_rel_diff)):
+                if value is not None and (out[f"{key}_rel_diff"] is None or not value <= out[f"{key}_rel_diff"]):
+                    out[f"{key}_rel_diff"], out[f"{key}_step"] = value, s.step
+        return out
+
 
 def _num(value: float | None, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
 
+def _diff(values: tuple[list, list], i: int) -> tuple[float | None, float | None, float | None, float | None]:
+    """(reference, other, abs diff, rel diff) at index i; None where a side has no value."""
+    a = values[0][i] if i < len(values[0]) else None
+    b = values[1][i] if i < len(values[1]) else None
+    if a is None or b is None:
+        return a, b, None, None
+    return a, b, abs(b - a), abs(b - a) / max(abs(a), 1e-30)
+
+
 def compare_losses(reference: list[float | None], other: list[float | None],
-                   tolerances: Tolerances = Tolerances()) -> list[StepParity]:
+                   tolerances: Tolerances = Tolerances(), *,
+                   grad_norms: tuple[list[float | None], list[float | None]] | None = None) -> list[StepParity]:
     """Per step: absolute and relative difference, and pass/fail against its tolerance. A step
-    with a loss missing on either side, or not finite, fails."""
+    with a loss missing on either side, or not finite, fails. With ``grad_norms`` (reference's,
+    other's per step) the gradient norms are compared too: against ``tolerances.grad_norm_rel``
+    where both sides have one (a missing norm is reported, not failed: older runs have none)."""
     out = []
     for i in range(max(len(reference), len(other))):
-        a = reference[i] if i < len(reference) else None
-        b = other[i] if i < len(other) else None
-        abs_diff = rel = None
-        if a is not None and b is not None:
-            abs_diff = abs(b - a)
-            rel = abs_diff / max(abs(a), 1e-30)
+        a, b, abs_diff, rel = _diff((reference, other), i)
         ok = rel is not None and rel <= tolerances.for_step(i)  # NaN compares false: fails
+        g = _diff(grad_norms, i) if grad_norms is not None else (None, None, None, None)
+        if g[3] is not None and tolerances.grad_norm_rel is not None:
+            ok = ok and g[3] <= tolerances.grad_norm_rel
+        elif g[0] is not None and g[1] is not None:  # both present but not comparable: NaN/inf
+            ok = ok and tolerances.grad_norm_rel is None
         out.append(StepParity(step=i, loss_reference=a, loss_other=b, abs_diff=abs_diff, rel_diff=rel,
-                              tolerance_rel=tolerances.for_step(i), passed=ok))
+                              tolerance_rel=tolerances.for_step(i), passed=ok, grad_norm_reference=g[0],
+                              grad_norm_other=g[1], grad_norm_abs_diff=g[2], grad_norm_rel_diff=g[3]))
     return out
 
 
@@ -183,19 +231,30 @@ def probe(backend: launcher.Backend, run_dir: Path, timeout_s: float) -> list[di
         return None
 
 
-def measured_losses(run_dir: Path) -> list[float | None]:
-    """Rank 0's measured losses in step order, from the run's ``steps.jsonl``."""
+def _measured(run_dir: Path, key: str) -> list[float | None]:
     steps = [r for r in rec.load_records(run_dir / "steps.jsonl")
              if r.get("kind") == "step" and r.get("rank") == 0 and r.get("phase") == "measure"]
-    return [r.get("loss") for r in sorted(steps, key=lambda r: r["step"])]
+    return [r.get(key) for r in sorted(steps, key=lambda r: r["step"])]
 
 
-def forced_overrides(steps: int, weights_dir: Path | str | None = None) -> list[str]:
+def measured_losses(run_dir: Path) -> list[float | None]:
+    """Rank 0's measured losses in step order, from the run's ``steps.jsonl``."""
+    return _measured(run_dir, "loss")
+
+
+def measured_grad_norms(run_dir: Path) -> list[float | None]:
+    """Rank 0's gradient norms in step order (None where the run did not record them)."""
+    return _measured(run_dir, "grad_norm_l2")
+
+
+def forced_overrides(steps: int, weights_dir: Path | str | None = None, backends: tuple[str, ...] = ()) -> list[str]:
     """What parity forces, applied after the user's overrides (``model.weights`` only once the
-    shared starting point exists: the export itself starts from the recipe's own)."""
+    shared starting point exists: the export itself starts from the recipe's own), and the
+    gradient norm recorded per step on each of ``backends`` (the harness's knob)."""
     forced = ["precision.dtype=fp32", "precision.amp_level=O0", "parallel.nproc_per_node=1",
               "parallel.nnodes=1", "parallel.sharding=none", "measure.warmup_steps=0",
               f"measure.steps={int(steps)}", "measure.repeat=1"]
+    forced += [f"backends.{name}.{GRAD_NORM_KNOB}=true" for name in backends]
     return forced + ([f"model.weights={weights_dir}"] if weights_dir is not None else [])
 
 
@@ -232,17 +291,17 @@ def run_parity(recipe_path: str, overrides: list[str], steps: int, out_dir: Path
     try:
         resolved = {name: launcher.resolve_backend(name, interpreters) for name in (reference, other)}
         described = {name: describe_backend(b) for name, b in resolved.items()}
-        base = load_recipe(recipe_path, [*overrides, *forced_overrides(steps)])
+        base = load_recipe(recipe_path, [*overrides, *forced_overrides(steps, backends=backends)])
     except (RecipeError, launcher.BackendError) as err:
         raise ParityError(str(err)) from None
-    export_initial_weights(recipe_path, [*overrides, *forced_overrides(steps)], resolved[reference], weights_dir,
-                           base.measure.timeout_s)
+    export_initial_weights(recipe_path, [*overrides, *forced_overrides(steps, backends=backends)],
+                           resolved[reference], weights_dir, base.measure.timeout_s)
     report = ParityReport(recipe=base.name, num_steps=steps, weights_dir=str(weights_dir), run_dirs={},
-                          tolerances=tolerances, backends=(reference, other))
-    losses = {}
+                          tolerances=tolerances, backends=(reference, other), recipe_fingerprint=recipe_fingerprint(base))
+    losses, grad_norms = {}, {}
     for name, backend in resolved.items():
         start = Path((weights or {}).get(name, weights_dir)).resolve()
-        recipe = load_recipe(recipe_path, [*overrides, *forced_overrides(steps, start)])
+        recipe = load_recipe(recipe_path, [*overrides, *forced_overrides(steps, start, backends)])
         run_dir = out_dir / name
         result = launcher.launch(recipe, backend, run_dir, description=described[name])
         report.run_dirs[name] = str(run_dir)
@@ -251,7 +310,9 @@ def run_parity(recipe_path: str, overrides: list[str], steps: int, out_dir: Path
         if not result.ok:
             report.problems.append(f"{name} run {result.status}: {result.reason}")
         losses[name] = measured_losses(run_dir)
-    report.steps = compare_losses(losses[reference], losses[other], tolerances)
+        grad_norms[name] = measured_grad_norms(run_dir)
+    report.steps = compare_losses(losses[reference], losses[other], tolerances,
+                                  grad_norms=(grad_norms[reference], grad_norms[other]))
     if report.first_failing_step is not None:
         probes = [probe(resolved[name], out_dir / name, base.measure.timeout_s) for name in (reference, other)]
         if None in probes:
@@ -263,3 +324,40 @@ def run_parity(recipe_path: str, overrides: list[str], steps: int, out_dir: Path
                                f"asked {steps}")
     report.save(out_dir)
     return report
+
+
+# What parity sets itself (and a compare run may set differently): not part of "the same recipe".
+_NOT_FINGERPRINTED = ("precision", "parallel", "measure", "backends")
+
+
+def recipe_fingerprint(recipe: Recipe) -> str:
+    """A digest of what the model and its training are: the recipe without the sections parity
+    forces (precision, parallel, measure, backends) and without ``model.weights``. A compare run
+    and a parity run of one recipe, with the same ``--set`` on anything else, share it."""
+    data = {k: v for k, v in to_dict(recipe).items() if k not in _NOT_FINGERPRINTED}
+    data["model"] = {k: v for k, v in data["model"].items() if k != "weights"}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def find_parity(recipe: Recipe, search: list[Path]) -> dict:
+    """The parity status a compare report shows for ``recipe``: the newest ``parity.json`` in a
+    ``search`` directory or one level below it whose fingerprint matches. ``{"status": "passed" |
+    "failed" | "none", "path", "num_steps", "first_failing_step", "worst": {...}, "note"}``."""
+    fingerprint, found, others = recipe_fingerprint(recipe), [], []
+    candidates = {p.resolve() for d in search for p in (Path(d) / "parity.json", *Path(d).glob("*/parity.json"))
+                  if p.is_file()}
+    for path in candidates:
+        try:
+            report = ParityReport.load(path.parent)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a parity report this version reads
+        if report.recipe_fingerprint == fingerprint:
+            found.append((path.stat().st_mtime, str(path), report))
+        elif report.recipe == recipe.name:
+            others.append(str(path))
+    if not found:
+        note = f"{sorted(others)[0]} is for another configuration of {recipe.name}" if others else ""
+        return {"status": "none", "path": None, "note": note}
+    _, path, report = max(found, key=lambda f: f[0])
+    return {"status": "passed" if report.passed else "failed", "path": path, "num_steps": report.num_steps,
+            "first_failing_step": report.first_failing_step, "worst": report.worst(), "note": ""}

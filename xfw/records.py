@@ -8,6 +8,8 @@ keys. Each rank writes, in order: ``start``, ``step`` x (warm-up + measured), ``
      "samples": 16, "tokens": 65536, "loss": 3.218, "mem_alloc_peak_bytes": 1048576,
      "mem_reserved_peak_bytes": null}
 
+A step record may also carry ``grad_norm_l2`` (:data:`OPTIONAL`), only when the run asked for it.
+
 The core tails the file for live progress and computes every statistic from it
 (``xfw.measure``); stdout is never parsed.
 """
@@ -43,6 +45,10 @@ FIELDS: dict[str, dict[str, tuple]] = {
     "error": {"status": _STR, "message": _STR},
     "end": {},
 }
+# kind -> {key: accepted types} that a record may carry, only when asked for. ``grad_norm_l2``:
+# the global L2 norm of the trainable parameters' gradients before the optimizer step (parity
+# asks for it; reading it is a host sync every step, so measured runs never carry it).
+OPTIONAL: dict[str, dict[str, tuple]] = {"step": {"grad_norm_l2": _NUM + _NONE}}
 PHASES = ("warmup", "measure")
 ERROR_STATUSES = ("unsupported", "invalid", "oom", "crashed")
 MEM_SOURCES = ("cuda_allocator", "host_allocator", "peak_rss")
@@ -66,8 +72,13 @@ def validate_record(record: Any) -> list[str]:
             problems.append(f"{kind}: missing {key!r}")
         elif not isinstance(record[key], types) or (types is not _BOOL and isinstance(record[key], bool)):
             problems.append(f"{kind}: {key!r} has type {type(record[key]).__name__}, expected {types}")
+    optional = OPTIONAL.get(kind, {})
     for key in record:
         if key in ("schema", "kind", "rank") or key in expected:
+            continue
+        if key in optional:
+            if not isinstance(record[key], optional[key]) or isinstance(record[key], bool):
+                problems.append(f"{kind}: {key!r} has type {type(record[key]).__name__}, expected {optional[key]}")
             continue
         if kind == "applied" and key.startswith("version_") and isinstance(record[key], str):
             continue

@@ -104,12 +104,31 @@ def failures(rows: list[ComparisonRow]) -> list[str]:
             for row in rows for side in row.sides.values() if not side.ok]
 
 
+def parity_line(status: dict) -> str:
+    """One line on a recipe's parity run: passed/failed, steps, worst relative differences, where."""
+    if status["status"] == "none":
+        return "Parity: no parity run" + (f" ({status['note']})" if status.get("note") else "") + "."
+    worst = status.get("worst") or {}
+    text = f"Parity: {'passed' if status['status'] == 'passed' else '**failed**'}, {status['num_steps']} steps"
+    if status["status"] == "failed" and status.get("first_failing_step") is not None:
+        text += f", first step outside tolerance {status['first_failing_step']}"
+    if worst.get("loss_rel_diff") is not None:
+        text += f"; worst relative loss difference {worst['loss_rel_diff']:.1e} (step {worst['loss_step']})"
+    if worst.get("grad_norm_rel_diff") is not None:
+        text += f", gradient norm {worst['grad_norm_rel_diff']:.1e} (step {worst['grad_norm_step']})"
+    return f"{text} — `{status['path']}`."
+
+
 def settings_markdown(rows: list[ComparisonRow], backends: list[str]) -> str:
     parts = []
     for row in rows:
-        if not row.settings:
+        if not row.settings and row.parity is None:
             continue
         parts.append(f"#### {_row_name(row)}")
+        if row.parity is not None:
+            parts.append(parity_line(row.parity))
+        if not row.settings:
+            continue
         lines = ["| Setting | " + " | ".join(backends) + " | |", "|---|" + "---|" * len(backends) + "---|"]
         for key, values in row.settings.items():
             differs = key in row.differing

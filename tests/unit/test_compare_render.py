@@ -116,3 +116,30 @@ def test_chart_labels_tell_sweep_points_apart():
         r.variant = {"batch.micro": micro, "measure.steps": 5}
     labels = chart_labels(compare_runs(runs, ["paddle", "torch"]))
     assert labels == ["LLaVA1.6 7B\nSFT\nbatch.micro=1", "LLaVA1.6 7B\nSFT\nbatch.micro=2"]
+
+
+def parity_status(status="passed"):
+    return {"status": status, "path": "runs/parity-llava7b-sft/parity.json", "num_steps": 10,
+            "first_failing_step": 3 if status == "failed" else None, "note": "",
+            "worst": {"loss_rel_diff": 7.6e-08, "loss_step": 1, "grad_norm_rel_diff": 5.4e-07, "grad_norm_step": 2}}
+
+
+def test_the_settings_section_shows_the_parity_run_of_each_recipe_or_says_there_is_none():
+    runs = [result("paddle", 82.0), result("torch", 65.0), result("paddle", 8.0, recipe="other"),
+            result("torch", 6.0, recipe="other")]
+    rows = compare_runs(runs, ["paddle", "torch"], parity={"llava7b-sft": parity_status()})
+    text = render.report_markdown(rows, ["paddle", "torch"])
+    settings = text[text.index("### Settings as applied"):]
+    assert ("Parity: passed, 10 steps; worst relative loss difference 7.6e-08 (step 1), gradient norm 5.4e-07 "
+            "(step 2) — `runs/parity-llava7b-sft/parity.json`.") in settings
+    other = settings[settings.index("#### other"):]
+    assert other.splitlines()[2] == "Parity: no parity run."
+    failed = render.parity_line(parity_status("failed"))
+    assert failed.startswith("Parity: **failed**, 10 steps, first step outside tolerance 3;")
+    note = {"status": "none", "path": None, "note": "runs/x/parity.json is for another configuration of other"}
+    assert render.parity_line(note) == f"Parity: no parity run ({note['note']})."
+
+
+def test_without_a_parity_lookup_the_report_says_nothing_about_parity():
+    rows = compare_runs([result("paddle", 82.0), result("torch", 65.0)], ["paddle", "torch"])
+    assert rows[0].parity is None and "Parity" not in render.report_markdown(rows, ["paddle", "torch"])

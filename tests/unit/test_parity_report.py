@@ -1,8 +1,10 @@
 """Parity's comparison and report, without any backend."""
 
+import json
 import math
 
 from xfw import parity
+from xfw.recipe import load_recipe
 
 
 def test_losses_within_tolerance_pass_and_the_first_step_has_the_tighter_one():
@@ -55,3 +57,56 @@ def test_the_first_module_whose_output_differs_is_named_in_forward_order():
     assert parity.first_differing_module(ours, theirs) == "norm"  # "pos" is only a module on one side: skipped
     assert parity.first_differing_module(ours[:2], theirs) is None
     assert parity.first_differing_module([{"name": "x", "norm": 1.0}], [{"name": "x", "norm": float("nan")}]) == "x"
+
+
+def test_gradient_norms_are_compared_per_step_and_fail_a_step_beyond_their_tolerance():
+    grads = ([1.0, 2.0, 4.0], [1.0 + 1e-7, 2.0 + 1e-2, 4.0])
+    steps = parity.compare_losses([3.0, 2.5, 2.0], [3.0, 2.5, 2.0], grad_norms=grads)
+    assert [s.passed for s in steps] == [True, False, True]  # 5e-3 relative at step 1: over 1e-3
+    assert math.isclose(steps[1].grad_norm_rel_diff, 5e-3) and steps[1].grad_norm_other == 2.01
+    report_only = parity.compare_losses([3.0, 2.5, 2.0], [3.0, 2.5, 2.0], parity.Tolerances(grad_norm_rel=None),
+                                        grad_norms=grads)
+    assert all(s.passed for s in report_only) and report_only[1].grad_norm_rel_diff is not None
+    nan = parity.compare_losses([3.0], [3.0], grad_norms=([1.0], [float("nan")]))
+    assert not nan[0].passed
+    missing = parity.compare_losses([3.0], [3.0], grad_norms=([None], [None]))  # runs that did not record them
+    assert missing[0].passed and missing[0].grad_norm_rel_diff is None
+
+
+def test_the_report_shows_gradient_norms_and_the_worst_differences(tmp_path):
+    r = parity.ParityReport(recipe="tiny", num_steps=2, weights_dir="w", run_dirs={}, tolerances=parity.Tolerances(),
+                            steps=parity.compare_losses([3.0, 2.5], [3.0, 2.5 + 2.5e-6],
+                                                        grad_norms=([1.0, 2.0], [1.0 + 3e-6, 2.0])))
+    text = r.markdown()
+    assert "| torch grad norm |" not in text and "| reference grad norm | other grad norm |" in text
+    assert "Worst relative difference: loss 1.00e-06 (step 1), gradient norm 3.00e-06 (step 0)." in text
+    r.save(tmp_path)
+    saved = json.loads((tmp_path / "parity.json").read_text())
+    assert saved["worst"] == {"loss_rel_diff": r.steps[1].rel_diff, "loss_step": 1,
+                              "grad_norm_rel_diff": r.steps[0].grad_norm_rel_diff, "grad_norm_step": 0}
+    assert parity.ParityReport.load(tmp_path).to_dict() == r.to_dict()
+
+
+def test_parity_asks_every_backend_for_gradient_norms():
+    forced = parity.forced_overrides(3, None, ("torch", "paddle"))
+    assert "backends.torch.grad_norm=true" in forced and "backends.paddle.grad_norm=true" in forced
+
+
+def test_a_compare_finds_the_parity_run_of_the_same_recipe_by_fingerprint(write_recipe, tmp_path):
+    recipe = load_recipe(write_recipe(), [])
+    assert parity.recipe_fingerprint(recipe) == parity.recipe_fingerprint(
+        load_recipe(write_recipe(), parity.forced_overrides(10, "w", ("torch",))))  # what parity forces is ignored
+    other = load_recipe(write_recipe(), ["batch.micro=4"])
+    assert parity.recipe_fingerprint(other) != parity.recipe_fingerprint(recipe)
+    assert parity.find_parity(recipe, [tmp_path]) == {"status": "none", "path": None, "note": ""}
+
+    r = report([3.1, 2.5])
+    r.recipe, r.recipe_fingerprint = recipe.name, parity.recipe_fingerprint(recipe)
+    (tmp_path / "parity-tiny").mkdir()
+    r.save(tmp_path / "parity-tiny")
+    found = parity.find_parity(recipe, [tmp_path])  # one level below a search directory
+    assert found["status"] == "failed" and found["num_steps"] == 2 and found["first_failing_step"] == 0
+    assert found["path"] == str((tmp_path / "parity-tiny" / "parity.json").resolve())
+    assert found["worst"]["loss_step"] == 0
+    elsewhere = parity.find_parity(other, [tmp_path / "parity-tiny"])
+    assert elsewhere["status"] == "none" and "is for another configuration of tiny-test" in elsewhere["note"]

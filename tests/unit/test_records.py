@@ -57,3 +57,13 @@ def test_tail_returns_only_new_complete_lines(tmp_path):
         f.write(json.dumps({**STEP, "step": 1})[20:] + "\n")
     assert [r["step"] for r in tail.poll()] == [1]
     assert tail.poll() == []
+
+
+def test_a_step_may_carry_a_gradient_norm_only_as_a_number_or_null():
+    assert validate_record({**STEP, "grad_norm_l2": 1.25}) == []
+    assert validate_record({**STEP, "grad_norm_l2": None}) == []
+    assert any("'grad_norm_l2' has type str" in p for p in validate_record({**STEP, "grad_norm_l2": "1.0"}))
+    assert validate_record({**STEP, "grad_norm_l2": True})
+    window = {"schema": 1, "kind": "window", "rank": 0, "window_time_s": 1.0, "num_steps": 1, "samples": 1,
+              "tokens": 1, "grad_norm_l2": 1.0}
+    assert any("unexpected key 'grad_norm_l2'" in p for p in validate_record(window))  # steps only

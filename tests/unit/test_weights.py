@@ -107,3 +107,59 @@ def test_an_adapter_rejecting_the_weights_exits_invalid(tmp_path):
 
     argv = ["--export-weights", str(tmp_path), "--spec", str(spec)]
     assert harness.main(None, dict, argv, export_weights=reject) == harness.EXIT_INVALID
+
+
+def test_older_transformers_names_map_to_the_current_ones_and_current_names_stay():
+    from xfw.hf_names import canonical_name
+
+    assert canonical_name("llava", "language_model.model.layers.0.mlp.up_proj.weight") == \
+        "model.language_model.layers.0.mlp.up_proj.weight"
+    assert canonical_name("llava", "language_model.lm_head.weight") == "lm_head.weight"
+    assert canonical_name("llava", "vision_tower.vision_model.embeddings.class_embedding") == \
+        "model.vision_tower.vision_model.embeddings.class_embedding"
+    assert canonical_name("llava", "multi_modal_projector.linear_1.bias") == "model.multi_modal_projector.linear_1.bias"
+    assert canonical_name("llava", "image_newline") == "model.image_newline"
+    assert canonical_name("qwen2vl", "model.layers.0.self_attn.q_proj.bias") == \
+        "model.language_model.layers.0.self_attn.q_proj.bias"
+    assert canonical_name("qwen2vl", "model.embed_tokens.weight") == "model.language_model.embed_tokens.weight"
+    assert canonical_name("qwen2vl", "visual.merger.mlp.0.weight") == "model.visual.merger.mlp.0.weight"
+    for family, name in (("llava", "model.language_model.norm.weight"), ("llava", "lm_head.weight"),
+                         ("qwen2vl", "model.language_model.norm.weight"), ("qwen2vl", "model.visual.blocks.0.attn.qkv.bias"),
+                         ("qwen2vl", "lm_head.weight"), ("sd15", "unet.conv_in.weight")):
+        assert canonical_name(family, name) == name  # already current: unchanged
+
+
+def test_a_checkpoint_directory_reads_old_names_bf16_and_shards_under_the_canonical_names(tmp_path):
+    bits = np.array([[0x3F80, 0xC000]], dtype=np.uint16)  # bf16 1.0, -2.0
+    weights.save_file({"language_model.model.norm.weight": np.ones(4, np.float32)}, tmp_path / "a.safetensors")
+    weights.save_file({"vision_tower.w": bits, "language_model.model.layers.0.q_proj.lora_A.weight":
+                       np.zeros((2, 4), np.float32)}, tmp_path / "b.safetensors", bf16={"vision_tower.w"})
+    (tmp_path / weights.INDEX_FILE).write_text(json.dumps({"weight_map": {
+        "language_model.model.norm.weight": "a.safetensors", "vision_tower.w": "b.safetensors"}}))
+    ckpt = weights.Checkpoint(tmp_path, family="llava")
+    assert ckpt.shapes(lora=False) == {"model.language_model.norm.weight": (4,), "model.vision_tower.w": (1, 2)}
+    assert ckpt.names(lora=True) == ["model.language_model.layers.0.q_proj.lora_A.weight"]
+    state = ckpt.load(["model.vision_tower.w", "model.language_model.norm.weight"])
+    assert state["model.vision_tower.w"].dtype == np.float32 and state["model.vision_tower.w"].tolist() == [[1.0, -2.0]]
+    ckpt.check({"model.language_model.norm.weight": (4,), "model.vision_tower.w": (1, 2)}, lora=False)
+    with pytest.raises(weights.WeightsError, match=r"1 parameters missing \(e\.g\. extra\)"):
+        ckpt.check({"model.language_model.norm.weight": (4,), "model.vision_tower.w": (1, 2), "extra": (1,)},
+                   lora=False)
+
+
+def test_two_tensors_that_are_one_name_in_the_current_layout_are_rejected(tmp_path):
+    weights.save_file({"vision_tower.w": np.ones(2, np.float32), "model.vision_tower.w": np.ones(2, np.float32)},
+                      tmp_path / weights.WEIGHTS_FILE)
+    with pytest.raises(weights.WeightsError, match="are both 'model.vision_tower.w' in the current layout"):
+        weights.Checkpoint(tmp_path, family="llava")
+    with pytest.raises(weights.WeightsError, match=r"model\.weights: .* holds no model\.safetensors"):
+        weights.Checkpoint(tmp_path / "empty", family="llava")
+
+
+def test_peft_parameter_names_are_made_canonical():
+    from xfw.hf_names import is_lora, peft_to_canonical
+
+    assert peft_to_canonical("m.layers.0.q_proj.base_layer.weight") == "m.layers.0.q_proj.weight"
+    assert peft_to_canonical("m.layers.0.q_proj.lora_A.default.weight") == "m.layers.0.q_proj.lora_A.weight"
+    assert peft_to_canonical("unet.attn1.to_out.0.lora_B.default.weight") == "unet.attn1.to_out.0.lora_B.weight"
+    assert is_lora("m.q_proj.lora_B.weight") and not is_lora("m.q_proj.weight")

@@ -33,12 +33,12 @@ import paddle
 from xfw import hf_names
 from xfw import weights as neutral
 from xfw.env import cpu_model, package_versions
-from xfw.harness import InvalidSpec, Unsupported
+from xfw.harness import GRAD_NORM_KNOB, InvalidSpec, Unsupported, wants_grad_norm
 from xfw_paddle import parallel
 from xfw_paddle.families import family_module
 
 AMP_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-KNOBS = {"attn_implementation": ("sdpa", "eager")}
+KNOBS = {"attn_implementation": ("sdpa", "eager"), GRAD_NORM_KNOB: (True, False)}
 VERSIONED = ("paddlepaddle", "paddlenlp", "ppdiffusers", "numpy")
 AMP_NOTES = {
     "O0": "fp32 throughout",
@@ -292,6 +292,9 @@ class PaddleSession:
             add_lora(model, spec)
         model.train()
         trainable = [p for p in model.parameters() if not p.stop_gradient]
+        self.trainable = trainable
+        self.record_grad_norm = wants_grad_norm(spec)
+        self._grad_norm = None
         self.num_params_total = sum(int(p.size) for p in model.parameters())
         self.num_params_trainable = sum(int(p.size) for p in trainable)
 
@@ -328,6 +331,8 @@ class PaddleSession:
                 loss = self.layer(**batch) / len(micro_batches)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
+        if self.record_grad_norm:
+            self._grad_norm = self._global_grad_norm()
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -335,6 +340,16 @@ class PaddleSession:
             self.optimizer.step()
         self.optimizer.clear_grad(set_to_zero=False)
         return total
+
+    def _global_grad_norm(self) -> paddle.Tensor:
+        """L2 over every trainable gradient, in float64, on the device (no sync here)."""
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)  # the step below then skips its own unscale
+        squares = [p.grad.detach().astype("float64").square().sum() for p in self.trainable if p.grad is not None]
+        return paddle.add_n(squares).sqrt() if squares else paddle.zeros([], dtype="float64")
+
+    def grad_norm(self) -> float:
+        return float(self._grad_norm.numpy())  # SYNC: only when the spec asks for it (parity)
 
     # -- timing and memory ------------------------------------------------------------------
     def loss_token(self, loss: paddle.Tensor):
@@ -393,6 +408,8 @@ class PaddleSession:
             notes += "; GradScaler"
         if self.precision.note:  # a fallback: say what was asked and why it did not run
             notes = self.precision.note
+        if self.record_grad_norm:
+            notes += "; gradient norm read every step (a host sync: parity, not a measurement)"
         # TF32 for fp32 GEMMs: on by default in Paddle's CUDA builds (phi/backends/context_pool.cc,
         # allow_tf32_cublas = true), off by default in torch.
         tf32 = self.gpu and bool(paddle.base.core.get_cublas_switch())

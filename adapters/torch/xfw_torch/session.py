@@ -23,12 +23,12 @@ import torch
 from xfw import hf_names
 from xfw import weights as neutral
 from xfw.env import cpu_model, package_versions
-from xfw.harness import InvalidSpec, Unsupported
+from xfw.harness import GRAD_NORM_KNOB, InvalidSpec, Unsupported, wants_grad_norm
 from xfw_torch import parallel
 from xfw_torch.families import family_module
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-KNOBS = {"fused_optimizer", "attn_implementation", "sharding_impl", "compile", "detect_anomaly"}
+KNOBS = {"fused_optimizer", "attn_implementation", "sharding_impl", "compile", "detect_anomaly", GRAD_NORM_KNOB}
 
 
 def _library_versions() -> dict[str, str]:
@@ -243,6 +243,8 @@ class TorchSession:
             else:
                 self.scaler = torch.amp.GradScaler(self.device.type)
         self.spec, self.attn, self.level = spec, attn, level
+        self.record_grad_norm = wants_grad_norm(spec)
+        self._grad_norm = None
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
 
@@ -266,6 +268,8 @@ class TorchSession:
             total += loss.detach().float()
         if self.master:
             self.master.grads_to_master()
+        if self.record_grad_norm:
+            self._grad_norm = self._global_grad_norm()
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -275,6 +279,17 @@ class TorchSession:
         if self.master:
             self.master.master_to_model()
         return total
+
+    def _global_grad_norm(self) -> torch.Tensor:
+        """L2 over every trainable gradient, in float64, on the device (no sync here)."""
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)  # the step below then skips its own unscale
+        params = self.master.master_params if self.master else [p for p in self.module.parameters() if p.requires_grad]
+        squares = [p.grad.detach().double().square().sum() for p in params if p.grad is not None]
+        return torch.stack(squares).sum().sqrt() if squares else torch.zeros((), dtype=torch.float64)
+
+    def grad_norm(self) -> float:
+        return float(self._grad_norm.item())  # SYNC: only when the spec asks for it (parity)
 
     # -- timing and memory ------------------------------------------------------------------
     def loss_token(self, loss: torch.Tensor):
@@ -328,6 +343,8 @@ class TorchSession:
             notes += f"; {type(self.scaler).__name__}"
         if self.compiled:
             notes += "; torch.compile per block"
+        if self.record_grad_norm:
+            notes += "; gradient norm read every step (a host sync: parity, not a measurement)"
         if self.detect_anomaly:
             notes += "; autograd anomaly detection on"
         versions = {f"version_{k}": v for k, v in _library_versions().items()}
