@@ -12,6 +12,7 @@ One sweep (16 launches, ~2.5 min on 2 cores) is shared by every test in this mod
 
 import json
 import math
+import re
 from html.parser import HTMLParser
 
 import pandas as pd
@@ -31,7 +32,11 @@ SEED_000 = ["Framework", "Strategy", "Time for 100 iters (s)", "Throughput (batc
 SEED_001 = ["Rank", "Time", "Max Memory Allocated"]
 SEED_004_SCALING = ["GPUs", "Batch Size", "Throughput", "Linear Scaling"]
 SEED_004_COST = ["Model", "GPU", "Recipe", "Cost/1M Samples", "Notes"]
-SEEDS = {"strategies": SEED_000, "ranks": SEED_001, "scaling": SEED_004_SCALING, "cost": SEED_004_COST}
+# Seed 002 is a list ("- *2x T4*: global batch size 8, ~14 images/s"); the table puts its fields in
+# columns, and the bullets under it repeat the seed's form.
+SEED_002 = ["Hardware", "Framework", "Recipe", "Variant", "Global batch size", "Throughput (samples/s)"]
+SEEDS = {"strategies": SEED_000, "ranks": SEED_001, "batch": SEED_002, "scaling": SEED_004_SCALING,
+         "cost": SEED_004_COST}
 
 BACKENDS = ("torch", "paddle")
 SHARDINGS = ("none", "stage1", "stage2", "stage3")
@@ -210,6 +215,18 @@ def test_cost_per_million_samples_follows_from_the_price_and_each_runs_throughpu
             assert usd == f"${expected:,.2f}"
         else:
             assert usd == "–" and notes == f"{framework}: unsupported"
+
+
+def test_batch_lists_every_run_with_its_throughput_or_status_in_the_seed_002_form(runs, reports):
+    (table,) = tables_in(reports[0]["batch"])
+    assert table["header"] == SEED_002 and len(table["rows"]) == len(runs)
+    for hardware, framework, _, variant, size, throughput in table["rows"]:
+        run = runs[(int(hardware.split("x ")[0]), variant.removeprefix("parallel.sharding="), framework)]
+        assert size.split(" ")[0] == str(run["spec"]["batch"]["global"])
+        assert throughput == (f"~{run['measurement']['ips']:,.3g}" if ok(run) else "**unsupported**")
+    bullet = re.compile(r"^- \*[12]x .+\* \((torch|paddle), tiny-layouts\): global batch size 2[^:]*: "
+                        r"(~ [\d.,]+ samples/s|unsupported)$")
+    assert len([n for n in table["notes"] if bullet.match(n)]) == len(runs)
 
 
 class _Headers(HTMLParser):
