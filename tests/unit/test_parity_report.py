@@ -64,7 +64,10 @@ def test_gradient_norms_are_compared_per_step_and_fail_a_step_beyond_their_toler
     steps = parity.compare_losses([3.0, 2.5, 2.0], [3.0, 2.5, 2.0], grad_norms=grads)
     assert [s.passed for s in steps] == [True, False, True]  # 5e-3 relative at step 1: over 1e-3
     assert math.isclose(steps[1].grad_norm_rel_diff, 5e-3) and steps[1].grad_norm_other == 2.01
-    report_only = parity.compare_losses([3.0, 2.5, 2.0], [3.0, 2.5, 2.0], parity.Tolerances(grad_norm_rel=None),
+    step0 = parity.compare_losses([3.0], [3.0], grad_norms=([1.0], [1.0 + 3e-4]))
+    assert not step0[0].passed  # 3e-4 at step 0: over its 1e-5 (a LoRA A of its own measured 3.1e-4)
+    report_only = parity.compare_losses([3.0, 2.5, 2.0], [3.0, 2.5, 2.0],
+                                        parity.Tolerances(grad_norm_step0_rel=None, grad_norm_rel=None),
                                         grad_norms=grads)
     assert all(s.passed for s in report_only) and report_only[1].grad_norm_rel_diff is not None
     nan = parity.compare_losses([3.0], [3.0], grad_norms=([1.0], [float("nan")]))

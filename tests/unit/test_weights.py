@@ -124,7 +124,8 @@ def test_older_transformers_names_map_to_the_current_ones_and_current_names_stay
     assert canonical_name("qwen2vl", "model.embed_tokens.weight") == "model.language_model.embed_tokens.weight"
     assert canonical_name("qwen2vl", "visual.merger.mlp.0.weight") == "model.visual.merger.mlp.0.weight"
     for family, name in (("llava", "model.language_model.norm.weight"), ("llava", "lm_head.weight"),
-                         ("qwen2vl", "model.language_model.norm.weight"), ("qwen2vl", "model.visual.blocks.0.attn.qkv.bias"),
+                         ("qwen2vl", "model.language_model.norm.weight"),
+                         ("qwen2vl", "model.visual.blocks.0.attn.qkv.bias"),
                          ("qwen2vl", "lm_head.weight"), ("sd15", "unet.conv_in.weight")):
         assert canonical_name(family, name) == name  # already current: unchanged
 
