@@ -17,6 +17,7 @@ Exit codes: 0 success; 1 a run failed (its result and the others are still writt
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -318,6 +319,68 @@ def parity(recipe, backends, steps, overrides, pythons, out_dir) -> None:
         _fail(str(err))
     click.echo(report.markdown())
     sys.exit(0 if report.passed else 1)
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@main.command()
+@click.argument("suite", type=click.Path())
+@click.option("--history", "history_dir", type=click.Path(path_type=Path), required=True,
+              help="History directory: history.jsonl, nights/<night>/..., report.html (created if missing).")
+@click.option("--night", default=None, metavar="ID",
+              help="Night id (default: resume this suite's unfinished night, else today's UTC date).")
+@set_option
+@python_option
+@click.option("--report-only", is_flag=True, help="Run nothing: rewrite the night's report from what is recorded.")
+def nightly(suite, history_dir, night, overrides, pythons, report_only) -> None:
+    """Run a suite, add it to the history, flag regressions against earlier nights, write report.html.
+
+    Exit 0: no regression; 1: a regression or a failed run (listed first in the report); 2: bad input.
+    Killed at any moment, the same command resumes the night and keeps every finished run."""
+    from xfw import nightly as nt
+    from xfw.nightly_report import write_night_report
+    from xfw.progress import make_progress
+    from xfw.suite import SuiteError, load_suite
+
+    try:
+        loaded = load_suite(suite, list(overrides))
+    except SuiteError as err:
+        _fail(str(err))
+    if report_only:
+        night = night or (nt.History(history_dir).nights() or [None])[-1]
+        if night is None or not (history_dir / nt.NIGHTS_DIR / night / "nightly.json").exists():
+            _fail(f"--report-only: no recorded night {night or ''} in {history_dir}".replace("  ", " "))
+        verdicts = nt.load_verdicts(history_dir / nt.NIGHTS_DIR / night)
+        path = write_night_report(history_dir, night, suite_name=loaded.name)
+        click.echo(f"report: {path}", err=True)
+        sys.exit(1 if any(v.flagged for v in verdicts) else 0)
+    try:
+        backends = workflow.prepare_backends(list(loaded.backends), _interpreters(pythons))
+    except workflow.UsageError as err:
+        _fail(str(err))
+    # A scheduler's polite stop (cron's `timeout`, Slurm's time limit) arrives as SIGTERM: stop the
+    # running adapter the way Ctrl-C does, so it is recorded as cut off and rerun on resume.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        outcome = nt.run_night(loaded, backends, history_dir, night=night, overrides=list(overrides),
+                               progress=make_progress(), log=lambda line: click.echo(line, err=True))
+    except KeyboardInterrupt:
+        click.echo("interrupted: finished runs are kept; the same command resumes this night", err=True)
+        sys.exit(130)
+    outcome.report_path = write_night_report(history_dir, outcome.night, suite_name=loaded.name)
+    nt.finish_night(outcome)
+    flagged = outcome.regressions
+    if flagged:
+        click.echo(f"{len(flagged)} regression(s) or failure(s) in night {outcome.night}:")
+        for verdict in flagged:
+            click.echo(f"  {verdict.line()}")
+    else:
+        click.echo(f"night {outcome.night}: no regressions ({len(outcome.results)} runs, "
+                   f"{outcome.kept} kept from an interrupted attempt)")
+    click.echo(f"report: {outcome.report_path}\nhistory: {history_dir / 'history.jsonl'}", err=True)
+    sys.exit(outcome.exit_code)
 
 
 @main.command(name="env")
