@@ -227,7 +227,7 @@ def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict
                               num_processes=recipe.num_processes, stderr_tail=_tail(run_dir / "stderr.log"),
                               timeout_s=timeout_s)
     if interrupted:
-        status, reason = "crashed", "interrupted by the user (Ctrl-C)"
+        status, reason = "crashed", "interrupted (Ctrl-C, or SIGTERM during xfw nightly)"
     applied = next((r for r in records if r.get("kind") == "applied" and r.get("rank") == 0), {})
     applied = {k: v for k, v in applied.items() if k not in ("schema", "kind", "rank")}
     measurement = summarize(records)
