@@ -207,7 +207,7 @@ def write_night_report(history_dir: Path, night: str, *, suite_name: str) -> Pat
                      "previous nights.</section>")
     if failed:
         parts.append("<h2>Failed runs</h2><ul>" + "".join(f"<li>{_esc(f)}</li>" for f in failed) + "</ul>")
-    parts += ["<h2>This night: PaddlePaddle vs PyTorch</h2>", html_table(header, cells, css_class="contrast"),
+    parts += [f"<h2>This night: {_esc(' vs '.join(backends))}</h2>", html_table(header, cells, css_class="contrast"),
               _png_tag(chart, "bar chart of throughput per backend")]
     if len(backends) > 1:
         parts.append(f"<p class=sub>Contrast = ({_esc(backends[0])} − {_esc(backends[1])}) / {_esc(backends[1])} "

@@ -73,7 +73,7 @@ def test_an_injected_slowdown_is_flagged_and_the_exit_code_says_so(nights):
         assert "detect_anomaly – → True" in verdict["note"]
         assert f"{entry} / torch: ips" in done["n3"].stdout
     page = (history / "report.html").read_text()
-    assert page.index("regression(s) or failure(s)") < page.index("This night: PaddlePaddle vs PyTorch")
+    assert page.index("regression(s) or failure(s)") < page.index("This night: paddle vs torch")
 
 
 def frame_entries(history: Path) -> list[str]:
