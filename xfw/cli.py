@@ -333,8 +333,10 @@ def _raise_keyboard_interrupt(signum, frame):
               help="Night id (default: resume this suite's unfinished night, else today's UTC date).")
 @set_option
 @python_option
+@click.option("--backends", "only_backends", default=None, metavar="A,B",
+              help="Run only these of the suite's backends (e.g. torch on a node without a Paddle GPU build).")
 @click.option("--report-only", is_flag=True, help="Run nothing: rewrite the night's report from what is recorded.")
-def nightly(suite, history_dir, night, overrides, pythons, report_only) -> None:
+def nightly(suite, history_dir, night, overrides, only_backends, pythons, report_only) -> None:
     """Run a suite, add it to the history, flag regressions against earlier nights, write report.html.
 
     Exit 0: no regression; 1: a regression or a failed run (listed first in the report); 2: bad input.
@@ -356,8 +358,14 @@ def nightly(suite, history_dir, night, overrides, pythons, report_only) -> None:
         path = write_night_report(history_dir, night, suite_name=loaded.name)
         click.echo(f"report: {path}", err=True)
         sys.exit(1 if any(v.flagged for v in verdicts) else 0)
+    names = list(loaded.backends)
+    if only_backends is not None:
+        names = _backend_list(only_backends)
+        stray = [n for n in names if n not in loaded.backends]
+        if stray:
+            _fail(f"--backends {stray[0]}: not a backend of {suite} (it runs {', '.join(loaded.backends)})")
     try:
-        backends = workflow.prepare_backends(list(loaded.backends), _interpreters(pythons))
+        backends = workflow.prepare_backends(names, _interpreters(pythons))
     except workflow.UsageError as err:
         _fail(str(err))
     # A scheduler's polite stop (cron's `timeout`, Slurm's time limit) arrives as SIGTERM: stop the

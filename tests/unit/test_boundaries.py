@@ -44,7 +44,7 @@ def test_cli_commands_and_options_are_frozen():
         "parity": ["backends", "out_dir", "overrides", "pythons", "recipe", "steps"],
         "estimate": ["overrides", "recipe", "run_dir"],
         "maxbatch": ["backends", "candidates", "max_micro", "out_dir", "overrides", "pythons", "recipe"],
-        "nightly": ["history_dir", "night", "overrides", "pythons", "report_only", "suite"],
+        "nightly": ["history_dir", "night", "only_backends", "overrides", "pythons", "report_only", "suite"],
         "report": ["backends", "layout", "out_dir", "price_per_gpu_hour", "run_dirs"],
         "run": ["backend", "master_addr", "master_port", "node_rank", "out_dir", "overrides", "print_command",
                 "pythons", "recipe", "repeat"],

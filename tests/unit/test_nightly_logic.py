@@ -217,3 +217,18 @@ def test_min_nights_holds_back_a_verdict():
     policy = RegressionPolicy(min_nights=3)
     v = verdicts_for([row("n1"), row("n2", ips=10)], "n2", policy)[("e", "torch", "ips")]
     assert v.verdict == "new" and "1 comparable night(s), 3 needed" in v.note
+
+
+# -- the command's input checks (nothing launches) ------------------------------------------------
+def test_nightly_rejects_a_backend_the_suite_does_not_run_and_creates_nothing(tmp_path):
+    from click.testing import CliRunner
+
+    from xfw import cli
+
+    result = CliRunner().invoke(cli.main, ["nightly", str(ROOT / "suites/cpu_smoke.yaml"), "--history",
+                                           str(tmp_path / "h"), "--backends", "torch,jax"])
+    assert result.exit_code == 2 and "--backends jax: not a backend of" in result.output
+    assert not (tmp_path / "h").exists()
+    empty = CliRunner().invoke(cli.main, ["nightly", str(ROOT / "suites/cpu_smoke.yaml"), "--history",
+                                          str(tmp_path / "h"), "--report-only"])
+    assert empty.exit_code == 2 and "--report-only: no recorded night" in empty.output
