@@ -9,6 +9,9 @@ timestamps, and losses read without adding host syncs inside the window::
     python -m xfw_torch --spec run/spec.json --records run/steps.jsonl
     # -> adapters call xfw.harness.main(build_session), which ends in run_training(...)
 
+With the ``grad_norm`` backend knob (parity only) each step record also carries the gradient
+norm, read every step: a host sync inside the window, so such a run is not a measurement.
+
 Exit codes, read by the launcher: 0 ok, 2 invalid spec, 3 unsupported, 4 out of memory;
 anything else is a crash. The same status is written as an ``error`` record first.
 """

@@ -2,17 +2,22 @@
 
 ``run_parity`` forces what makes the two sides comparable (fp32, AMP O0, one process, no
 warm-up), exports the PyTorch side's seeded initial weights once to a neutral file
-(``xfw.weights``), points both runs' ``model.weights`` at it, and runs each backend through
-the launcher. The batches are the same by construction (``xfw.synthetic`` draws every input,
-noise and timestep included, from the spec's seed). Then it compares the loss per step::
+(``xfw.weights``; LoRA adapters included), points both runs' ``model.weights`` at it, and
+runs each backend through the launcher with the gradient norm recorded per step (the
+harness's ``grad_norm`` knob). The batches are the same by construction (``xfw.synthetic``
+draws every input, noise and timestep included, from the spec's seed). Then it compares the
+loss and the gradient norm per step::
 
-    report = run_parity("recipes/tiny/llava_sft.yaml", [], 10, Path("runs/parity"), {})
+    report = run_parity("recipes/tiny/llava_sft.yaml", [], 10, Path("runs/parity"), {},
+                        backends=("torch", "paddle"))
     print(report.markdown())   # also runs/parity/parity.json
     # runs/parity/{weights/model.safetensors, torch/..., paddle/..., parity.json}
 
 Tolerances (the targets of issue 5): the step-0 loss, computed from identical weights on
 identical inputs, may differ only by fp32 rounding (relative ≤ 1e-5); every later step
-(after the optimizer has amplified rounding differences) relative ≤ 1e-3.
+(after the optimizer has amplified rounding differences) relative ≤ 1e-3. The gradient norm:
+the same two bounds (measured values and why: GRAD_NORM_REL, docs/parity.md).
+``find_parity`` gives a compare report the status of a parity run of the same recipe.
 """
 
 from __future__ import annotations

@@ -67,3 +67,19 @@ def test_a_step_may_carry_a_gradient_norm_only_as_a_number_or_null():
     window = {"schema": 1, "kind": "window", "rank": 0, "window_time_s": 1.0, "num_steps": 1, "samples": 1,
               "tokens": 1, "grad_norm_l2": 1.0}
     assert any("unexpected key 'grad_norm_l2'" in p for p in validate_record(window))  # steps only
+
+
+def test_the_gradient_norm_knob_is_a_boolean_for_one_process_and_off_by_default():
+    import pytest
+
+    from xfw.harness import InvalidSpec, wants_grad_norm
+
+    def spec(knobs, processes=1):
+        return {"backend": "torch", "backend_knobs": knobs, "derived": {"num_processes": processes}}
+
+    assert wants_grad_norm(spec({})) is False and wants_grad_norm(spec({"grad_norm": True})) is True
+    with pytest.raises(InvalidSpec, match=r"backends\.torch\.grad_norm: must be true or false, got 'yes'"):
+        wants_grad_norm(spec({"grad_norm": "yes"}))
+    with pytest.raises(InvalidSpec, match=r"backends\.torch\.grad_norm: only with one process"):
+        wants_grad_norm(spec({"grad_norm": True}, processes=2))
+    assert wants_grad_norm(spec({"grad_norm": False}, processes=2)) is False
