@@ -90,7 +90,9 @@ def _prepare(recipe_paths, backend_names, overrides, pythons):
     return recipes, backends
 
 
-def _execute(recipe_paths, backend_names, overrides, pythons, out_dir, rendezvous, print_command=False) -> int:
+def _execute(recipe_paths, backend_names, overrides, pythons, out_dir, rendezvous, print_command=False,
+             parity_dirs=None) -> int:
+    """Run, report, print. ``parity_dirs`` (a list, possibly empty): look up and show parity status."""
     from xfw.progress import make_progress
 
     recipes, backends = _prepare(recipe_paths, backend_names, overrides, pythons)
@@ -100,7 +102,8 @@ def _execute(recipe_paths, backend_names, overrides, pythons, out_dir, rendezvou
         return 0
     click.echo(f"runs in {out_dir}", err=True)
     results = workflow.run_all(recipes, backends, out_dir, make_progress(), rendezvous)
-    report = workflow.write_report(results, backend_names, out_dir)
+    parity = None if parity_dirs is None else workflow.parity_statuses(recipes, out_dir, parity_dirs)
+    report = workflow.write_report(results, backend_names, out_dir, parity=parity)
     click.echo(report.markdown)
     for kind, path in report.paths.items():
         click.echo(f"{kind}: {path}", err=True)
@@ -161,34 +164,17 @@ def run(recipe, backend, overrides, repeat, pythons, out_dir, node_rank, master_
 @python_option
 @out_option
 @rendezvous_options
-def compare(recipes, backends, overrides, repeat, pythons, out_dir, node_rank, master_addr, master_port) -> None:
+@click.option("--parity", "parity_dirs", multiple=True, type=click.Path(path_type=Path), metavar="DIR",
+              help="Where to look for a parity run of the recipe (xfw parity's --out); repeatable. Also searched: "
+                   "--out (and one level below) and runs/parity-<recipe>.")
+def compare(recipes, backends, overrides, repeat, pythons, out_dir, node_rank, master_addr, master_port,
+            parity_dirs) -> None:
     """Run recipes on several backends, one at a time, and print the contrast table. The settings
     section shows each recipe's parity status: the newest parity.json with the same recipe
-    fingerprint in --out (or one level below) or in runs/parity-<recipe> (xfw parity's default)."""
-    from xfw import compare as cmp
-    from xfw import parity as par
-    from xfw import render
-    from xfw.progress import make_progress
-    from xfw.results import write_text_atomic
-
+    fingerprint in --parity DIR, in --out (or one level below) or in runs/parity-<recipe>."""
     rendezvous = launcher.Rendezvous(node_rank, master_addr, master_port)
-    names = _backend_list(backends)
-    loaded, resolved = _prepare(recipes, names, _with_repeat(overrides, repeat), pythons)
-    out_dir = out_dir or workflow.default_out_dir(loaded)
-    click.echo(f"runs in {out_dir}", err=True)
-    results = workflow.run_all(loaded, resolved, out_dir, make_progress(), rendezvous)
-    report = workflow.write_report(results, names, out_dir)
-    search = [out_dir, *(Path("runs") / f"parity-{r.name}" for r in loaded)]
-    statuses = {r.name: par.find_parity(r, search) for r in loaded}
-    markdown = render.report_markdown(cmp.compare_runs(results, names, parity=statuses), names)
-    write_text_atomic(report.paths["markdown"], markdown)  # the same report, with the parity lines
-    click.echo(markdown)
-    for kind, path in report.paths.items():
-        click.echo(f"{kind}: {path}", err=True)
-    failed = [r for r in results if not r.ok]
-    if failed:
-        click.echo(f"{len(failed)} of {len(results)} runs failed (see 'Failed runs' above)", err=True)
-    sys.exit(1 if failed else 0)
+    sys.exit(_execute(recipes, _backend_list(backends), _with_repeat(overrides, repeat), pythons, out_dir,
+                      rendezvous, parity_dirs=list(parity_dirs)))
 
 
 @main.command()

@@ -113,8 +113,19 @@ def launch_commands(recipes: list[Recipe], backends: dict[str, tuple[launcher.Ba
     return lines
 
 
-def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *, chart: bool = True) -> Report:
-    rows = cmp.compare_runs(results, backends)
+def parity_statuses(recipes: list[Recipe], out_dir: Path, extra: list[Path] = ()) -> dict[str, dict]:
+    """Each recipe's parity status for the report: the newest matching parity.json in ``extra``,
+    ``out_dir`` (or one level below) or ``runs/parity-<recipe>`` (xfw parity's default out)."""
+    from xfw import parity as par  # only here: compare's report is the one place that needs it
+
+    search = [*extra, out_dir, *(Path("runs") / f"parity-{r.name}" for r in recipes)]
+    return {r.name: par.find_parity(r, search) for r in recipes}
+
+
+def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *, chart: bool = True,
+                 parity: dict[str, dict] | None = None) -> Report:
+    """report.md/csv/html and chart.png; ``parity`` (recipe name -> status) adds the parity lines."""
+    rows = cmp.compare_runs(results, backends, parity=parity)
     out_dir.mkdir(parents=True, exist_ok=True)
     markdown = render.report_markdown(rows, backends)
     paths = {"markdown": out_dir / "report.md", "csv": out_dir / "report.csv"}

@@ -46,3 +46,20 @@ def test_a_backend_that_rejects_its_settings_loses_no_other_result(tmp_path):
     assert "paddle: invalid — backends.paddle.no_such_knob" in result.stdout
     torch_summary = json.loads((out / "tiny-llava-sft" / "torch" / "summary.json").read_text())
     assert torch_summary["status"] == "ok" and torch_summary["measurement"]["ips"] > 0
+
+
+def test_the_compare_report_shows_the_parity_run_of_the_same_recipe(tmp_path):
+    parity = xfw("parity", "recipes/tiny/llava_sft.yaml", "--steps", "2", "--out", tmp_path / "parity")
+    assert parity.returncode == 0, parity.stderr[-2000:]
+    quick = ("--set", "measure.warmup_steps=0", "--set", "measure.steps=2")
+    shown = xfw("compare", "recipes/tiny/llava_sft.yaml", "--out", tmp_path / "a", "--parity", tmp_path / "parity",
+                *quick)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    line = next(line for line in shown.stdout.splitlines() if "Parity:" in line)
+    assert "passed, 2 steps" in line and str(tmp_path / "parity") in line
+    assert line in (tmp_path / "a" / "report.md").read_text()
+    # Another configuration of the recipe (a different batch) is not vouched for by that run.
+    other = xfw("compare", "recipes/tiny/llava_sft.yaml", "--out", tmp_path / "b", "--parity", tmp_path / "parity",
+                "--set", "batch.micro=2", *quick)
+    assert "Parity: no parity run" in other.stdout and "passed" not in next(
+        line for line in other.stdout.splitlines() if "Parity:" in line)

@@ -38,8 +38,8 @@ def test_cli_commands_and_options_are_frozen():
     # Changing the CLI breaks users' nightly scripts: update this test deliberately.
     commands = {name: sorted(p.name for p in cmd.params) for name, cmd in cli.main.commands.items()}
     assert commands == {
-        "compare": ["backends", "master_addr", "master_port", "node_rank", "out_dir", "overrides", "pythons",
-                    "recipes", "repeat"],
+        "compare": ["backends", "master_addr", "master_port", "node_rank", "out_dir", "overrides", "parity_dirs",
+                    "pythons", "recipes", "repeat"],
         "env": ["backends", "pythons"],
         "parity": ["backends", "out_dir", "overrides", "pythons", "recipe", "steps"],
         "estimate": ["overrides", "recipe", "run_dir"],
