@@ -372,7 +372,7 @@ def nightly(suite, history_dir, night, overrides, only_backends, pythons, report
             click.echo(f"  {verdict.line()}")
     else:
         click.echo(f"night {outcome.night}: no regressions ({len(outcome.results)} runs, "
-                   f"{outcome.kept} kept from an interrupted attempt)")
+                   f"{outcome.kept} kept from an earlier attempt)")
     click.echo(f"report: {outcome.report_path}\nhistory: {history_dir / 'history.jsonl'}", err=True)
     sys.exit(outcome.exit_code)
 

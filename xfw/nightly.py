@@ -263,7 +263,7 @@ class NightOutcome:
     results: list[RunResult]
     verdicts: list[Verdict]
     kept: int
-    """Runs kept from an earlier, interrupted attempt at this night."""
+    """Runs kept from an earlier attempt at this night (interrupted, or rerun with --night)."""
     report_path: Path | None = None
 
     @property
