@@ -19,7 +19,9 @@ make_env() {
   local dir=.venv/$name
   local stamp="$dir/.xfw-setup-stamp"
   local want
-  want=$(cat "$requirements" pyproject.toml adapters/"$name"/pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+  local late=adapters/$name/requirements-no-build-isolation.txt
+  want=$(cat "$requirements" pyproject.toml adapters/"$name"/pyproject.toml scripts/setup.sh $( [ -f "$late" ] && echo "$late") \
+         | sha256sum | cut -c1-16)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$dir/bin/python" -c "import xfw_$name" 2>/dev/null; then
     echo "==> .venv/$name is up to date"
     return
@@ -29,6 +31,9 @@ make_env() {
   "$PYTHON" -m venv "$dir"
   quiet_pip "$dir/bin/python" -m pip install --progress-bar off --upgrade pip
   quiet_pip "$dir/bin/python" -m pip install --progress-bar off -r "$requirements" "$@"
+  if [ -f "$late" ]; then  # packages that must build against this environment's torch (see the file)
+    quiet_pip env DS_BUILD_OPS=0 "$dir/bin/python" -m pip install --progress-bar off --no-build-isolation -r "$late"
+  fi
   "$dir/bin/python" -c "import xfw_$name"
   echo "$want" > "$stamp"
   echo "==> .venv/$name ready"

@@ -21,7 +21,8 @@ STEPS = {"warmup_steps": 1, "steps": 3, "timeout_s": 240}
 
 def run(write_recipe, tmp_path, name, backend_name="torch", **sections):
     backend = launcher.Backend(backend_name, str(require_interpreter(backend_name)))
-    recipe = load_recipe(write_recipe(f"{name}.yaml", measure=STEPS, batch={"global": 4, "micro": 2}, **sections))
+    recipe = load_recipe(write_recipe(f"{name}.yaml", **{"measure": STEPS, "batch": {"global": 4, "micro": 2},
+                                                         **sections}))
     return launcher.launch(recipe, backend, tmp_path / name, description=launcher.describe_backend(backend))
 
 
@@ -42,7 +43,8 @@ def single(tmp_path_factory):
 
 
 @pytest.mark.parametrize("sharding,impl", [("none", "ddp"), ("stage1", "zero_redundancy"), ("stage2", "fsdp2"),
-                                           ("stage3", "fsdp2")])
+                                           ("stage3", "fsdp2"), ("stage1", "deepspeed"), ("stage2", "deepspeed"),
+                                           ("stage3", "deepspeed")])
 def test_two_processes_match_one_process_for_the_same_global_batch(write_recipe, tmp_path, single, sharding, impl):
     result = run(write_recipe, tmp_path, impl, parallel={"nproc_per_node": 2, "sharding": sharding},
                  backends={"torch": {"sharding_impl": impl}})
@@ -51,6 +53,17 @@ def test_two_processes_match_one_process_for_the_same_global_batch(write_recipe,
     assert result.applied["num_params_total"] == single.applied["num_params_total"]
     assert result.measurement.num_ranks == 2
     assert mean_losses(result) == pytest.approx(mean_losses(single), rel=1e-5)
+
+
+def test_deepspeed_accumulates_micro_batches_like_one_process(write_recipe, tmp_path):
+    # 2 processes x 2 micro-batches of 2 against 1 process x 4: DeepSpeed owns the accumulation.
+    batch = {"global": 8, "micro": 2}
+    one = run(write_recipe, tmp_path, "one", batch=batch)
+    zero3 = run(write_recipe, tmp_path, "zero3", batch=batch, parallel={"nproc_per_node": 2, "sharding": "stage3"},
+                backends={"torch": {"sharding_impl": "deepspeed"}})
+    assert one.status == zero3.status == "ok", zero3.reason
+    assert zero3.applied["grad_accum_steps"] == 2 and "DeepSpeed" in zero3.applied["notes"]
+    assert mean_losses(zero3) == pytest.approx(mean_losses(one), rel=1e-5)
 
 
 def test_fsdp1_on_cpu_is_unsupported_not_a_crash(write_recipe, tmp_path):

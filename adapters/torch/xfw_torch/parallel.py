@@ -12,6 +12,9 @@ stage2                FSDP2 ``fully_shard(reshard_after_forward=False)`` (≈ Ze
                       FSDP1 ``SHARD_GRAD_OP``
 stage3                FSDP2 ``fully_shard(reshard_after_forward=True)`` (ZeRO-3), or
                       FSDP1 ``FULL_SHARD``
+stage1/2/3            or DeepSpeed ZeRO-1/2/3 (``sharding_impl: deepspeed``): the engine owns the
+                      optimizer, gradient accumulation and, under O2, bf16/fp16 weights with fp32
+                      master weights (:func:`deepspeed_engine`)
 ====================  =========================================================================
 
 Order matters: FSDP shards each transformer block first and the root last, so every block
@@ -32,9 +35,9 @@ from xfw.harness import InvalidSpec, Unsupported
 
 IMPLS = {
     "none": ("ddp",),
-    "stage1": ("zero_redundancy",),
-    "stage2": ("fsdp2", "fsdp1"),
-    "stage3": ("fsdp2", "fsdp1"),
+    "stage1": ("zero_redundancy", "deepspeed"),
+    "stage2": ("fsdp2", "fsdp1", "deepspeed"),
+    "stage3": ("fsdp2", "fsdp1", "deepspeed"),
 }
 
 
@@ -86,6 +89,8 @@ def apply_parallel(module: LossModule, *, spec: dict, units: list[torch.nn.Modul
         return module, "none"
     impl = choose_impl(spec)
     cuda = device.type == "cuda"
+    if impl == "deepspeed":
+        return module, impl  # wrapped with its optimizer by deepspeed_engine, once the optimizer is known
     if impl in ("ddp", "zero_redundancy"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -113,6 +118,35 @@ def apply_parallel(module: LossModule, *, spec: dict, units: list[torch.nn.Modul
         use_orig_params=True, device_id=device if cuda else None,
     )
     return wrapped, "fsdp1"
+
+
+def deepspeed_engine(module: LossModule, params: list, spec: dict):
+    """DeepSpeed's engine over the loss module: ZeRO stage from parallel.sharding, AdamW from the
+    recipe (torch's implementation, so both sides of a comparison run the same update), the batch
+    split from the spec, and O2 as DeepSpeed's bf16/fp16 mode (low-precision weights, fp32 master
+    weights in the optimizer). O1 stays torch.autocast over the fp32 engine (the session's)."""
+    try:
+        import deepspeed
+    except ImportError:
+        raise Unsupported("backends.torch.sharding_impl: deepspeed is not installed in this environment "
+                          "(make setup installs it)") from None
+    opt, precision = spec["optimizer"], spec["precision"]
+    config = {
+        "train_micro_batch_size_per_gpu": spec["batch"]["micro"],
+        "gradient_accumulation_steps": spec["derived"]["grad_accum_steps"],
+        "train_batch_size": spec["batch"]["global"],
+        "zero_optimization": {"stage": int(spec["parallel"]["sharding"].removeprefix("stage"))},
+        "optimizer": {"type": "AdamW", "params": {"lr": opt["lr"], "betas": list(opt["betas"]), "eps": opt["eps"],
+                                                  "weight_decay": opt["weight_decay"], "torch_adam": True,
+                                                  "adam_w_mode": True}},
+        "gradient_clipping": 0.0,
+        "steps_per_print": 2**31 - 1,  # no progress lines of its own inside the measured window
+        "wall_clock_breakdown": False,
+    }
+    if precision["amp_level"] == "O2":
+        config["bf16" if precision["dtype"] == "bf16" else "fp16"] = {"enabled": True}
+    engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=params, config=config)
+    return engine, deepspeed.__version__
 
 
 def make_optimizer(params: list, impl: str, optimizer: dict, fused: bool) -> torch.optim.Optimizer:

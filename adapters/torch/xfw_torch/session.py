@@ -33,7 +33,7 @@ KNOBS = {"fused_optimizer", "attn_implementation", "sharding_impl", "compile", "
 
 def _library_versions() -> dict[str, str]:
     return {"torch": torch.__version__,
-            **package_versions(("transformers", "diffusers", "peft", "accelerate", "numpy"))}
+            **package_versions(("transformers", "diffusers", "peft", "accelerate", "deepspeed", "numpy"))}
 
 
 def describe() -> dict:
@@ -223,16 +223,26 @@ class TorchSession:
         fsdp = impl in ("fsdp1", "fsdp2")
         # O2: FSDP keeps fp32 shards and computes in low precision (its shards are the master
         # weights); everything else casts the weights and keeps fp32 masters in the optimizer.
-        model.to(self.device, dtype=self.dtype if level == "O2" and not fsdp else torch.float32)
+        # (DeepSpeed likewise: it casts the fp32 model itself and keeps the fp32 masters.)
+        fp32_masters_elsewhere = fsdp or impl == "deepspeed"
+        model.to(self.device, dtype=self.dtype if level == "O2" and not fp32_masters_elsewhere else torch.float32)
         self.module, self.impl = parallel.apply_parallel(
             parallel.LossModule(model, family.loss_fn), spec=spec, units=family.shard_units(model),
             device=self.device, dtype=self.dtype if level == "O2" and fsdp else None,
             find_unused=getattr(family, "DDP_FIND_UNUSED", False))
         trainable = [p for p in self.module.parameters() if p.requires_grad]
-        self.master = MasterWeights(trainable) if level == "O2" and not fsdp else None
-        self.fused = bool(knobs.get("fused_optimizer", self.cuda))
-        self.optimizer = parallel.make_optimizer(self.master.master_params if self.master else trainable,
-                                                 self.impl, spec["optimizer"], self.fused)
+        self.engine, self.deepspeed_version = None, None
+        if self.impl == "deepspeed":
+            if dtype_name == "fp16":
+                raise Unsupported("sharding_impl deepspeed with fp16: DeepSpeed's loss scaler is not wired in; "
+                                  "use bf16 or another sharding_impl")
+            # ZeRO keeps the fp32 masters itself under O2, and owns the optimizer and accumulation.
+            self.engine, self.deepspeed_version = parallel.deepspeed_engine(self.module, trainable, spec)
+            self.module = self.engine
+        self.master = MasterWeights(trainable) if level == "O2" and not fsdp and not self.engine else None
+        self.fused = bool(knobs.get("fused_optimizer", self.cuda)) and not self.engine
+        self.optimizer = None if self.engine else parallel.make_optimizer(
+            self.master.master_params if self.master else trainable, self.impl, spec["optimizer"], self.fused)
         self.autocast = level in ("O1", "O2")
         self.scaler = None
         if dtype_name == "fp16":
@@ -258,6 +268,8 @@ class TorchSession:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
     def train_step(self, micro_batches: list) -> torch.Tensor:
+        if self.engine is not None:
+            return self._deepspeed_step(micro_batches)
         total = torch.zeros((), device=self.device)
         last = len(micro_batches) - 1
         for i, batch in enumerate(micro_batches):
@@ -278,6 +290,18 @@ class TorchSession:
         self.optimizer.zero_grad(set_to_none=True)
         if self.master:
             self.master.master_to_model()
+        return total
+
+    def _deepspeed_step(self, micro_batches: list) -> torch.Tensor:
+        """The engine scales each micro-batch's loss by 1/accumulation in backward and applies the
+        optimizer at the last one; the reported loss is the same mean as the plain path's."""
+        total = torch.zeros((), device=self.device)
+        for batch in micro_batches:
+            with self._autocast():
+                loss = self.engine(**batch)
+            self.engine.backward(loss)
+            self.engine.step()
+            total += loss.detach().float() / len(micro_batches)
         return total
 
     def _global_grad_norm(self) -> torch.Tensor:
@@ -339,6 +363,10 @@ class TorchSession:
                  "O2": "low-precision weights + autocast + fp32 master weights in the optimizer"}[level]
         if level == "O2" and fsdp:
             notes = f"{self.impl} mixed precision: {compute} compute over fp32 shards (the master weights), fp32 reduce"
+        if self.engine is not None:
+            stage = self.spec["parallel"]["sharding"].removeprefix("stage")
+            notes = (f"DeepSpeed {self.deepspeed_version} ZeRO-{stage}, torch AdamW; "
+                     + ("bf16 weights, fp32 master weights in ZeRO's optimizer" if level == "O2" else notes))
         if self.scaler:
             notes += f"; {type(self.scaler).__name__}"
         if self.compiled:
@@ -352,7 +380,7 @@ class TorchSession:
             framework="torch", framework_version=torch.__version__, device=str(self.device),
             device_name=torch.cuda.get_device_name(self.device) if self.cuda else cpu_model(),
             weight_dtype=str(weight_dtype).removeprefix("torch."), compute_dtype=compute, amp_level=level,
-            master_weights=self.master is not None or (level == "O2" and fsdp), sharding_impl=self.impl,
+            master_weights=self.master is not None or (level == "O2" and (fsdp or self.engine is not None)), sharding_impl=self.impl,
             attention_impl=self.attn, tf32=bool(self.cuda and torch.backends.cuda.matmul.allow_tf32),
             fused_optimizer=self.fused, recompute=bool(self.spec["recompute"]),
             num_params_total=self.num_params_total, num_params_trainable=self.num_params_trainable,
