@@ -159,7 +159,8 @@ def setup_from_spec(spec: dict) -> dict:
             "global_batch": batch.get("global"), "micro_batch": batch.get("micro"),
             "grad_accum_steps": derived.get("grad_accum_steps"), "sharding": parallel.get("sharding", "none"),
             "dtype": precision.get("dtype"), "amp_level": precision.get("amp_level"),
-            "recompute": spec.get("recompute"), "measure_steps": spec.get("measure", {}).get("steps")}
+            "recompute": spec.get("recompute"), "measure_steps": spec.get("measure", {}).get("steps"),
+            "knobs": dict(spec.get("backend_knobs", {}))}
 
 
 def compute_mfu(spec: dict, measurement: Measurement, applied: dict) -> float | None:
@@ -184,4 +185,37 @@ def find_run_dirs(paths: list[str | os.PathLike]) -> list[Path]:
 
 
 def load_runs(paths: list[str | os.PathLike]) -> list[RunResult]:
-    return [RunResult.load(d) for d in find_run_dirs(paths)]
+    return distinguish_configurations([RunResult.load(d) for d in find_run_dirs(paths)])
+
+
+# The settings that make two runs of one recipe different configurations (not repeats), and the
+# names they are shown under (the recipe's own dotted keys where there is one).
+_SETUP_LABELS = {"num_processes": "parallel.processes", "sharding": "parallel.sharding",
+                 "global_batch": "batch.global", "micro_batch": "batch.micro", "dtype": "precision.dtype",
+                 "amp_level": "precision.amp_level", "recompute": "recompute"}
+
+
+def _group(results: list[RunResult], key) -> list[list[RunResult]]:
+    groups: dict[str, list[RunResult]] = {}
+    for r in results:
+        groups.setdefault(json.dumps(key(r), sort_keys=True, default=str), []).append(r)
+    return list(groups.values())
+
+
+def distinguish_configurations(results: list[RunResult]) -> list[RunResult]:
+    """Runs gathered from separate commands (``xfw report runs/a runs/b``) carry no sweep point, so
+    two configurations of one recipe would look like repeats and be averaged. Give each run the
+    settings that differ within its (recipe, variant) as extra variant keys, e.g.
+    ``{"parallel.sharding": "stage3", "backends.torch.sharding_impl": "deepspeed"}``; a backend knob
+    only where it separates runs of the same backend, so the two sides of a contrast still pair."""
+    for runs in _group(results, lambda r: (r.recipe, r.variant)):
+        differing = [k for k in _SETUP_LABELS if len({json.dumps(r.setup.get(k)) for r in runs if r.setup}) > 1]
+        for r in runs:
+            r.variant = {**r.variant, **{_SETUP_LABELS[k]: r.setup.get(k) for k in differing if r.setup}}
+    for runs in _group(results, lambda r: (r.recipe, r.variant, r.backend)):
+        knobs = sorted({k for r in runs for k in r.setup.get("knobs", {})})
+        differing = [k for k in knobs if len({json.dumps(r.setup.get("knobs", {}).get(k)) for r in runs}) > 1]
+        for r in runs:
+            r.variant = {**r.variant, **{f"backends.{r.backend}.{k}": r.setup.get("knobs", {}).get(k, "default")
+                                         for k in differing}}
+    return results

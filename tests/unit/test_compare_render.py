@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from xfw import render
-from xfw.compare import compare_runs
+from xfw.compare import compare_runs, variant_label
 from xfw.measure import Measurement
 from xfw.plot import chart_labels, plot_comparison
 from xfw.results import RunResult
@@ -143,3 +143,28 @@ def test_the_settings_section_shows_the_parity_run_of_each_recipe_or_says_there_
 def test_without_a_parity_lookup_the_report_says_nothing_about_parity():
     rows = compare_runs([result("paddle", 82.0), result("torch", 65.0)], ["paddle", "torch"])
     assert rows[0].parity is None and "Parity" not in render.report_markdown(rows, ["paddle", "torch"])
+
+
+def with_setup(r, sharding="none", processes=2, **knobs):
+    r.setup = {"num_processes": processes, "sharding": sharding, "global_batch": 8, "micro_batch": 2,
+               "dtype": "bf16", "amp_level": "O2", "recompute": True, "measure_steps": 10, "knobs": knobs}
+    return r
+
+
+def test_runs_from_separate_commands_are_configurations_not_repeats():
+    from xfw.results import distinguish_configurations
+
+    runs = distinguish_configurations([
+        with_setup(result("paddle", 80.0), "stage2"), with_setup(result("torch", 60.0), "stage2"),
+        with_setup(result("torch", 50.0), "stage3", sharding_impl="fsdp2"),
+        with_setup(result("torch", 40.0), "stage3", sharding_impl="deepspeed"),
+        with_setup(result("torch", 61.0, repeat=1), "stage2"),  # a true repeat of the stage2 run
+    ])
+    rows = compare_runs(runs, ["paddle", "torch"])
+    by_variant = {variant_label(r.variant): r for r in rows}
+    assert set(by_variant) == {"parallel.sharding=stage2",
+                               "parallel.sharding=stage3, backends.torch.sharding_impl=fsdp2",
+                               "parallel.sharding=stage3, backends.torch.sharding_impl=deepspeed"}
+    stage2 = by_variant["parallel.sharding=stage2"]
+    assert stage2.sides["torch"].ips == pytest.approx(60.5) and stage2.contrast is not None  # paired, repeats folded
+    assert by_variant["parallel.sharding=stage3, backends.torch.sharding_impl=deepspeed"].sides["torch"].ips == 40.0
