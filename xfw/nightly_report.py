@@ -114,7 +114,12 @@ def trend_plot(rows: list[dict], entry: str, nights: list[str], flagged: set[tup
             if bad:
                 ax.scatter([p[0] for p in bad], [p[1] for p in bad], s=160, facecolors="none",
                            edgecolors="#b00020", linewidths=2.2, zorder=5)
-    for ax, label in ((ax_ips, "ips (samples/s)"), (ax_mem, "peak memory (MiB)")):
+    sources = {b: next((r.get("mem_source") for r in rows if r["backend"] == b and r.get("mem_source")), None)
+               for b in backends}
+    mem_label = "peak memory (MiB)"
+    if len({v for v in sources.values() if v}) > 1:  # e.g. peak RSS beside an allocator: say so on the axis
+        mem_label += "\n" + ", ".join(f"{b}: {v.replace('_', ' ')}" for b, v in sources.items() if v)
+    for ax, label in ((ax_ips, "ips (samples/s)"), (ax_mem, mem_label)):
         ax.set_xticks(xs, nights, rotation=30 if len(nights) > 4 else 0, ha="right" if len(nights) > 4 else "center",
                       fontsize=8)
         ax.set_ylabel(label)
