@@ -213,6 +213,13 @@ class Checkpoint:
         """Canonical names, all or only the LoRA adapters' (``lora=True``) or the rest (False)."""
         return [n for n in self._header if lora is None or hf_names.is_lora(n) == lora]
 
+    def check_stage(self, stage: str) -> None:
+        """LoRA adapters belong to a LoRA stage only: a file holding them for another stage is an error."""
+        adapters = self.names(lora=True)
+        if adapters and stage != "lora":
+            raise WeightsError(f"model.weights: {self.directory} holds LoRA adapters (e.g. {adapters[0]}) "
+                               f"but the stage is {stage!r}")
+
     def shapes(self, *, lora: bool | None = None) -> dict[str, tuple[int, ...]]:
         return {n: self._header[n][1] for n in self.names(lora=lora)}
 

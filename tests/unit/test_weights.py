@@ -164,3 +164,13 @@ def test_peft_parameter_names_are_made_canonical():
     assert peft_to_canonical("m.layers.0.q_proj.lora_A.default.weight") == "m.layers.0.q_proj.lora_A.weight"
     assert peft_to_canonical("unet.attn1.to_out.0.lora_B.default.weight") == "unet.attn1.to_out.0.lora_B.weight"
     assert is_lora("m.q_proj.lora_B.weight") and not is_lora("m.q_proj.weight")
+
+
+def test_lora_adapters_are_refused_outside_a_lora_stage(tmp_path):
+    weights.save_file({"q_proj.weight": np.zeros((4, 4), np.float32),
+                       "q_proj.lora_A.weight": np.zeros((2, 4), np.float32)}, tmp_path / weights.WEIGHTS_FILE)
+    checkpoint = weights.Checkpoint(tmp_path, family="llava")
+    checkpoint.check_stage("lora")
+    with pytest.raises(weights.WeightsError, match=r"holds LoRA adapters \(e\.g\. q_proj\.lora_A\.weight\) "
+                                                   r"but the stage is 'sft'"):
+        checkpoint.check_stage("sft")

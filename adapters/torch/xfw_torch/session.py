@@ -93,10 +93,10 @@ def build_model(spec: dict, device: torch.device, attn: str) -> torch.nn.Module:
     directory = _weights_dir(spec)
     if directory is not None:
         load_weights(model, directory, family=spec["model"]["family"])
-        adapters = neutral.Checkpoint(directory, family=spec["model"]["family"]).names(lora=True)
-        if adapters and spec["stage"] != "lora":
-            raise InvalidSpec(f"model.weights: {directory} holds LoRA adapters (e.g. {adapters[0]}) "
-                              f"but the stage is {spec['stage']!r}")
+        try:
+            neutral.Checkpoint(directory, family=spec["model"]["family"]).check_stage(spec["stage"])
+        except neutral.WeightsError as err:
+            raise InvalidSpec(str(err)) from None
     return model
 
 
