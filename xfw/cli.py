@@ -90,6 +90,21 @@ def _prepare(recipe_paths, backend_names, overrides, pythons):
     return recipes, backends
 
 
+def _show(report: "workflow.Report") -> None:
+    """The report on stdout, where its files went on stderr."""
+    click.echo(report.markdown)
+    for kind, path in report.paths.items():
+        click.echo(f"{kind}: {path}", err=True)
+
+
+def _failures_exit_code(results) -> int:
+    """1 when any run is not ok (said on stderr), else 0."""
+    failed = [r for r in results if not r.ok]
+    if failed:
+        click.echo(f"{len(failed)} of {len(results)} runs did not succeed (see 'Failed runs' above)", err=True)
+    return 1 if failed else 0
+
+
 def _execute(recipe_paths, backend_names, overrides, pythons, out_dir, rendezvous, print_command=False,
              parity_dirs=None) -> int:
     """Run, report, print. ``parity_dirs`` (a list, possibly empty): look up and show parity status."""
@@ -104,13 +119,8 @@ def _execute(recipe_paths, backend_names, overrides, pythons, out_dir, rendezvou
     results = workflow.run_all(recipes, backends, out_dir, make_progress(), rendezvous)
     parity = None if parity_dirs is None else workflow.parity_statuses(recipes, out_dir, parity_dirs)
     report = workflow.write_report(results, backend_names, out_dir, parity=parity)
-    click.echo(report.markdown)
-    for kind, path in report.paths.items():
-        click.echo(f"{kind}: {path}", err=True)
-    failed = [r for r in results if not r.ok]
-    if failed:
-        click.echo(f"{len(failed)} of {len(results)} runs failed (see 'Failed runs' above)", err=True)
-    return 1 if failed else 0
+    _show(report)
+    return _failures_exit_code(results)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -201,13 +211,8 @@ def sweep(recipe, axes, backends, repeat, pythons, out_dir) -> None:
     click.echo(f"sweep of {len(points)} points x {len(prepared)} backends in {out_dir}", err=True)
     results, report = workflow.run_sweep(points, prepared, out_dir, make_progress(),
                                          log=lambda line: click.echo(line, err=True))
-    click.echo(report.markdown)
-    for kind, path in report.paths.items():
-        click.echo(f"{kind}: {path}", err=True)
-    failed = [r for r in results if not r.ok]
-    if failed:
-        click.echo(f"{len(failed)} of {len(results)} runs did not succeed (see 'Failed runs' above)", err=True)
-    sys.exit(1 if failed else 0)
+    _show(report)
+    sys.exit(_failures_exit_code(results))
 
 
 @main.command()
@@ -238,9 +243,7 @@ def maxbatch(recipe, backends, candidates, max_micro, overrides, pythons, out_di
     found, report = workflow.run_maxbatch(recipe, prepared, out_dir, candidates=values, overrides=list(overrides),
                                           max_micro=max_micro, progress=make_progress(),
                                           log=lambda line: click.echo(line, err=True))
-    click.echo(report.markdown)
-    for kind, path in report.paths.items():
-        click.echo(f"{kind}: {path}", err=True)
+    _show(report)
     settled = all(f.edge and all(p.status in ("ok", "oom") for p in f.probes) for f in found)
     sys.exit(0 if settled else 1)
 
@@ -275,9 +278,7 @@ def report(run_dirs, backends, out_dir, layout, price_per_gpu_hour) -> None:
                                         layout=layout, price_per_gpu_hour=price_per_gpu_hour)
     except workflow.UsageError as err:
         _fail(str(err))
-    click.echo(rep.markdown)
-    for kind, path in rep.paths.items():
-        click.echo(f"{kind}: {path}", err=True)
+    _show(rep)
 
 
 @main.command()
