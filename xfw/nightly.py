@@ -140,13 +140,10 @@ def _per_night(rows: list[dict]) -> dict[tuple[str, str, str], dict]:
     for key, group in grouped.items():
         ok = [r for r in group if r["status"] == "ok"]
         base = dict((ok or group)[0])
-        if ok:
-            base["ips"] = statistics.median(r["ips"] for r in ok if r.get("ips") is not None) if any(
-                r.get("ips") is not None for r in ok) else None
-            mems = [memory_of(r) for r in ok if memory_of(r) is not None]
-            base["memory"] = statistics.median(mems) if mems else None
-        else:
-            base["memory"] = None
+        ips = [r["ips"] for r in ok if r.get("ips") is not None]
+        mems = [memory_of(r) for r in ok if memory_of(r) is not None]
+        base["ips"] = statistics.median(ips) if ips else None
+        base["memory"] = statistics.median(mems) if mems else None
         out[key] = base
     return out
 
