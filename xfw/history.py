@@ -104,7 +104,12 @@ class History:
 
     def nights(self) -> list[str]:
         """Night ids in the order they started."""
-        seen: dict[str, str] = {}
-        for row in self.rows():
-            seen.setdefault(row["night"], row.get("night_started_utc", ""))
-        return [n for n, _ in sorted(seen.items(), key=lambda item: (item[1], item[0]))]
+        return night_order(self.rows())
+
+
+def night_order(rows: list[dict]) -> list[str]:
+    """The nights of ``rows`` in the order they started."""
+    seen: dict[str, str] = {}
+    for row in rows:
+        seen.setdefault(row["night"], row.get("night_started_utc", ""))
+    return [n for n, _ in sorted(seen.items(), key=lambda item: (item[1], item[0]))]

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from xfw import env as host
 from xfw import launcher
-from xfw.history import History, row_from_result
+from xfw.history import History, night_order, row_from_result
 from xfw.recipe import resolve_spec
 from xfw.results import RunResult, write_json_atomic
 from xfw.suite import RegressionPolicy, Suite
@@ -188,10 +188,7 @@ def _knob_note(current: dict, previous: dict) -> str:
 def evaluate(rows: list[dict], night: str, policy: RegressionPolicy) -> list[Verdict]:
     """Every (entry, backend) of ``night`` against the previous nights of ``rows`` (a history)."""
     folded = _per_night(rows)
-    order: list[str] = []
-    for row in sorted(rows, key=lambda r: (r.get("night_started_utc", ""), r["night"])):
-        if row["night"] not in order:
-            order.append(row["night"])
+    order = night_order(rows)
     if night not in order:
         return []
     previous_nights = order[:order.index(night)]

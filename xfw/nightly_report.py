@@ -19,7 +19,7 @@ from pathlib import Path
 
 from xfw import compare as cmp
 from xfw import render
-from xfw.history import History
+from xfw.history import History, night_order
 from xfw.nightly import NIGHTS_DIR, Verdict, load_verdicts, memory_of
 from xfw.plot import plot_comparison
 from xfw.results import load_runs, write_text_atomic
@@ -180,7 +180,7 @@ def write_night_report(history_dir: Path, night: str, *, suite_name: str) -> Pat
     """Write the night's report.html/.md (and the latest copy at the history's top); returns its path."""
     night_dir = history_dir / NIGHTS_DIR / night
     rows = History(history_dir).rows()
-    order = History(history_dir).nights()
+    order = night_order(rows)
     shown = order[:order.index(night) + 1][-TREND_NIGHTS:] if night in order else [night]
     verdicts = load_verdicts(night_dir)
     flagged = [v for v in verdicts if v.flagged]
