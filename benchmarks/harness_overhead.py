@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from xfw import harness
-from xfw.measure import summarize
-from xfw.recipe import load_recipe, resolve_spec
-from xfw.records import RecordWriter, load_records
-from xfw.synthetic import make_pool
+from xfw.contract import harness
+from xfw.report.measure import summarize
+from xfw.run.recipe import load_recipe, resolve_spec
+from xfw.contract.records import RecordWriter, load_records
+from xfw.contract.synthetic import make_pool
 from xfw_torch.session import build_session
 
 

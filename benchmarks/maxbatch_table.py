@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from xfw.results import RunResult
+from xfw.report.results import RunResult
 
 GIB = 1024**3
 

@@ -64,8 +64,8 @@ def run_adapter(backend: str, tmp_path: Path, *, timeout_s: float = 300, edit_sp
     import json
     import subprocess
 
-    from xfw.recipe import recipe_from_dict, resolve_spec
-    from xfw.records import load_records
+    from xfw.run.recipe import recipe_from_dict, resolve_spec
+    from xfw.contract.records import load_records
 
     python = require_interpreter(backend)
     spec = resolve_spec(recipe_from_dict({**TINY_RECIPE, **sections}), backend=backend, run_id="test")

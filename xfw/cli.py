@@ -23,9 +23,10 @@ from pathlib import Path
 
 import click
 
-from xfw import launcher, workflow
-from xfw.layouts import LAYOUTS
-from xfw.recipe import to_dict
+from xfw.run import launcher
+from xfw import workflow
+from xfw.report.layouts import LAYOUTS
+from xfw.run.recipe import to_dict
 
 
 def _fail(message: str) -> None:
@@ -108,7 +109,7 @@ def _failures_exit_code(results) -> int:
 def _execute(recipe_paths, backend_names, overrides, pythons, out_dir, rendezvous, print_command=False,
              parity_dirs=None) -> int:
     """Run, report, print. ``parity_dirs`` (a list, possibly empty): look up and show parity status."""
-    from xfw.progress import make_progress
+    from xfw.report.progress import make_progress
 
     recipes, backends = _prepare(recipe_paths, backend_names, overrides, pythons)
     out_dir = out_dir or workflow.default_out_dir(recipes)
@@ -200,7 +201,7 @@ def compare(recipes, backends, overrides, repeat, pythons, out_dir, node_rank, m
               help="Sweep directory (default: runs/sweep-<recipe>); the same --out resumes, skipping finished runs.")
 def sweep(recipe, axes, backends, repeat, pythons, out_dir) -> None:
     """Run a recipe at every combination of --set values, one run at a time; resumable."""
-    from xfw.progress import make_progress
+    from xfw.report.progress import make_progress
 
     try:
         points = workflow.plan_sweep(recipe, list(axes), list(_with_repeat((), repeat)))
@@ -231,7 +232,7 @@ def sweep(recipe, axes, backends, repeat, pythons, out_dir) -> None:
                    "resumes, keeping settled probes.")
 def maxbatch(recipe, backends, candidates, max_micro, overrides, pythons, out_dir) -> None:
     """Find the largest micro-batch that fits, per backend; each probe a separate process."""
-    from xfw.progress import make_progress
+    from xfw.report.progress import make_progress
 
     try:
         values = workflow.plan_maxbatch(recipe, list(overrides), candidates)
@@ -293,7 +294,7 @@ def report(run_dirs, backends, out_dir, layout, price_per_gpu_hour) -> None:
 def parity(recipe, backends, steps, overrides, pythons, out_dir) -> None:
     """Train both backends from the same weights on the same batches (fp32, CPU-exact) and
     compare the loss per step; exit 1 when a step is outside tolerance."""
-    from xfw import parity as par
+    from xfw.run import parity as par
 
     names = _backend_list(backends)
     if len(names) != 2:
@@ -328,10 +329,12 @@ def nightly(suite, history_dir, night, overrides, only_backends, pythons, report
 
     Exit 0: no regression; 1: a regression or a failed run (listed first in the report); 2: bad input.
     Killed at any moment, the same command resumes the night and keeps every finished run."""
-    from xfw import nightly as nt
-    from xfw.nightly_report import write_night_report
-    from xfw.progress import make_progress
-    from xfw.suite import SuiteError, load_suite
+    from xfw.run import nightly as nt
+    from xfw.report.history import NIGHTS_DIR
+    from xfw.report.nightly_report import write_night_report
+    from xfw.report.verdicts import load_verdicts
+    from xfw.report.progress import make_progress
+    from xfw.run.suite import SuiteError, load_suite
 
     try:
         loaded = load_suite(suite, list(overrides))
@@ -339,9 +342,9 @@ def nightly(suite, history_dir, night, overrides, only_backends, pythons, report
         _fail(str(err))
     if report_only:
         night = night or (nt.History(history_dir).nights() or [None])[-1]
-        if night is None or not (history_dir / nt.NIGHTS_DIR / night / "nightly.json").exists():
+        if night is None or not (history_dir / NIGHTS_DIR / night / "nightly.json").exists():
             _fail(f"--report-only: no recorded night {night or ''} in {history_dir}".replace("  ", " "))
-        verdicts = nt.load_verdicts(history_dir / nt.NIGHTS_DIR / night)
+        verdicts = load_verdicts(history_dir / NIGHTS_DIR / night)
         path = write_night_report(history_dir, night, suite_name=loaded.name)
         click.echo(f"report: {path}", err=True)
         sys.exit(1 if any(v.flagged for v in verdicts) else 0)

@@ -20,14 +20,16 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from xfw import compare as cmp
-from xfw import estimate as est
-from xfw import launcher, layouts, render
-from xfw import maxbatch as mb
-from xfw import sweep as sw
-from xfw.plot import plot_comparison
-from xfw.recipe import Recipe, RecipeError, load_recipe, resolve_spec
-from xfw.results import RunResult, load_runs, write_json_atomic, write_text_atomic
+from xfw.report import compare as cmp
+from xfw.report import estimate as est
+from xfw.run import launcher
+from xfw.report import layouts, render
+from xfw.run import maxbatch as mb
+from xfw.run import sweep as sw
+from xfw.report.plot import plot_comparison
+from xfw.run.recipe import Recipe, RecipeError, load_recipe, resolve_spec
+from xfw.report.results import RunResult, load_runs
+from xfw.contract.atomic import write_json_atomic, write_text_atomic
 
 
 class UsageError(ValueError):
@@ -116,7 +118,7 @@ def launch_commands(recipes: list[Recipe], backends: dict[str, tuple[launcher.Ba
 def parity_statuses(recipes: list[Recipe], out_dir: Path, extra: list[Path] = ()) -> dict[str, dict]:
     """Each recipe's parity status for the report: the newest matching parity.json in ``extra``,
     ``out_dir`` (or one level below) or ``runs/parity-<recipe>`` (xfw parity's default out)."""
-    from xfw import parity as par  # only here: compare's report is the one place that needs it
+    from xfw.run import parity as par  # only here: compare's report is the one place that needs it
 
     search = [*extra, out_dir, *(Path("runs") / f"parity-{r.name}" for r in recipes)]
     return {r.name: par.find_parity(r, search) for r in recipes}
@@ -146,7 +148,7 @@ _LAYOUT_TITLES = {"strategies": "Training strategies by GPU count", "ranks": "Pe
 
 def write_layout(results: list[RunResult], layout: str, out_dir: Path, *,
                  price_per_gpu_hour: float | None = None) -> Report:
-    """One of the seed layouts (xfw.layouts) as report-<layout>.md, .csv and .html."""
+    """One of the seed layouts (xfw.report.layouts) as report-<layout>.md, .csv and .html."""
     try:
         tables = layouts.build(layout, results, price_per_gpu_hour=price_per_gpu_hour)
     except ValueError as err:

@@ -1,6 +1,6 @@
 """`xfw estimate`'s SD1.5 activation count against what a real diffusers UNet saves for backward.
 
-The estimate walks the UNet block by block with no framework (xfw/estimate.py); here a real
+The estimate walks the UNet block by block with no framework (xfw/report/estimate.py); here a real
 diffusers UNet2DConditionModel of reduced width trains one forward on CPU in fp32, and every
 tensor autograd saves for the backward (parameters excluded) is counted by storage. The two must
 agree: this is what the H100 comparison in results/h100/README.md rests on, checked here where
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from xfw import estimate as est
+from xfw.report import estimate as est
 
 pytestmark = pytest.mark.contract
 torch = pytest.importorskip("torch")

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from xfw import launcher
-from xfw.recipe import load_recipe
+from xfw.run import launcher
+from xfw.run.recipe import load_recipe
 
 from conftest import ROOT, require_interpreter
 

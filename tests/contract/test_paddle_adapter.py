@@ -12,8 +12,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from xfw import presets
-from xfw.records import validate_record
+from xfw.contract import presets
+from xfw.contract.records import validate_record
 
 from conftest import TINY_RECIPE, applied, kinds, losses, require_interpreter, run_adapter, spread_weights
 
@@ -123,8 +123,8 @@ def test_describe_prints_json_with_versions_and_the_multi_process_launcher():
 FROZEN_CHECK = """
     import json, sys
     import numpy as np
-    from xfw.recipe import recipe_from_dict, resolve_spec
-    from xfw.synthetic import make_pool
+    from xfw.run.recipe import recipe_from_dict, resolve_spec
+    from xfw.contract.synthetic import make_pool
     from xfw_paddle.session import build_session
 
     spec = resolve_spec(recipe_from_dict(json.loads(sys.argv[1])), backend="paddle", run_id="t")
@@ -212,8 +212,8 @@ def test_paddle_llava_computes_transformers_logits_and_loss_from_the_same_weight
     with its weights (names mapped, Linear weights transposed) agree on one synthetic batch."""
     torch = pytest.importorskip("torch")  # in-process: the test interpreter is the torch environment
     pytest.importorskip("transformers")
-    from xfw.recipe import recipe_from_dict, resolve_spec
-    from xfw.synthetic import make_pool
+    from xfw.run.recipe import recipe_from_dict, resolve_spec
+    from xfw.contract.synthetic import make_pool
 
     preset, overrides = ARCH_VARIANTS[variant]
     recipe = {**TINY_RECIPE, "model": {"preset": preset, "arch": overrides}}

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import yaml
 
-from xfw import presets
-from xfw.families import sd3 as core_sd3
-from xfw.families import sd15 as core_sd15
-from xfw.recipe import recipe_from_dict, resolve_spec
-from xfw.records import load_records, validate_record
+from xfw.contract import presets
+from xfw.contract.families import sd3 as core_sd3
+from xfw.contract.families import sd15 as core_sd15
+from xfw.run.recipe import recipe_from_dict, resolve_spec
+from xfw.contract.records import load_records, validate_record
 
 from conftest import ROOT, applied, kinds, losses, require_interpreter, run_adapter
 
@@ -202,8 +202,8 @@ def test_sd3_rejects_attention_it_cannot_run(tmp_path):
 RECOMPUTE = """
     import json, sys
     import paddle
-    from xfw.recipe import recipe_from_dict, resolve_spec
-    from xfw.synthetic import make_pool
+    from xfw.run.recipe import recipe_from_dict, resolve_spec
+    from xfw.contract.synthetic import make_pool
     from xfw_paddle.session import build_session
 
     out = {}
@@ -236,7 +236,7 @@ def test_recompute_reruns_blocks_in_backward_and_changes_no_math():
 
 LORA_RUN = """
     import sys
-    from xfw import harness
+    from xfw.contract import harness
     from xfw_paddle import session
     from xfw_paddle.families import family_module
 

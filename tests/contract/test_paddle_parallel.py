@@ -5,8 +5,8 @@ GPU-only in Paddle and say so."""
 import pytest
 import yaml
 
-from xfw import launcher
-from xfw.recipe import load_recipe
+from xfw.run import launcher
+from xfw.run.recipe import load_recipe
 
 from conftest import TINY_RECIPE, require_interpreter
 from test_torch_parallel import STEPS, mean_losses, run

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from xfw import presets
-from xfw.families.llava import count_lora_params
+from xfw.contract import presets
+from xfw.contract.families.llava import count_lora_params
 
 from conftest import TINY_RECIPE, applied, losses, run_adapter, spread_weights
 from test_paddle_adapter import run_in_paddle
@@ -21,7 +21,7 @@ ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 
 def counts(**sections) -> dict:
-    from xfw.recipe import recipe_from_dict, resolve_spec
+    from xfw.run.recipe import recipe_from_dict, resolve_spec
 
     spec = resolve_spec(recipe_from_dict({**TINY_RECIPE, **sections}), backend="paddle", run_id="t")
     return presets.count_params(spec["model"]["arch"]), spec
@@ -136,7 +136,7 @@ QWEN_VARIANTS = {
 def test_paddle_qwen2vl_computes_transformers_logits_and_loss_from_the_same_weights(tmp_path, variant):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from xfw.synthetic import make_pool
+    from xfw.contract.synthetic import make_pool
 
     overrides, image_size, attn = QWEN_VARIANTS[variant]
     data = {"image_size": image_size, "seq_len": 96} if image_size else {}
@@ -192,7 +192,7 @@ def test_paddlenlp_lora_computes_what_peft_computes_from_the_same_weights(tmp_pa
     from peft import LoraConfig, inject_adapter_in_model
 
     from test_paddle_adapter import transformers_llava
-    from xfw.synthetic import make_pool
+    from xfw.contract.synthetic import make_pool
 
     lora = {"r": 4, "alpha": 12, "dropout": 0.0, "targets": targets}  # scaling 3, not 1 or 2
     _, spec = counts(model={"preset": preset}, stage="lora", lora=lora)

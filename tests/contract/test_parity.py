@@ -1,7 +1,7 @@
 """Parity across the real adapters: the same start, the same batches, the same losses.
 
 Each tiny recipe trains 3 steps on both backends from one exported weight file
-(``xfw.parity.run_parity``); a weight changed on one side only is caught at step 0. When the
+(``xfw.run.parity.run_parity``); a weight changed on one side only is caught at step 0. When the
 changed weight is the final RMSNorm's, the module probe names that module. The round trip
 torch → file → Paddle → file → torch, every family: test_parity_roundtrip.py.
 """
@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, require_interpreter
-from xfw import launcher, parity, weights
-from xfw.recipe import load_recipe
+from xfw.run import launcher, parity
+from xfw.contract import weights
+from xfw.run.recipe import load_recipe
 
 pytestmark = pytest.mark.contract
 
@@ -83,9 +84,9 @@ def test_a_weight_changed_on_one_side_fails_parity_at_step_0_and_the_module_is_n
 
 def test_a_weight_file_that_does_not_fit_is_rejected_naming_the_key(tmp_path):
     """In process (the test interpreter is the torch environment); the Paddle side runs the
-    same strict check (xfw.weights.check_against) on its converted shapes."""
+    same strict check (xfw.contract.weights.check_against) on its converted shapes."""
     torch = pytest.importorskip("torch")
-    from xfw.harness import InvalidSpec
+    from xfw.contract.harness import InvalidSpec
     from xfw_torch.session import load_weights
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))

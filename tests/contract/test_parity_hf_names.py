@@ -2,7 +2,7 @@
 ``vision_tower.*``...; Qwen2-VL's ``model.layers.*``, ``visual.*``) loads on both sides.
 
 The checkpoint is a tiny model's own start, renamed to the old layout by the table below (written
-out here, independently of ``xfw.hf_names``) and saved as an HF-style directory with numpy alone:
+out here, independently of ``xfw.contract.hf_names``) and saved as an HF-style directory with numpy alone:
 ``config.json`` + ``model.safetensors``, or bf16 shards + ``model.safetensors.index.json``.
 """
 
@@ -13,7 +13,8 @@ import pytest
 
 from conftest import ROOT, require_interpreter
 from test_parity_roundtrip import assert_bit_identical, export_paddle, export_torch
-from xfw import parity, weights
+from xfw.run import parity
+from xfw.contract import weights
 
 pytestmark = pytest.mark.contract
 

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, require_interpreter
-from xfw import parity, weights
-from xfw.recipe import load_recipe, resolve_spec
+from xfw.run import parity
+from xfw.contract import weights
+from xfw.run.recipe import load_recipe, resolve_spec
 
 pytestmark = pytest.mark.contract
 
@@ -76,7 +77,7 @@ def test_the_paddle_side_takes_the_files_adapters_not_its_own_seeded_ones(tmp_pa
 
 def test_adapters_in_the_file_of_a_stage_without_lora_are_rejected(tmp_path):
     pytest.importorskip("torch")
-    from xfw.harness import InvalidSpec
+    from xfw.contract.harness import InvalidSpec
     from xfw_torch.session import build_model
 
     export_torch("llava_lora", None, tmp_path / "lora")

@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from xfw import presets
-from xfw.families import llava as llava_family
-from xfw.records import validate_record
+from xfw.contract import presets
+from xfw.contract.families import llava as llava_family
+from xfw.contract.records import validate_record
 
 from conftest import TINY_RECIPE, applied, kinds, losses, require_interpreter, run_adapter
 
@@ -133,8 +133,8 @@ def test_describe_prints_versions_and_the_multi_process_launcher():
 
 def test_frozen_parameters_get_no_gradient_and_do_not_change():
     torch = pytest.importorskip("torch")  # in-process: the test interpreter is the torch environment
-    from xfw.recipe import recipe_from_dict, resolve_spec
-    from xfw.synthetic import make_pool
+    from xfw.run.recipe import recipe_from_dict, resolve_spec
+    from xfw.contract.synthetic import make_pool
     from xfw_torch.session import build_session
 
     spec = resolve_spec(recipe_from_dict(dict(TINY_RECIPE)), backend="torch", run_id="t")

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from xfw import presets
-from xfw.recipe import recipe_from_dict, resolve_spec
-from xfw.records import validate_record
+from xfw.contract import presets
+from xfw.run.recipe import recipe_from_dict, resolve_spec
+from xfw.contract.records import validate_record
 
 from conftest import ROOT, run_adapter
 
@@ -47,7 +47,7 @@ def expected_trainable(spec: dict) -> int:
 
 def in_process_session(spec: dict):
     pytest.importorskip("torch")
-    from xfw.synthetic import make_pool
+    from xfw.contract.synthetic import make_pool
     from xfw_torch.session import build_session
 
     session = build_session(spec)
@@ -104,7 +104,7 @@ def test_analytic_parameter_counts_match_the_built_model(preset, override):
 @pytest.mark.parametrize("name", RECIPES)
 def test_tiny_diffusion_recipe_trains_under_bf16_autocast(tmp_path, name):
     pytest.importorskip("torch")
-    from xfw import harness, records
+    from xfw.contract import harness, records
     from xfw_torch.session import TorchSession
 
     spec = spec_of(name, precision={"dtype": "bf16", "amp_level": "O1"},
@@ -189,7 +189,7 @@ def test_sd15_eager_attention_computes_what_sdpa_computes():
 
 def test_sd3_rejects_attention_it_cannot_run():
     pytest.importorskip("torch")
-    from xfw.harness import InvalidSpec
+    from xfw.contract.harness import InvalidSpec
 
     with pytest.raises(InvalidSpec, match="attn_implementation"):
         in_process_session(spec_of("sd3_dreambooth", backends={"torch": {"attn_implementation": "eager"}}))

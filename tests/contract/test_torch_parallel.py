@@ -9,9 +9,9 @@ the single process's loss at every step, up to fp32 reduction order.
 import pytest
 import yaml
 
-from xfw import launcher
-from xfw.recipe import load_recipe
-from xfw.records import load_records
+from xfw.run import launcher
+from xfw.run.recipe import load_recipe
+from xfw.contract.records import load_records
 
 from conftest import TINY_RECIPE, require_interpreter
 

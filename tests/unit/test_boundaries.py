@@ -15,8 +15,8 @@ FRAMEWORKS = ("torch", "paddle", "paddlenlp", "ppdiffusers", "transformers", "di
 
 
 def test_importing_the_cli_imports_no_framework():
-    code = ("import sys, xfw.cli, xfw.workflow, xfw.launcher, xfw.compare, xfw.render, xfw.plot, xfw.progress, "
-            "xfw.sweep, xfw.layouts, xfw.maxbatch, xfw.estimate; "
+    code = ("import sys, pkgutil, importlib, xfw; "
+            "[importlib.import_module(m.name) for m in pkgutil.walk_packages(xfw.__path__, 'xfw.')]; "
             f"print([m for m in {FRAMEWORKS!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -26,6 +26,57 @@ def test_no_core_module_names_a_framework_in_an_import():
     pattern = re.compile(r"^\s*(import|from)\s+(" + "|".join(FRAMEWORKS) + r")\b", re.M)
     offenders = [p.name for p in (ROOT / "xfw").rglob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
+
+
+# The layers, lowest first. A module may import its own layer and the layers below it, never above.
+LAYERS = ("contract", "report", "run", "app")
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in LAYERS else "app"  # xfw.cli, xfw.workflow
+
+
+def _xfw_imports(path) -> set[str]:
+    """Every xfw module a file imports, at top level or inside a function."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("xfw"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("xfw"))
+    return {m for m in found if m.split(".")[0] == "xfw"}
+
+
+def test_imports_only_go_down_the_layers():
+    offenders = []
+    for path in (ROOT / "xfw").rglob("*.py"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        own = LAYERS.index(_layer(module))
+        offenders += [f"{module} -> {m}" for m in _xfw_imports(path)
+                      if m.count(".") >= 1 and LAYERS.index(_layer(m)) > own and m not in ("xfw.contract", "xfw.run", "xfw.report")]
+    assert offenders == []
+
+
+def test_adapters_import_only_the_contract():
+    offenders = []
+    for path in (ROOT / "adapters").rglob("*.py"):
+        offenders += [f"{path.relative_to(ROOT)} -> {m}" for m in _xfw_imports(path)
+                      if m != "xfw" and not m.startswith("xfw.contract") and not m.startswith("xfw_")]
+    assert offenders == []
+
+
+def test_the_contract_imports_nothing_the_adapters_lack():
+    # Adapters run beside their framework with numpy + PyYAML only (the Paddle stack pins numpy<=1.26).
+    code = ("import sys, pkgutil, importlib, xfw.contract as c; "
+            "[importlib.import_module(m.name) for m in pkgutil.walk_packages(c.__path__, 'xfw.contract.')]; "
+            "print(sorted(m for m in ('pandas', 'click', 'matplotlib', 'rich', 'xfw.run', 'xfw.report', 'xfw.cli') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_the_core_never_branches_on_a_backend_name():

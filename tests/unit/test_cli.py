@@ -5,7 +5,7 @@ import json
 from click.testing import CliRunner
 
 from xfw import cli
-from xfw.results import load_runs
+from xfw.report.results import load_runs
 
 
 def invoke(*args):

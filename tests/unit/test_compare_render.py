@@ -3,11 +3,11 @@
 import pandas as pd
 import pytest
 
-from xfw import render
-from xfw.compare import compare_runs, variant_label
-from xfw.measure import Measurement
-from xfw.plot import chart_labels, plot_comparison
-from xfw.results import RunResult
+from xfw.report import render
+from xfw.report.compare import compare_runs, variant_label
+from xfw.report.measure import Measurement
+from xfw.report.plot import chart_labels, plot_comparison
+from xfw.report.results import RunResult
 
 
 def measurement(ips, alloc=2 * 1024**3, reserved=3 * 1024**3, source="cuda_allocator"):
@@ -152,7 +152,7 @@ def with_setup(r, sharding="none", processes=2, **knobs):
 
 
 def test_runs_from_separate_commands_are_configurations_not_repeats():
-    from xfw.results import distinguish_configurations
+    from xfw.report.results import distinguish_configurations
 
     runs = distinguish_configurations([
         with_setup(result("paddle", 80.0), "stage2"), with_setup(result("torch", 60.0), "stage2"),

@@ -7,9 +7,9 @@ import pytest
 from click.testing import CliRunner
 
 from xfw import cli
-from xfw import estimate as est
-from xfw.recipe import load_recipe, resolve_spec
-from xfw.results import RunResult
+from xfw.report import estimate as est
+from xfw.run.recipe import load_recipe, resolve_spec
+from xfw.report.results import RunResult
 
 from conftest import ROOT
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from xfw import presets, synthetic
-from xfw.families import sd3, sd15
-from xfw.recipe import load_recipe, recipe_from_dict, resolve_spec
+from xfw.contract import presets, synthetic
+from xfw.contract.families import sd3, sd15
+from xfw.run.recipe import load_recipe, recipe_from_dict, resolve_spec
 
 from conftest import ROOT, TINY_RECIPE
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from xfw import launcher
-from xfw.recipe import load_recipe
-from xfw.results import RunResult
+from xfw.run import launcher
+from xfw.run.recipe import load_recipe
+from xfw.report.results import RunResult
 
 
 def launch_fake(write_recipe, tmp_path, fake_backend, behave, **measure):

@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from xfw import cli, layouts
-from xfw.results import load_runs
+from xfw import cli
+from xfw.report import layouts
+from xfw.report.results import load_runs
 
 # The header rows of the seeds, copied verbatim (shared/seeds/000, 001, 004).
 SEED_000 = ["Framework", "Strategy", "Time for 100 iters (s)", "Throughput (batches/s)", "VRAM / GPU (GB)",

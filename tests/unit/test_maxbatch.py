@@ -5,8 +5,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from xfw import cli, launcher, maxbatch
-from xfw.results import load_runs
+from xfw import cli
+from xfw.run import launcher, maxbatch
+from xfw.report.results import load_runs
 
 
 def invoke(*args):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from xfw.measure import spread, summarize
+from xfw.report.measure import spread, summarize
 
 
 def step(rank, i, phase, t, loss=1.0, alloc=100, reserved=200):

@@ -2,7 +2,8 @@
 
 import pytest
 
-from xfw import mfu, presets
+from xfw.report import mfu
+from xfw.contract import presets
 
 
 def arch(name):

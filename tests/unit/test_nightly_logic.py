@@ -10,9 +10,10 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from xfw.history import History, workload_fingerprint
-from xfw.nightly import choose_night, evaluate, relative_scatter, step_scatter
-from xfw.suite import RegressionPolicy, SuiteError, load_suite
+from xfw.report.history import History, workload_fingerprint
+from xfw.report.verdicts import RegressionPolicy, evaluate, relative_scatter, step_scatter
+from xfw.run.nightly import choose_night
+from xfw.run.suite import SuiteError, load_suite
 
 POLICY = RegressionPolicy(window=7, min_nights=1, ips_drop=0.05, mem_growth=0.05, noise_k=3)
 

@@ -3,8 +3,8 @@
 import json
 import math
 
-from xfw import parity
-from xfw.recipe import load_recipe
+from xfw.run import parity
+from xfw.run.recipe import load_recipe
 
 
 def test_losses_within_tolerance_pass_and_the_first_step_has_the_tighter_one():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from xfw import presets
+from xfw.contract import presets
 
 
 def test_every_published_preset_is_present():

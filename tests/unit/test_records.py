@@ -2,7 +2,7 @@
 
 import json
 
-from xfw.records import RecordTail, RecordWriter, load_records, validate_record
+from xfw.contract.records import RecordTail, RecordWriter, load_records, validate_record
 
 STEP = {"schema": 1, "kind": "step", "rank": 0, "step": 0, "phase": "measure", "step_time_s": 0.5,
         "samples": 4, "tokens": 256, "loss": 3.0, "mem_alloc_peak_bytes": 10, "mem_reserved_peak_bytes": None}
@@ -72,7 +72,7 @@ def test_a_step_may_carry_a_gradient_norm_only_as_a_number_or_null():
 def test_the_gradient_norm_knob_is_a_boolean_for_one_process_and_off_by_default():
     import pytest
 
-    from xfw.harness import InvalidSpec, wants_grad_norm
+    from xfw.contract.harness import InvalidSpec, wants_grad_norm
 
     def spec(knobs, processes=1):
         return {"backend": "torch", "backend_knobs": knobs, "derived": {"num_processes": processes}}

@@ -5,10 +5,11 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from xfw import cli, sweep
-from xfw.compare import compare_runs
-from xfw.recipe import RecipeError
-from xfw.results import load_runs
+from xfw import cli
+from xfw.run import sweep
+from xfw.report.compare import compare_runs
+from xfw.run.recipe import RecipeError
+from xfw.report.results import load_runs
 
 
 def invoke(*args):

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from xfw import synthetic
-from xfw.recipe import recipe_from_dict, resolve_spec
+from xfw.contract import synthetic
+from xfw.run.recipe import recipe_from_dict, resolve_spec
 
 from conftest import TINY_RECIPE
 

@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-from xfw import weights
+from xfw.contract import weights
 
 
 def sample() -> dict:
@@ -81,7 +81,7 @@ def test_a_strict_check_names_missing_extra_and_misshapen_tensors(tmp_path):
 def test_the_harness_hands_export_weights_to_the_adapter_and_trains_nothing(tmp_path):
     import json as _json
 
-    from xfw import harness
+    from xfw.contract import harness
 
     spec = tmp_path / "spec.json"
     spec.write_text(_json.dumps({"model": {"weights": "random"}}))
@@ -97,7 +97,7 @@ def test_the_harness_hands_export_weights_to_the_adapter_and_trains_nothing(tmp_
 
 
 def test_an_adapter_rejecting_the_weights_exits_invalid(tmp_path):
-    from xfw import harness
+    from xfw.contract import harness
 
     spec = tmp_path / "spec.json"
     spec.write_text("{}")
@@ -110,7 +110,7 @@ def test_an_adapter_rejecting_the_weights_exits_invalid(tmp_path):
 
 
 def test_older_transformers_names_map_to_the_current_ones_and_current_names_stay():
-    from xfw.hf_names import canonical_name
+    from xfw.contract.hf_names import canonical_name
 
     assert canonical_name("llava", "language_model.model.layers.0.mlp.up_proj.weight") == \
         "model.language_model.layers.0.mlp.up_proj.weight"
@@ -158,7 +158,7 @@ def test_two_tensors_that_are_one_name_in_the_current_layout_are_rejected(tmp_pa
 
 
 def test_peft_parameter_names_are_made_canonical():
-    from xfw.hf_names import is_lora, peft_to_canonical
+    from xfw.contract.hf_names import is_lora, peft_to_canonical
 
     assert peft_to_canonical("m.layers.0.q_proj.base_layer.weight") == "m.layers.0.q_proj.weight"
     assert peft_to_canonical("m.layers.0.q_proj.lora_A.default.weight") == "m.layers.0.q_proj.lora_A.weight"

@@ -2,7 +2,7 @@
 absolute imports."""
 import sys
 
-from xfw import harness
+from xfw.contract import harness
 from xfw_paddle.session import build_session, describe, export_weights, probe_modules
 
 sys.exit(harness.main(build_session, describe, export_weights=export_weights, probe_modules=probe_modules))

@@ -24,7 +24,7 @@ import paddle
 import paddle.distributed as dist
 from paddle import nn
 
-from xfw.harness import InvalidSpec, Unsupported
+from xfw.contract.harness import InvalidSpec, Unsupported
 
 IMPLS = {"none": "data_parallel", "stage1": "fleet_sharding_stage1", "stage2": "group_sharded_os_g",
          "stage3": "group_sharded_p_g_os"}

@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from xfw import hf_names
-from xfw import weights as neutral
-from xfw.env import cpu_model, package_versions
-from xfw.harness import GRAD_NORM_KNOB, InvalidSpec, Unsupported, wants_grad_norm
+from xfw.contract import hf_names
+from xfw.contract import weights as neutral
+from xfw.contract.env import cpu_model, package_versions
+from xfw.contract.harness import GRAD_NORM_KNOB, InvalidSpec, Unsupported, wants_grad_norm
 from xfw_paddle import parallel
 from xfw_paddle.families import family_module
 
@@ -100,7 +100,7 @@ def check_spec(spec: dict) -> None:
 
 
 def lora_config_for(target: paddle.nn.Layer, lora: dict):
-    """paddlenlp's ``LoRAConfig`` for the neutral LoRA settings, adapters on exactly the linears
+    r"""paddlenlp's ``LoRAConfig`` for the neutral LoRA settings, adapters on exactly the linears
     peft adapts on the PyTorch side.
 
     peft takes a target name as a module-name suffix (``q_proj`` matches ``layers.0.self_attn.q_proj``);
@@ -150,7 +150,7 @@ def canonical_names(family, model: paddle.nn.Layer) -> dict[str, tuple[str, bool
 def load_weights(model: paddle.nn.Layer, names: dict[str, tuple[str, bool]], directory: str, *,
                  family: str = "", lora: bool = False) -> None:
     """Convert ``directory``'s tensors (canonical names, torch layouts; older transformers names
-    mapped by xfw.hf_names) on the fly and copy them into ``model``: ``names`` is
+    mapped by xfw.contract.hf_names) on the fly and copy them into ``model``: ``names`` is
     :func:`canonical_names` (our name -> canonical name, transposed?). ``lora=False``: the base
     parameters; ``lora=True``: the adapters. Strict: every one present, nothing extra, shapes equal."""
     params = dict(model.named_parameters())
@@ -232,8 +232,8 @@ def _first_tensor(output):
 def probe_modules(spec: dict, path: str) -> None:
     """``--probe-modules FILE``: as the PyTorch adapter's, with each layer named by the
     canonical name of the module its parameters map to (the family's ``canonical_names``)."""
-    from xfw.results import write_json_atomic
-    from xfw.synthetic import make_pool
+    from xfw.contract.atomic import write_json_atomic
+    from xfw.contract.synthetic import make_pool
 
     check_spec(spec)
     paddle.set_device("cpu")

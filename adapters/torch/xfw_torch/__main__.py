@@ -1,6 +1,6 @@
 import sys
 
-from xfw import harness
+from xfw.contract import harness
 from xfw_torch.session import build_session, describe, export_weights, probe_modules
 
 sys.exit(harness.main(build_session, describe, export_weights=export_weights, probe_modules=probe_modules))

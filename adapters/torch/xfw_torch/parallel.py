@@ -31,7 +31,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from xfw.harness import InvalidSpec, Unsupported
+from xfw.contract.harness import InvalidSpec, Unsupported
 
 IMPLS = {
     "none": ("ddp",),

@@ -20,10 +20,10 @@ import time
 
 import torch
 
-from xfw import hf_names
-from xfw import weights as neutral
-from xfw.env import cpu_model, package_versions
-from xfw.harness import GRAD_NORM_KNOB, InvalidSpec, Unsupported, wants_grad_norm
+from xfw.contract import hf_names
+from xfw.contract import weights as neutral
+from xfw.contract.env import cpu_model, package_versions
+from xfw.contract.harness import GRAD_NORM_KNOB, InvalidSpec, Unsupported, wants_grad_norm
 from xfw_torch import parallel
 from xfw_torch.families import family_module
 
@@ -62,8 +62,8 @@ def apply_lora(target: torch.nn.Module, lora: dict) -> None:
 
 
 def load_weights(model: torch.nn.Module, directory: str, *, family: str = "", lora: bool = False) -> None:
-    """Copy ``directory``'s tensors (canonical names, xfw.weights; older transformers names
-    mapped by xfw.hf_names) into ``model``, strictly: every parameter, nothing extra, same
+    """Copy ``directory``'s tensors (canonical names, xfw.contract.weights; older transformers names
+    mapped by xfw.contract.hf_names) into ``model``, strictly: every parameter, nothing extra, same
     shapes. ``lora=False``: the base parameters (the file's LoRA adapters are not looked at);
     ``lora=True``: the peft adapters injected since, named as peft saves them."""
     params = {hf_names.peft_to_canonical(n): p for n, p in model.named_parameters()}  # tied: first name only
@@ -137,8 +137,8 @@ def probe_modules(spec: dict, path: str) -> None:
     """``--probe-modules FILE``: one forward pass of the spec's starting model on the first
     synthetic batch; the output norm of every module that owns a parameter, in call order
     (first call only), under its canonical name (this model's own)."""
-    from xfw.results import write_json_atomic
-    from xfw.synthetic import make_pool
+    from xfw.contract.atomic import write_json_atomic
+    from xfw.contract.synthetic import make_pool
 
     model = start_model(spec, torch.device("cpu"), spec["backend_knobs"].get("attn_implementation", "sdpa"))
     model.train()  # as a run's first step computes it

@@ -22,9 +22,9 @@ import os
 import sys
 import time
 
-from xfw.records import RecordWriter
+from xfw.contract.records import RecordWriter
 
-EXIT_OOM = 4  # xfw.harness.EXIT_OOM
+EXIT_OOM = 4  # xfw.contract.harness.EXIT_OOM
 
 
 def main(argv):

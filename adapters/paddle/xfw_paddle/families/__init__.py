@@ -1,4 +1,4 @@
-"""Paddle builders, one module per model family (the same names as ``xfw.families``).
+"""Paddle builders, one module per model family (the same names as ``xfw.contract.families``).
 
 A family module provides:
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from xfw.harness import Unsupported
+from xfw.contract.harness import Unsupported
 
 FAMILIES = {
     "llava": "xfw_paddle.families.llava",

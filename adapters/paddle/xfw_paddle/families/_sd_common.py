@@ -27,7 +27,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from xfw.families.sd15 import vae_kwargs
+from xfw.contract.families.sd15 import vae_kwargs
 
 
 def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -100,7 +100,7 @@ def apply_lora(target: nn.Layer, lora: dict) -> None:
     from paddlenlp.peft import LoRAConfig, LoRAModel
     from paddlenlp.peft.lora.lora_layers import LoRAConv2D, LoRALinear
 
-    from xfw.harness import InvalidSpec
+    from xfw.contract.harness import InvalidSpec
 
     config = LoRAConfig(target_modules=lora_patterns(lora["targets"]), r=lora["r"], lora_alpha=lora["alpha"],
                         lora_dropout=lora["dropout"])

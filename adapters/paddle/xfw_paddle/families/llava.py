@@ -2,7 +2,7 @@
 single tile) or ``LlavaNextForConditionalGeneration`` (LLaVA-1.6, AnyRes tiles + image newline).
 
 paddlenlp 3.0.0b4 has no trainable LLaVA, so this module composes one from the neutral
-architecture (``xfw.presets``, family ``llava``):
+architecture (``xfw.contract.presets``, family ``llava``):
 
 * vision tower: CLIP ViT written here in plain ``paddle.nn`` with transformers' module names.
   paddlenlp's ``CLIPVisionTransformer`` has the same parameter count but is built on
@@ -33,8 +33,8 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from xfw.harness import Unsupported
-from xfw.synthetic import IGNORE_INDEX
+from xfw.contract.harness import Unsupported
+from xfw.contract.synthetic import IGNORE_INDEX
 
 
 def _normal(std: float) -> paddle.ParamAttr:
@@ -381,7 +381,7 @@ def _with_peft_names(name_map):
 
 def canonical_names(model: nn.Layer, name_map=hf_name) -> dict[str, tuple[str, bool]]:
     """``{our name: (transformers' name, transposed?)}`` for every parameter: the map a neutral
-    weight file (xfw.weights) is read and written through."""
+    weight file (xfw.contract.weights) is read and written through."""
     return {n: (name_map(n), _is_linear_weight(n, p.shape)) for n, p in model.named_parameters()}
 
 

@@ -2,7 +2,7 @@
 
 paddlenlp 3.0.0b4 has Qwen2 but no Qwen2-VL, and its Qwen2 decoder has 1-D RoPE only (no
 M-RoPE), so both halves are written here in plain ``paddle.nn`` from the neutral architecture
-(``xfw.presets``, family ``qwen2vl``), following transformers 5.2's ``modeling_qwen2_vl``:
+(``xfw.contract.presets``, family ``qwen2vl``), following transformers 5.2's ``modeling_qwen2_vl``:
 
 * vision: ``PatchEmbed`` (a Conv3D whose kernel is the whole [C, T, P, P] patch, no bias),
   2-D rotary embedding over (row, col) in the merge-window order of the image processor,
@@ -13,7 +13,7 @@ M-RoPE), so both halves are written here in plain ``paddle.nn`` from the neutral
   the batch's ``position_ids`` [3, b, L] and ``mrope_section``; tied embeddings when the
   preset says so (then there is no ``lm_head`` parameter, as in transformers' count).
 
-The image grid is fixed by the architecture (``xfw.families.qwen2vl.grid``), so the step never
+The image grid is fixed by the architecture (``xfw.contract.families.qwen2vl.grid``), so the step never
 reads ``image_grid_thw`` back to the host; the batches carry no padding (attention is causal
 only). Checked against transformers with the same weights (tests/contract/test_paddle_vlm.py).
 Parameter names map one-to-one onto transformers' through :func:`hf_name`::
@@ -29,8 +29,8 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from xfw.families.qwen2vl import grid
-from xfw.harness import Unsupported
+from xfw.contract.families.qwen2vl import grid
+from xfw.contract.harness import Unsupported
 from xfw_paddle.families.llava import causal_lm_loss, quick_gelu, scatter_image_features
 from xfw_paddle.families.llava import canonical_names as _canonical_names
 from xfw_paddle.families.llava import load_hf_state as _load_hf_state

@@ -1,6 +1,6 @@
 """Stable Diffusion 1.5 in Paddle: ppdiffusers' UNet2DConditionModel + AutoencoderKL + CLIP text.
 
-``build(arch)`` maps ``xfw.presets`` (family ``sd15``) onto the same architecture as the
+``build(arch)`` maps ``xfw.contract.presets`` (family ``sd15``) onto the same architecture as the
 PyTorch side (``xfw_torch.families.sd15``), with the same parameter names and counts. The CLIP
 text encoder is ``ppdiffusers.transformers.CLIPTextModel`` (what ppdiffusers' SD pipelines
 load): a port of transformers' CLIPTextModel with its module names, unlike paddlenlp's. The
@@ -8,7 +8,7 @@ step is the PyTorch side's, its randomness from the batch (DESIGN.md §4)::
 
     latents = VAE mean(pixels) x scaling_factor          # frozen, no grad
     text    = CLIP text(input_ids).last_hidden_state      # frozen, no grad
-    noisy   = sqrt(ᾱ_t)·latents + sqrt(1 − ᾱ_t)·noise     # ᾱ from xfw.families.sd15
+    noisy   = sqrt(ᾱ_t)·latents + sqrt(1 − ᾱ_t)·noise     # ᾱ from xfw.contract.families.sd15
     loss    = MSE(UNet(noisy, t, text), noise)            # epsilon prediction
 
 Stages: pretrain = the whole UNet; lora = paddlenlp.peft LoRA on the UNet only
@@ -25,8 +25,8 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from xfw.families import sd15 as core
-from xfw.harness import Unsupported
+from xfw.contract.families import sd15 as core
+from xfw.contract.harness import Unsupported
 from xfw_paddle.families._sd_common import apply_lora, build_vae, canonical_names, encode_latents, use_attention
 
 __all__ = ["apply_lora", "canonical_names", "build", "trainable_parts", "lora_target", "prediction", "loss_fn"]

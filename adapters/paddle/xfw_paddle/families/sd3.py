@@ -1,6 +1,6 @@
 """Stable Diffusion 3 in Paddle: ppdiffusers' SD3Transformer2DModel + AutoencoderKL (16 latent channels).
 
-Text embeddings come precomputed in the batch (see ``xfw.families.sd3``). The step is the
+Text embeddings come precomputed in the batch (see ``xfw.contract.families.sd3``). The step is the
 PyTorch side's (diffusers' train_dreambooth_sd3.py), with σ from the batch::
 
     x0    = (VAE mean(pixels) − shift_factor) × scaling_factor   # frozen, no grad
@@ -27,8 +27,8 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from xfw.families.sd3 import transformer_kwargs
-from xfw.harness import InvalidSpec, Unsupported
+from xfw.contract.families.sd3 import transformer_kwargs
+from xfw.contract.harness import InvalidSpec, Unsupported
 from xfw_paddle.families._sd_common import apply_lora, build_vae, canonical_names, encode_latents, use_attention
 
 __all__ = ["apply_lora", "canonical_names", "build", "trainable_parts", "lora_target", "prediction", "loss_fn"]

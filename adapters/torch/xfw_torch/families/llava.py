@@ -1,6 +1,6 @@
 """LLaVA from the neutral architecture, with transformers' own classes.
 
-``build(arch)`` maps the fields of ``xfw.presets`` (family ``llava``) one-to-one onto
+``build(arch)`` maps the fields of ``xfw.contract.presets`` (family ``llava``) one-to-one onto
 ``CLIPVisionConfig`` + ``LlamaConfig`` and a ``LlavaConfig`` (single tile, LLaVA-1.5 style)
 or ``LlavaNextConfig`` (AnyRes tiles + image newline, LLaVA-1.6), randomly initialised.
 Stages (DESIGN.md §4): pretrain = projector; sft = projector + LM; lora = LoRA on the LM +
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from xfw.harness import Unsupported
+from xfw.contract.harness import Unsupported
 
 
 def _configs(arch: dict):

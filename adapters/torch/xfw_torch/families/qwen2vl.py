@@ -1,6 +1,6 @@
 """Qwen2-VL from the neutral architecture with transformers' Qwen2VLForConditionalGeneration.
 
-The batch brings the M-RoPE position ids (computed by the core, see xfw.families.qwen2vl),
+The batch brings the M-RoPE position ids (computed by the core, see xfw.contract.families.qwen2vl),
 so transformers does not rebuild them on the host inside the timed step. Stages (DESIGN.md
 §4): sft = LM + merger (vision frozen); lora = LoRA on the LM + full merger.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from xfw.harness import Unsupported
+from xfw.contract.harness import Unsupported
 from xfw_torch.families.llava import compile_units, enable_recompute, loss_fn  # noqa: F401 - same LM step
 
 

@@ -1,13 +1,13 @@
 """Stable Diffusion 1.5 from the neutral architecture, with diffusers' and transformers' classes.
 
-``build(arch)`` maps ``xfw.presets`` (family ``sd15``) onto ``UNet2DConditionModel``,
+``build(arch)`` maps ``xfw.contract.presets`` (family ``sd15``) onto ``UNet2DConditionModel``,
 ``AutoencoderKL`` and ``CLIPTextModel``, randomly initialised, inside one module the session
 moves, casts and counts. The step is diffusers' train_text_to_image.py with its randomness
 taken from the batch (DESIGN.md §4)::
 
     latents = VAE mean(pixels) x scaling_factor          # frozen, no grad
     text    = CLIP text(input_ids).last_hidden_state      # frozen, no grad
-    noisy   = sqrt(ᾱ_t)·latents + sqrt(1 − ᾱ_t)·noise     # ᾱ from xfw.families.sd15
+    noisy   = sqrt(ᾱ_t)·latents + sqrt(1 − ᾱ_t)·noise     # ᾱ from xfw.contract.families.sd15
     loss    = MSE(UNet(noisy, t, text), noise)            # epsilon prediction
 
 The VAE posterior's mean (``latent_dist.mode()``) replaces ``.sample()``: sampling would
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from xfw.families import sd15 as core
-from xfw.harness import InvalidSpec, Unsupported
+from xfw.contract.families import sd15 as core
+from xfw.contract.harness import InvalidSpec, Unsupported
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 

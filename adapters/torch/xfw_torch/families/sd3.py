@@ -1,6 +1,6 @@
 """Stable Diffusion 3 from the neutral architecture: diffusers' SD3Transformer2DModel + AutoencoderKL.
 
-Text embeddings come precomputed in the batch (see ``xfw.families.sd3``), so the system is
+Text embeddings come precomputed in the batch (see ``xfw.contract.families.sd3``), so the system is
 the MMDiT and the frozen VAE, in one module the session moves, casts and counts. The step
 is rectified flow matching as in diffusers' train_dreambooth_sd3.py, with σ from the batch::
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from xfw.families.sd3 import transformer_kwargs
-from xfw.harness import InvalidSpec, Unsupported
+from xfw.contract.families.sd3 import transformer_kwargs
+from xfw.contract.harness import InvalidSpec, Unsupported
 from xfw_torch.families.sd15 import build_vae, encode_latents
 
 

@@ -1,0 +1,138 @@
+"""LLaVA (CLIP ViT vision tower + 2-layer projector + Llama): checks, data, parameter count.
+
+    >>> arch = xfw.contract.presets.resolve_arch("tiny-llava", {}, None, None)
+    >>> num_image_tokens(arch, 56), count_params(arch)["total"]
+    (16, 190656)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xfw.contract.presets import ArchError
+
+IGNORE_INDEX = -100
+BOS_ID = 1
+# Module names stage lora may target: the decoder's linears (what count_lora_params counts).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+FIRST_TEXT_ID = 2  # ids 0 and 1 are pad and BOS
+
+
+def num_tiles(arch: dict) -> int:
+    """Vision-tower passes per image: 1, or with AnyRes the base tile plus the grid's tiles."""
+    if not arch.get("anyres"):
+        return 1
+    height, width = arch["data"]["anyres_image_hw"]
+    tile = arch["vision"]["image_size"]
+    return 1 + (height // tile) * (width // tile)
+
+
+def num_image_tokens(arch: dict, image_size: int) -> int:
+    """Image tokens in the language sequence for one image.
+
+    Single tile: one token per patch (plus CLS unless dropped). AnyRes (LLaVA-1.6): the base
+    tile's tokens, then the grid's patch rows each followed by one image-newline token. The
+    synthetic image is exactly one of the grid pinpoints, so no padding is removed.
+    """
+    vision = arch["vision"]
+    per_tile = (image_size // vision["patch_size"]) ** 2 + (0 if vision["drop_cls"] else 1)
+    if not arch.get("anyres"):
+        return per_tile
+    height, width = arch["data"]["anyres_image_hw"]
+    rows, cols = height // vision["patch_size"], width // vision["patch_size"]
+    return per_tile + rows * (cols + (1 if arch["anyres"]["image_newline"] else 0))
+
+
+def check(arch: dict) -> None:
+    vision, text, data = arch["vision"], arch["text"], arch["data"]
+    for part, cfg in (("vision", vision), ("text", text)):
+        if cfg["hidden_size"] % cfg["num_heads"]:
+            raise ArchError(f"model.arch.{part}.num_heads",
+                            f"{cfg['num_heads']} does not divide hidden_size {cfg['hidden_size']}")
+    if text["num_heads"] % text["num_kv_heads"]:
+        raise ArchError("model.arch.text.num_kv_heads",
+                        f"{text['num_kv_heads']} does not divide num_heads {text['num_heads']}")
+    if data["image_size"] != vision["image_size"]:
+        raise ArchError("data.image_size", f"{data['image_size']} differs from the vision tower's input "
+                        f"(model.arch.vision.image_size = {vision['image_size']}); set both")
+    if data["image_size"] % vision["patch_size"]:
+        raise ArchError("data.image_size", f"{data['image_size']} is not a multiple of patch_size {vision['patch_size']}")
+    if not 0 <= arch["image_token_id"] < text["vocab_size"]:
+        raise ArchError("model.arch.image_token_id", f"{arch['image_token_id']} is outside the vocabulary")
+    if not -vision["num_layers"] <= vision["feature_layer"] < 0:
+        raise ArchError("model.arch.vision.feature_layer", f"must be in [-num_layers, -1], got {vision['feature_layer']}")
+    if arch.get("anyres"):
+        pinpoints = [list(p) for p in arch["anyres"]["grid_pinpoints"]]
+        if list(data.get("anyres_image_hw") or []) not in pinpoints:
+            raise ArchError("model.arch.data.anyres_image_hw",
+                            f"{data.get('anyres_image_hw')} must be one of the grid pinpoints {pinpoints}")
+    needed = num_image_tokens(arch, data["image_size"]) + 2  # BOS + image + at least one text token
+    if data["seq_len"] < needed:
+        raise ArchError("data.seq_len", f"{data['seq_len']} leaves no room for text after "
+                        f"{needed - 2} image tokens (need at least {needed})")
+    if data["seq_len"] > text["max_position_embeddings"]:
+        raise ArchError("data.seq_len", f"{data['seq_len']} exceeds max_position_embeddings {text['max_position_embeddings']}")
+
+
+
+def make_batch(arch: dict, micro: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """One micro-batch: [BOS, <image> x N, text...]; loss on the text tokens only."""
+    image_size, seq_len = arch["data"]["image_size"], arch["data"]["seq_len"]
+    num_image = num_image_tokens(arch, image_size)
+    image_id, vocab = arch["image_token_id"], arch["text"]["vocab_size"]
+    # Already-normalised pixels, as a CLIP image processor would hand them over.
+    tiles = num_tiles(arch)
+    shape = (micro, tiles, 3, image_size, image_size) if arch.get("anyres") else (micro, 3, image_size, image_size)
+    pixel_values = rng.standard_normal(shape, dtype=np.float32)
+    text = rng.integers(FIRST_TEXT_ID, vocab - 1, size=(micro, seq_len - 1 - num_image), dtype=np.int64)
+    text[text >= image_id] += 1  # never draw the image token as text
+    input_ids = np.concatenate(
+        [np.full((micro, 1), BOS_ID, np.int64), np.full((micro, num_image), image_id, np.int64), text], axis=1)
+    labels = input_ids.copy()
+    labels[:, : 1 + num_image] = IGNORE_INDEX
+    batch = {
+        "pixel_values": pixel_values,
+        "input_ids": input_ids,
+        "labels": labels,
+        "attention_mask": np.ones_like(input_ids),
+    }
+    if arch.get("anyres"):
+        batch["image_sizes"] = np.tile(np.asarray(arch["data"]["anyres_image_hw"], np.int64), (micro, 1))
+    return batch
+
+
+def count_params(arch: dict) -> dict[str, int]:
+    """Analytic parameter counts per component (transformers' LlavaForConditionalGeneration layout)."""
+    v, t = arch["vision"], arch["text"]
+    h, f = v["hidden_size"], v["intermediate_size"]
+    num_positions = (v["image_size"] // v["patch_size"]) ** 2 + 1
+    vision = (h * 3 * v["patch_size"] ** 2  # patch conv, no bias
+              + h + num_positions * h  # class embedding, position embedding
+              + 2 * h * 2  # pre- and post-layernorm
+              + v["num_layers"] * (4 * (h * h + h) + 2 * 2 * h + (h * f + f) + (f * h + h)))
+    th, tf = t["hidden_size"], t["intermediate_size"]
+    kv = th // t["num_heads"] * t["num_kv_heads"]
+    text = (t["vocab_size"] * th
+            + t["num_layers"] * (2 * th * th + 2 * th * kv + 3 * th * tf + 2 * th)
+            + th
+            + (0 if t["tie_word_embeddings"] else t["vocab_size"] * th))
+    projector = h * th + th + th * th + th
+    newline = th if arch.get("anyres") and arch["anyres"].get("image_newline") else 0
+    return {"vision": vision, "projector": projector + newline, "text": text,
+            "total": vision + projector + newline + text}
+
+
+
+def decoder_linear_shapes(text: dict) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each linear in a Llama/Qwen2 decoder layer, by module name."""
+    h, f = text["hidden_size"], text["intermediate_size"]
+    kv = h // text["num_heads"] * text["num_kv_heads"]
+    return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+            "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+
+
+def count_lora_params(arch: dict, lora: dict) -> int:
+    """Parameters LoRA adds to the language model: r x (in + out) per targeted linear."""
+    shapes = decoder_linear_shapes(arch["text"])
+    per_layer = sum(lora["r"] * sum(shapes[name]) for name in lora["targets"] if name in shapes)
+    return per_layer * arch["text"]["num_layers"]

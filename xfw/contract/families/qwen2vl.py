@@ -1,0 +1,121 @@
+"""Qwen2-VL (ViT with 2-D rotary + 2x2 patch merger, Qwen2 decoder with M-RoPE): checks and data.
+
+A batch carries everything the step needs, computed here once in numpy so both frameworks
+get the same values: flattened patches as Qwen2-VL's image processor emits them, the grid,
+and the 3-D M-RoPE position ids (temporal, height, width) that transformers would otherwise
+recompute on the host at every step::
+
+    [<vision_start>, <image_pad> x (h/2)(w/2), <vision_end>, text ...]   loss on the text only
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xfw.contract.families.llava import LORA_TARGETS, count_lora_params  # noqa: F401 - the same decoder linears
+from xfw.contract.presets import ArchError
+
+IGNORE_INDEX = -100
+FIRST_TEXT_ID = 2
+BATCH_AXES = {"position_ids": 1}  # [3, batch, seq]: samples stack on axis 1
+
+
+def grid(arch: dict) -> tuple[int, int, int]:
+    """(t, h, w) patches of one image: a still image is one temporal patch."""
+    size, patch = arch["data"]["image_size"], arch["vision"]["patch_size"]
+    return 1, size // patch, size // patch
+
+
+def num_image_tokens(arch: dict, image_size: int) -> int:
+    merge = arch["vision"]["spatial_merge_size"]
+    side = image_size // arch["vision"]["patch_size"]
+    return (side // merge) ** 2
+
+
+def check(arch: dict) -> None:
+    v, t, data = arch["vision"], arch["text"], arch["data"]
+    if t["hidden_size"] % t["num_heads"]:
+        raise ArchError("model.arch.text.num_heads", f"{t['num_heads']} does not divide hidden_size {t['hidden_size']}")
+    if t["num_heads"] % t["num_kv_heads"]:
+        raise ArchError("model.arch.text.num_kv_heads", f"{t['num_kv_heads']} does not divide num_heads {t['num_heads']}")
+    half = t["hidden_size"] // t["num_heads"] // 2
+    if sum(t["mrope_section"]) != half:
+        raise ArchError("model.arch.text.mrope_section", f"{t['mrope_section']} must sum to head_dim / 2 = {half}")
+    if v["embed_dim"] % v["num_heads"]:
+        raise ArchError("model.arch.vision.num_heads", f"{v['num_heads']} does not divide embed_dim {v['embed_dim']}")
+    if v["merger_out"] != t["hidden_size"]:
+        raise ArchError("model.arch.vision.merger_out", f"{v['merger_out']} must equal text.hidden_size {t['hidden_size']}")
+    step = v["patch_size"] * v["spatial_merge_size"]
+    if data["image_size"] % step:
+        raise ArchError("data.image_size", f"{data['image_size']} is not a multiple of patch x merge = {step}")
+    ids = [arch[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")]
+    if len(set(ids)) != 4 or not all(FIRST_TEXT_ID <= i < t["vocab_size"] for i in ids):
+        raise ArchError("model.arch.image_token_id", f"special token ids {ids} must be distinct and inside the vocabulary")
+    needed = num_image_tokens(arch, data["image_size"]) + 3
+    if data["seq_len"] < needed:
+        raise ArchError("data.seq_len", f"{data['seq_len']} leaves no room for text after "
+                        f"{needed - 3} image tokens (need at least {needed})")
+
+
+def rope_positions(arch: dict, seq_len: int) -> np.ndarray:
+    """M-RoPE ids [3, seq_len] for [vision_start, image..., rest]: the rule of Qwen2-VL's
+    ``get_rope_index``: text counts up on all three axes; image tokens take (t, row, col)
+    offset by the text before them; text after resumes at the largest id + 1."""
+    merge = arch["vision"]["spatial_merge_size"]
+    _, gh, gw = grid(arch)
+    h, w = gh // merge, gw // merge
+    pos = np.zeros((3, seq_len), np.int64)
+    rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    image = slice(1, 1 + h * w)
+    pos[0, image] = 1
+    pos[1, image] = 1 + rows.ravel()
+    pos[2, image] = 1 + cols.ravel()
+    start = 1 + max(h - 1, w - 1) + 1
+    rest = seq_len - (1 + h * w)
+    pos[:, 1 + h * w:] = start + np.arange(rest)
+    return pos
+
+
+def make_batch(arch: dict, micro: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    v, seq_len, vocab = arch["vision"], arch["data"]["seq_len"], arch["text"]["vocab_size"]
+    t, gh, gw = grid(arch)
+    patch_dim = 3 * v["temporal_patch_size"] * v["patch_size"] ** 2
+    num_image = num_image_tokens(arch, arch["data"]["image_size"])
+    pixel_values = rng.standard_normal((micro * t * gh * gw, patch_dim), dtype=np.float32)
+    special = {arch[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")}
+    text = rng.integers(FIRST_TEXT_ID, vocab, size=(micro, seq_len - 2 - num_image), dtype=np.int64)
+    for token in sorted(special):  # never draw a special token as text
+        text[text == token] = FIRST_TEXT_ID
+    input_ids = np.concatenate([
+        np.full((micro, 1), arch["vision_start_token_id"], np.int64),
+        np.full((micro, num_image), arch["image_token_id"], np.int64),
+        np.full((micro, 1), arch["vision_end_token_id"], np.int64),
+        text,
+    ], axis=1)
+    labels = input_ids.copy()
+    labels[:, : 2 + num_image] = IGNORE_INDEX
+    return {
+        "pixel_values": pixel_values,
+        "image_grid_thw": np.tile(np.array([[t, gh, gw]], np.int64), (micro, 1)),
+        "input_ids": input_ids,
+        "labels": labels,
+        "attention_mask": np.ones_like(input_ids),
+        "position_ids": np.repeat(rope_positions(arch, seq_len)[:, None, :], micro, axis=1),
+    }
+
+
+def count_params(arch: dict) -> dict[str, int]:
+    """Analytic counts in transformers' Qwen2VLForConditionalGeneration layout."""
+    v, t = arch["vision"], arch["text"]
+    d, p, tp = v["embed_dim"], v["patch_size"], v["temporal_patch_size"]
+    mlp = d * v["mlp_ratio"]
+    block = 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * mlp + mlp) + (mlp * d + d)
+    merged = d * v["spatial_merge_size"] ** 2
+    merger = 2 * d + (merged * merged + merged) + (merged * v["merger_out"] + v["merger_out"])
+    vision = 3 * tp * p * p * d + v["depth"] * block
+    th, tf = t["hidden_size"], t["intermediate_size"]
+    kv = th // t["num_heads"] * t["num_kv_heads"]
+    layer = (th * th + th) + 2 * (th * kv + kv) + th * th + 3 * th * tf + 2 * th  # q/k/v have biases
+    text = t["vocab_size"] * th + t["num_layers"] * layer + th
+    head = 0 if t["tie_word_embeddings"] else t["vocab_size"] * th
+    return {"vision": vision, "projector": merger, "text": text + head, "total": vision + merger + text + head}

@@ -1,0 +1,227 @@
+"""The training-and-timing loop every adapter runs: one method, applied to both sides.
+
+An adapter builds its model and optimizer and hands the core a :class:`Session` (how to move
+a batch to the device, take one optimizer step, place a timestamp, read memory). The loop
+below does the rest the same way for every framework: warm-up steps (recorded, excluded),
+a measured window bracketed by device synchronisation, per-step times from device
+timestamps, and losses read without adding host syncs inside the window::
+
+    python -m xfw_torch --spec run/spec.json --records run/steps.jsonl
+    # -> adapters call xfw.contract.harness.main(build_session), which ends in run_training(...)
+
+With the ``grad_norm`` backend knob (parity only) each step record also carries the gradient
+norm, read every step: a host sync inside the window, so such a run is not a measurement.
+
+Exit codes, read by the launcher: 0 ok, 2 invalid spec, 3 unsupported, 4 out of memory;
+anything else is a crash. The same status is written as an ``error`` record first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any, Callable, Protocol
+
+from xfw.contract import records as rec
+from xfw.contract import synthetic
+
+EXIT_OK, EXIT_INVALID, EXIT_UNSUPPORTED, EXIT_OOM = 0, 2, 3, 4
+DRAIN_INTERVAL_S = 1.0
+GRAD_NORM_KNOB = "grad_norm"
+"""A backend knob every adapter accepts (``backends.<name>.grad_norm: true``): record each step's
+global gradient norm (``grad_norm_l2``). Parity turns it on; reading the norm is a host sync
+every step, so a measured run for throughput must never set it."""
+
+
+class Unsupported(Exception):
+    """This backend cannot run this spec here (a GPU-only feature on CPU, a missing family)."""
+
+
+class InvalidSpec(Exception):
+    """A backend knob or setting this adapter rejects."""
+
+
+class Session(Protocol):
+    """What an adapter provides. Timestamps and loss tokens are opaque to the core."""
+
+    rank: int
+    num_ranks: int
+
+    def to_device(self, batch: dict) -> Any: ...
+    def train_step(self, micro_batches: list) -> Any:
+        """One optimizer step over the micro-batches (gradient accumulation); returns the
+        loss as a framework scalar, still on the device."""
+    def loss_token(self, loss: Any) -> Any:
+        """Start an asynchronous device-to-host copy of the loss; no host sync."""
+    def loss_value(self, token: Any) -> float:
+        """The loss as a float; called only once the step's end timestamp is done."""
+    def timestamp(self) -> Any:
+        """Record a point in the device's stream of work (a CUDA event; a clock on CPU)."""
+    def is_done(self, stamp: Any) -> bool:
+        """Whether the device has passed the timestamp; never blocks."""
+    def elapsed_s(self, start: Any, end: Any) -> float: ...
+    def synchronize(self) -> None: ...
+    def memory_peaks(self) -> tuple[int | None, int | None]:
+        """(max allocated, max reserved) in bytes so far; None where the source has none."""
+    def is_oom(self, error: BaseException) -> bool: ...
+    def applied(self) -> dict:
+        """The settings actually applied (the ``applied`` record's fields)."""
+    def grad_norm(self) -> float:
+        """Only when :func:`wants_grad_norm`: the last ``train_step``'s global L2 norm over every
+        trainable parameter's gradient (accumulated over its micro-batches, unscaled, before the
+        optimizer step), summed in float64. A host sync."""
+
+
+def wants_grad_norm(spec: dict) -> bool:
+    """Whether this run records gradient norms; one process only (a sharded or not-yet-reduced
+    gradient would give a local norm)."""
+    wanted = spec["backend_knobs"].get(GRAD_NORM_KNOB, False)
+    if not isinstance(wanted, bool):
+        raise InvalidSpec(f"backends.{spec.get('backend', '<backend>')}.{GRAD_NORM_KNOB}: must be true or false, "
+                          f"got {wanted!r}")
+    if wanted and spec["derived"]["num_processes"] != 1:
+        raise InvalidSpec(f"backends.{spec.get('backend', '<backend>')}.{GRAD_NORM_KNOB}: only with one process "
+                          f"(parity runs), not {spec['derived']['num_processes']}")
+    return wanted
+
+
+def _micro_batches(pool: list, step: int, accum: int) -> list:
+    slot = step % (len(pool) // accum)
+    return [pool[slot * accum + i] for i in range(accum)]
+
+
+def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None:
+    warmup, steps = spec["measure"]["warmup_steps"], spec["measure"]["steps"]
+    accum = spec["derived"]["grad_accum_steps"]
+    pool_np = synthetic.make_pool(spec, session.rank)
+    samples = spec["batch"]["micro"] * accum
+    tokens = sum(synthetic.num_tokens(pool_np[i]) for i in range(accum))
+    pool = [session.to_device(b) for b in pool_np]  # converted before anything is timed
+    with_grad_norm = wants_grad_norm(spec)
+    grad_norms: list[float] = []  # index: step; filled only when asked (parity)
+    writer.start(num_ranks=session.num_ranks, warmup_steps=warmup, steps=steps)
+
+    def write_step(step: int, phase: str, time_s: float, loss: float | None) -> None:
+        alloc, reserved = session.memory_peaks()
+        extra = {"grad_norm_l2": grad_norms[step]} if with_grad_norm else {}
+        writer.write("step", step=step, phase=phase, step_time_s=time_s, samples=samples, tokens=tokens,
+                     loss=loss, mem_alloc_peak_bytes=alloc, mem_reserved_peak_bytes=reserved, **extra)
+
+    # Warm-up: synchronised every step (it is excluded, so the syncs cost nothing we report).
+    for step in range(warmup):
+        t0 = time.perf_counter()
+        loss = session.train_step(_micro_batches(pool, step, accum))
+        session.synchronize()  # SYNC: warm-up only
+        if with_grad_norm:
+            grad_norms.append(session.grad_norm())
+        write_step(step, "warmup", time.perf_counter() - t0, session.loss_value(session.loss_token(loss)))
+
+    # Measured window. Sync once before and once after; inside, only timestamps and
+    # asynchronous loss copies, drained as the device passes them (for live progress).
+    # Records are written at most once per DRAIN_INTERVAL_S inside the window, so the cost of
+    # writing them (json, flush, allocator stats) stays out of short steps' times.
+    session.synchronize()  # SYNC: window start
+    t_start = t_drain = time.perf_counter()
+    stamps, tokens_pending, written = [session.timestamp()], [], 0
+    for i in range(steps):
+        loss = session.train_step(_micro_batches(pool, warmup + i, accum))
+        tokens_pending.append(session.loss_token(loss))
+        stamps.append(session.timestamp())
+        if with_grad_norm:  # SYNC: parity only (wants_grad_norm); its step times are not a measurement
+            grad_norms.append(session.grad_norm())
+        if time.perf_counter() - t_drain < DRAIN_INTERVAL_S:
+            continue
+        t_drain = time.perf_counter()
+        while written <= i and session.is_done(stamps[written + 1]):
+            write_step(warmup + written, "measure", session.elapsed_s(stamps[written], stamps[written + 1]),
+                       session.loss_value(tokens_pending[written]))
+            written += 1
+    session.synchronize()  # SYNC: window end
+    window_s = time.perf_counter() - t_start
+    for j in range(written, steps):
+        write_step(warmup + j, "measure", session.elapsed_s(stamps[j], stamps[j + 1]),
+                   session.loss_value(tokens_pending[j]))
+    writer.write("window", window_time_s=window_s, num_steps=steps, samples=samples * steps, tokens=tokens * steps)
+    writer.write("applied", **session.applied())
+
+
+def _export(export_weights: Callable[[dict, str], None] | None, spec: dict, directory: str) -> int:
+    """``--export-weights DIR``: the adapter writes the model this spec starts from (seeded init,
+    or ``model.weights``) to ``DIR/model.safetensors`` under the canonical names (xfw.contract.weights).
+    ``--probe-modules FILE`` has the same shape (any tool the adapter offers beside training)."""
+    if export_weights is None:
+        print("this backend does not offer this", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    try:
+        export_weights(spec, directory)
+    except Unsupported as err:
+        print(f"unsupported: {err}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    except InvalidSpec as err:
+        print(f"invalid: {err}", file=sys.stderr)
+        return EXIT_INVALID
+    return EXIT_OK
+
+
+def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
+         argv: list[str] | None = None, *, export_weights: Callable[[dict, str], None] | None = None,
+         probe_modules: Callable[[dict, str], None] | None = None) -> int:
+    """Entry point for ``python -m xfw_<backend>``: spec in, records out, status as exit code.
+
+    ``--describe`` prints one JSON object (framework, versions, device, multi-process launcher)
+    and exits; the core uses it for ``xfw env`` and to check an interpreter before launching.
+    ``--export-weights DIR --spec spec.json`` calls the adapter's optional ``export_weights``;
+    ``--probe-modules FILE --spec spec.json`` its optional ``probe_modules``: one forward pass on
+    the first synthetic batch, every parameter-owning module's output norm written to FILE as
+    ``{"modules": [{"name": canonical module name, "norm": float}, ...]}`` in call order.
+    """
+    parser = argparse.ArgumentParser(description="Run one xfw spec and append records.")
+    parser.add_argument("--describe", action="store_true", help="print this backend's description as JSON")
+    parser.add_argument("--spec", help="resolved spec.json written by the core")
+    parser.add_argument("--records", help="steps.jsonl to append records to")
+    parser.add_argument("--rank", type=int, default=None, help="this process's rank (default: from the launcher)")
+    parser.add_argument("--export-weights", metavar="DIR",
+                        help="write the spec's initial model to DIR/model.safetensors and exit (no training)")
+    parser.add_argument("--probe-modules", metavar="FILE",
+                        help="write per-module output norms of one forward pass to FILE (JSON) and exit")
+    args = parser.parse_args(argv)
+    if args.describe:
+        print(json.dumps(describe()))
+        return EXIT_OK
+    for flag, target, hook in (("--export-weights", args.export_weights, export_weights),
+                               ("--probe-modules", args.probe_modules, probe_modules)):
+        if target:
+            if not args.spec:
+                parser.error(f"{flag} needs --spec")
+            with open(args.spec, encoding="utf-8") as f:
+                return _export(hook, json.load(f), target)
+    if not args.spec or not args.records:
+        parser.error("--spec and --records are required")
+    with open(args.spec, encoding="utf-8") as f:
+        spec = json.load(f)
+    rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "0"))
+    writer = rec.RecordWriter(args.records, rank)
+    session = None
+    try:
+        session = build_session(spec)
+        writer.rank = session.rank  # the adapter knows its launcher's rank variables; the core does not
+        run_training(spec, writer, session)
+        writer.write("end")
+        return EXIT_OK
+    except Unsupported as err:
+        writer.write("error", status="unsupported", message=str(err))
+        return EXIT_UNSUPPORTED
+    except InvalidSpec as err:
+        writer.write("error", status="invalid", message=str(err))
+        return EXIT_INVALID
+    except Exception as err:  # noqa: BLE001 - classify, record, and re-raise the trace to stderr
+        oom = session is not None and session.is_oom(err) or "out of memory" in str(err).lower()
+        writer.write("error", status="oom" if oom else "crashed", message=f"{type(err).__name__}: {err}"[:500])
+        traceback.print_exc(file=sys.stderr)
+        return EXIT_OOM if oom else 1
+    finally:
+        writer.close()

@@ -1,0 +1,156 @@
+"""The record format: the one thing adapters write and the core reads (``steps.jsonl``).
+
+One flat, versioned JSON object per line, appended and flushed as it happens, units in the
+keys. Each rank writes, in order: ``start``, ``step`` x (warm-up + measured), ``window``,
+``applied``, ``end`` (or ``error`` instead of the rest when it cannot go on)::
+
+    {"schema": 1, "kind": "step", "rank": 0, "step": 12, "phase": "measure", "step_time_s": 0.412,
+     "samples": 16, "tokens": 65536, "loss": 3.218, "mem_alloc_peak_bytes": 1048576,
+     "mem_reserved_peak_bytes": null}
+
+A step record may also carry ``grad_norm_l2`` (:data:`OPTIONAL`), only when the run asked for it.
+
+The core tails the file for live progress and computes every statistic from it
+(``xfw.report.measure``); stdout is never parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+RECORD_SCHEMA = 1
+
+_INT, _NUM, _STR, _BOOL = (int,), (int, float), (str,), (bool,)
+_NONE = (type(None),)
+
+# kind -> {key: accepted types}. Keys beginning with "version_" are allowed in "applied".
+FIELDS: dict[str, dict[str, tuple]] = {
+    "start": {"num_ranks": _INT, "warmup_steps": _INT, "steps": _INT, "t_unix_s": _NUM},
+    "step": {
+        "step": _INT, "phase": _STR, "step_time_s": _NUM, "samples": _INT, "tokens": _INT,
+        "loss": _NUM + _NONE, "mem_alloc_peak_bytes": _INT + _NONE, "mem_reserved_peak_bytes": _INT + _NONE,
+    },
+    "window": {"window_time_s": _NUM, "num_steps": _INT, "samples": _INT, "tokens": _INT},
+    "applied": {
+        "framework": _STR, "framework_version": _STR, "device": _STR, "device_name": _STR,
+        "weight_dtype": _STR, "compute_dtype": _STR, "amp_level": _STR, "master_weights": _BOOL,
+        "sharding_impl": _STR, "attention_impl": _STR, "tf32": _BOOL, "fused_optimizer": _BOOL,
+        "recompute": _BOOL, "num_params_total": _INT, "num_params_trainable": _INT,
+        "num_processes": _INT, "grad_accum_steps": _INT, "mem_source": _STR, "notes": _STR,
+    },
+    "error": {"status": _STR, "message": _STR},
+    "end": {},
+}
+# kind -> {key: accepted types} that a record may carry, only when asked for. ``grad_norm_l2``:
+# the global L2 norm of the trainable parameters' gradients before the optimizer step (parity
+# asks for it; reading it is a host sync every step, so measured runs never carry it).
+OPTIONAL: dict[str, dict[str, tuple]] = {"step": {"grad_norm_l2": _NUM + _NONE}}
+PHASES = ("warmup", "measure")
+ERROR_STATUSES = ("unsupported", "invalid", "oom", "crashed")
+MEM_SOURCES = ("cuda_allocator", "host_allocator", "peak_rss")
+
+
+def validate_record(record: Any) -> list[str]:
+    """Problems with one record against the schema; an empty list means it is valid."""
+    if not isinstance(record, dict):
+        return [f"record is not an object: {record!r}"]
+    problems = []
+    if record.get("schema") != RECORD_SCHEMA:
+        problems.append(f"schema must be {RECORD_SCHEMA}, got {record.get('schema')!r}")
+    kind = record.get("kind")
+    if kind not in FIELDS:
+        return problems + [f"unknown kind {kind!r}"]
+    if not isinstance(record.get("rank"), int) or record["rank"] < 0:
+        problems.append(f"rank must be a non-negative integer, got {record.get('rank')!r}")
+    expected = FIELDS[kind]
+    for key, types in expected.items():
+        if key not in record:
+            problems.append(f"{kind}: missing {key!r}")
+        elif not isinstance(record[key], types) or (types is not _BOOL and isinstance(record[key], bool)):
+            problems.append(f"{kind}: {key!r} has type {type(record[key]).__name__}, expected {types}")
+    optional = OPTIONAL.get(kind, {})
+    for key in record:
+        if key in ("schema", "kind", "rank") or key in expected:
+            continue
+        if key in optional:
+            if not isinstance(record[key], optional[key]) or isinstance(record[key], bool):
+                problems.append(f"{kind}: {key!r} has type {type(record[key]).__name__}, expected {optional[key]}")
+            continue
+        if kind == "applied" and key.startswith("version_") and isinstance(record[key], str):
+            continue
+        problems.append(f"{kind}: unexpected key {key!r}")
+    if kind == "step" and record.get("phase") not in PHASES:
+        problems.append(f"step: phase must be one of {PHASES}, got {record.get('phase')!r}")
+    if kind == "error" and record.get("status") not in ERROR_STATUSES:
+        problems.append(f"error: status must be one of {ERROR_STATUSES}, got {record.get('status')!r}")
+    if kind == "applied" and record.get("mem_source") not in MEM_SOURCES:
+        problems.append(f"applied: mem_source must be one of {MEM_SOURCES}, got {record.get('mem_source')!r}")
+    return problems
+
+
+class RecordWriter:
+    """Appends records for one rank, flushing each line so the core can tail the file."""
+
+    def __init__(self, path: str | os.PathLike, rank: int):
+        self.rank = rank
+        self._file = open(path, "a", encoding="utf-8")
+
+    def write(self, kind: str, **fields: Any) -> None:
+        record = {"schema": RECORD_SCHEMA, "kind": kind, "rank": self.rank, **fields}
+        problems = validate_record(record)
+        assert not problems, f"adapter wrote an invalid record: {problems}"
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def start(self, *, num_ranks: int, warmup_steps: int, steps: int) -> None:
+        self.write("start", num_ranks=num_ranks, warmup_steps=warmup_steps, steps=steps, t_unix_s=time.time())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def parse_lines(lines: Iterable[str]) -> list[dict]:
+    """Records from JSON lines; a torn last line (a process killed mid-write) is dropped."""
+    out = []
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def load_records(path: str | os.PathLike) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    with open(path, encoding="utf-8") as f:
+        return parse_lines(f)
+
+
+class RecordTail:
+    """Reads records appended since the last call (for live progress while a backend runs)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._offset = 0
+        self._partial = ""
+
+    def poll(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with open(self.path, encoding="utf-8") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+            self._offset = f.tell()
+        text = self._partial + chunk
+        lines = text.split("\n")
+        self._partial = lines.pop()  # incomplete until its newline arrives
+        return parse_lines(lines)

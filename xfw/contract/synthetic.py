@@ -1,0 +1,59 @@
+"""Synthetic batches: seeded numpy arrays, identical for every backend.
+
+The core makes the data and each adapter only converts it (``torch.from_numpy``,
+``paddle.to_tensor``), so both frameworks see bit-identical inputs. A batch depends only on
+its place in the global batch (seed, pool slot, sample index), never on a rank or a
+framework RNG::
+
+    >>> pool = make_pool(spec, rank=0)          # spec: the resolved spec.json dict
+    >>> batch = pool[(step % pool_size) * accum + micro]
+    >>> sorted(batch)
+    ['attention_mask', 'input_ids', 'labels', 'pixel_values']
+
+The pool is generated before the timed window and cycled through it, so data generation is
+never timed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xfw.contract.families import family_module
+from xfw.contract.families.llava import IGNORE_INDEX  # noqa: F401 - re-exported for adapters and tests
+
+
+def sample(spec: dict, slot: int, index: int) -> dict[str, np.ndarray]:
+    """Sample ``index`` of the global batch of pool slot ``slot``: seeded by its place in the
+    global batch, never by rank, so 1 process x 8 micro-batches and 8 processes x 1 see the
+    very same samples in every optimizer step."""
+    arch = spec["model"]["arch"]
+    rng = np.random.default_rng([spec["data"]["seed"], slot, index])
+    return family_module(arch["family"]).make_batch(arch, 1, rng)
+
+
+def _stack(samples: list[dict[str, np.ndarray]], axes: dict[str, int]) -> dict[str, np.ndarray]:
+    return {k: np.concatenate([s[k] for s in samples], axis=axes.get(k, 0)) for k in samples[0]}
+
+
+def make_pool(spec: dict, rank: int) -> list[dict[str, np.ndarray]]:
+    """The micro-batches one process trains on: ``pool_size`` optimizer steps' worth, cycled.
+
+    Entry ``slot * accum + i`` is micro-batch ``i`` of this rank in step slot ``slot``; it
+    holds global samples ``(rank * accum + i) * micro`` onwards.
+    """
+    arch = spec["model"]["arch"]
+    axes = getattr(family_module(arch["family"]), "BATCH_AXES", {})
+    micro, accum = spec["batch"]["micro"], spec["derived"]["grad_accum_steps"]
+    pool = []
+    for slot in range(spec["data"]["pool_size"]):
+        for i in range(accum):
+            first = (rank * accum + i) * micro
+            pool.append(_stack([sample(spec, slot, first + k) for k in range(micro)], axes))
+    return pool
+
+
+def num_tokens(batch: dict[str, np.ndarray]) -> int:
+    """Sequence positions the language model trains on (image tokens included); 0 if none.
+    Only batches with LM labels count: SD1.5's input_ids are CLIP prompt ids, not trained tokens."""
+    ids = batch.get("input_ids") if "labels" in batch else None
+    return int(ids.size) if ids is not None else 0

@@ -1,0 +1,183 @@
+"""The comparator: pure functions from run results to comparison rows.
+
+``compare_runs(results, ["paddle", "torch"])`` groups runs by (recipe, variant) — a variant
+is a sweep point, e.g. ``{"batch.micro": 8}`` — and gives one :class:`ComparisonRow` per
+group, with each backend's side and the contrast of the first backend against the second,
+as in seed 003::
+
+    contrast = (paddle_ips - torch_ips) / torch_ips        # +26% means paddle is faster
+
+Repeats of the same (recipe, variant, backend) collapse to their median, with the spread kept; a
+contrast smaller than the spread is flagged as within noise. A failed side keeps its row,
+with the status and reason in place of numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+
+from xfw.contract import presets
+from xfw.report.measure import spread
+from xfw.report.results import RunResult
+
+# Applied settings shown side by side; a difference on any of these is warned about.
+SETTINGS = ("device", "weight_dtype", "compute_dtype", "amp_level", "master_weights", "sharding_impl",
+            "attention_impl", "tf32", "fused_optimizer", "recompute", "num_params_total",
+            "num_params_trainable", "num_processes", "grad_accum_steps", "mem_source", "framework_version")
+# Settings that differ by nature between frameworks: shown, never warned about.
+_EXPECTED_TO_DIFFER = {"framework_version", "mem_source"}
+
+STAGE_NAMES = {"pretrain": "Pretrain", "sft": "SFT", "lora": "LoRA", "dreambooth": "SFT (Dreambooth)"}
+
+
+@dataclass(kw_only=True)
+class Side:
+    backend: str
+    status: str
+    reason: str = ""
+    ips: float | None = None
+    ips_spread: float | None = None
+    tokens_per_s: float | None = None
+    step_time_median_s: float | None = None
+    mem_alloc_peak_bytes: int | None = None
+    mem_reserved_peak_bytes: int | None = None
+    mem_source: str | None = None
+    mfu: float | None = None
+    num_repeats: int = 0
+    applied: dict = field(default_factory=dict)
+    run_dirs: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.ips is not None
+
+
+@dataclass(kw_only=True)
+class ComparisonRow:
+    recipe: str
+    model: str
+    stage: str
+    sides: dict[str, Side]
+    variant: dict = field(default_factory=dict)
+    """The sweep point of this row's runs ({} for plain runs)."""
+    contrast: float | None = None
+    within_noise: bool | None = None
+    params_match: bool | None = None
+    expected_params: int | None = None
+    settings: dict[str, dict] = field(default_factory=dict)
+    """setting -> {backend: value}"""
+    differing: list[str] = field(default_factory=list)
+    """Settings whose values differ between the sides (and are expected not to)."""
+    warnings: list[str] = field(default_factory=list)
+    parity: dict | None = None
+    """This recipe's parity status (``xfw.run.parity.find_parity``); None when nobody looked."""
+
+
+def _side(backend: str, runs: list[RunResult]) -> Side:
+    if not runs:
+        return Side(backend=backend, status="missing", reason="no run of this backend")
+    ok = [r for r in runs if r.ok and r.measurement.ips is not None]
+    if not ok:
+        first = runs[0]
+        return Side(backend=backend, status=first.status, reason=first.reason, num_repeats=len(runs),
+                    applied=first.applied, run_dirs=[r.run_dir for r in runs])
+
+    def median(attr: str):
+        values = [getattr(r.measurement, attr) for r in ok if getattr(r.measurement, attr) is not None]
+        return statistics.median(values) if values else None
+
+    return Side(
+        backend=backend, status="ok", ips=median("ips"), ips_spread=spread([r.measurement.ips for r in ok]),
+        tokens_per_s=median("tokens_per_s"), step_time_median_s=median("step_time_median_s"),
+        mem_alloc_peak_bytes=median("mem_alloc_peak_bytes"), mem_reserved_peak_bytes=median("mem_reserved_peak_bytes"),
+        mem_source=ok[0].measurement.mem_source, mfu=_median_mfu(ok),
+        num_repeats=len(ok), applied=ok[0].applied,
+        run_dirs=[r.run_dir for r in runs],
+    )
+
+
+def _median_mfu(runs: list[RunResult]) -> float | None:
+    values = [r.mfu for r in runs if r.mfu is not None]
+    return statistics.median(values) if values else None
+
+
+def _expected_params(preset: str) -> int | None:
+    try:
+        return presets.count_params(presets.PRESETS[preset])["total"]
+    except (KeyError, NotImplementedError):
+        return None
+
+
+def variant_label(variant: dict) -> str:
+    """``batch.micro=8, parallel.sharding=stage2`` (values as YAML flow would write them); "" for {}."""
+    return ", ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in variant.items())
+
+
+def strip_common(variants: list[dict]) -> list[dict]:
+    """The variants without the keys every one of them sets to the same value (for display: a
+    ``--set measure.steps=4`` given to a whole sweep tells the rows apart from nothing)."""
+    if len(variants) < 2:
+        return [dict(v) for v in variants]
+    common = {k for k in variants[0] if all(k in v and v[k] == variants[0][k] for v in variants[1:])}
+    return [{k: val for k, val in v.items() if k not in common} for v in variants]
+
+
+def variant_key(variant: dict) -> str:
+    """A hashable, order-independent identity of a variant."""
+    return json.dumps(variant, sort_keys=True)
+
+
+def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> ComparisonRow:
+    first = runs[0]
+    sides = {b: _side(b, [r for r in runs if r.backend == b]) for b in backends}
+    row = ComparisonRow(recipe=recipe, model=presets.display_name(first.preset),
+                        stage=STAGE_NAMES.get(first.stage, first.stage), sides=sides, variant=dict(first.variant),
+                        expected_params=_expected_params(first.preset))
+    a, b = (sides[name] for name in backends[:2]) if len(backends) >= 2 else (None, None)
+    if a and b and a.ok and b.ok and b.ips:
+        row.contrast = (a.ips - b.ips) / b.ips
+        spreads = [s for s in (a.ips_spread, b.ips_spread) if s is not None]
+        row.within_noise = abs(row.contrast) <= max(spreads) if spreads else None
+    counts = {name: s.applied.get("num_params_total") for name, s in sides.items() if s.applied}
+    if len(counts) == len(sides) and len(sides) >= 2:
+        row.params_match = len(set(counts.values())) == 1
+        if not row.params_match:
+            row.warnings.append("parameter counts differ: the two sides did not build the same model ("
+                                + ", ".join(f"{k} {v:,}" for k, v in counts.items()) + ")")
+    for key in SETTINGS:
+        values = {name: s.applied.get(key) for name, s in sides.items() if s.applied}
+        if values:
+            row.settings[key] = values
+            if len(values) >= 2 and len({repr(v) for v in values.values()}) > 1 and key not in _EXPECTED_TO_DIFFER:
+                row.differing.append(key)
+                row.warnings.append(f"{key} differs: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    sources = {s.mem_source for s in sides.values() if s.ok}
+    if len(sources) > 1:
+        row.warnings.append("memory is measured from different sources (" + ", ".join(sorted(sources))
+                            + "): not directly comparable")
+    return row
+
+
+def compare_runs(results: list[RunResult], backends: list[str], *,
+                 parity: dict[str, dict] | None = None) -> list[ComparisonRow]:
+    """One row per (recipe, variant), in the order they first appear; repeats share a row.
+    ``parity``: recipe name -> its parity status, when looked up (a recipe missing from it has none)."""
+    groups: dict[tuple[str, str], list[RunResult]] = {}
+    for r in results:
+        groups.setdefault((r.recipe, variant_key(r.variant)), []).append(r)
+    rows = [compare_row(name, runs, backends) for (name, _), runs in groups.items()]
+    if parity is not None:
+        for row in rows:
+            row.parity = parity.get(row.recipe, {"status": "none", "path": None, "note": ""})
+    return rows
+
+
+def backends_in(results: list[RunResult]) -> list[str]:
+    """Backends in first-seen order (for reports over run directories)."""
+    seen: list[str] = []
+    for r in results:
+        if r.backend not in seen:
+            seen.append(r.backend)
+    return seen

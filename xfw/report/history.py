@@ -1,0 +1,118 @@
+"""The nightly history store: one JSON line per (night, entry, backend, repeat), in ``DIR/history.jsonl``.
+
+Why JSON lines and not Parquet: pandas reads it directly (``pd.read_json(path, lines=True)``)
+with nothing beyond pandas (Parquet needs pyarrow, ~100 MB, in the CLI's environment); a person
+can grep it; a column added next month does not invalidate last year's lines; and at 24 lines
+a night it stays a few MB a year, small enough to rewrite whole::
+
+    >>> import pandas as pd
+    >>> df = pd.read_json("nightly/history.jsonl", lines=True)
+    >>> df.pivot_table(index="night", columns=["entry", "backend"], values="ips")
+
+Writes are atomic: :meth:`History.upsert` rewrites the file to a temporary name, fsyncs and
+renames it over the old one, so a job killed at any moment leaves the previous file or the new
+one, never half a line. A row is keyed by (night, entry, backend, repeat_index); writing the same
+key again replaces it, so a resumed night never counts a run twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from xfw.report.results import RunResult
+from xfw.contract.atomic import write_text_atomic
+
+HISTORY_SCHEMA = 1
+HISTORY_FILE = "history.jsonl"
+NIGHTS_DIR = "nights"
+"""Under the history directory: one directory per night (``nights/<night>/``), its runs inside."""
+KEY = ("night", "entry", "backend", "repeat_index")
+
+
+def workload_fingerprint(spec: dict) -> str:
+    """What must be equal for two nights' numbers to be comparable: the model, stage, data, batch,
+    precision, parallel layout and measured steps. Backend knobs are left out on purpose (a knob
+    turned on is exactly the kind of change a nightly should flag, and it is reported as such)."""
+    keep = {k: v for k, v in spec.items() if k not in ("run_id", "backend", "backends", "backend_knobs", "measure")}
+    keep["measure"] = {k: v for k, v in spec.get("measure", {}).items() if k not in ("timeout_s", "repeat")}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def row_from_result(result: RunResult, spec: dict, *, night: str, night_started_utc: str, suite: str,
+                    entry: str, run_dir: str) -> dict:
+    """One flat history row (units in the key names; dicts only for versions and knobs)."""
+    m = result.measurement
+    applied, env = result.applied, result.env
+    return {
+        "schema": HISTORY_SCHEMA, "night": night, "night_started_utc": night_started_utc, "suite": suite,
+        "entry": entry, "recipe": result.recipe, "preset": result.preset, "stage": result.stage,
+        "backend": result.backend, "repeat_index": result.repeat_index,
+        "status": result.status, "reason": result.reason,
+        "ips": m.ips, "tokens_per_s": m.tokens_per_s, "step_time_median_s": m.step_time_median_s,
+        "step_time_p10_s": m.step_time_p10_s, "step_time_p90_s": m.step_time_p90_s,
+        "num_measured_steps": m.num_measured_steps,
+        "mem_alloc_peak_bytes": m.mem_alloc_peak_bytes, "mem_reserved_peak_bytes": m.mem_reserved_peak_bytes,
+        "mem_source": m.mem_source, "mfu": result.mfu, "loss_last": m.loss_last,
+        "num_processes": result.setup.get("num_processes"), "global_batch": result.setup.get("global_batch"),
+        "micro_batch": result.setup.get("micro_batch"), "sharding": result.setup.get("sharding"),
+        "dtype": result.setup.get("dtype"), "amp_level": result.setup.get("amp_level"),
+        "workload": workload_fingerprint(spec), "knobs": dict(spec.get("backend_knobs", {})),
+        "framework_version": applied.get("framework_version"), "device_name": applied.get("device_name"),
+        "versions": {k.removeprefix("version_"): v for k, v in applied.items() if k.startswith("version_")},
+        "host": env.get("host", {}).get("hostname"), "python": env.get("python"),
+        "xfw_git_sha": env.get("xfw_git_sha"), "wall_time_s": result.wall_time_s, "run_dir": run_dir,
+    }
+
+
+class History:
+    """``DIR/history.jsonl``: read, upsert atomically, query by key."""
+
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory)
+        self.path = self.dir / HISTORY_FILE
+
+    def rows(self) -> list[dict]:
+        """Every row, oldest night first. A line that does not parse is an error naming the line:
+        the file is only ever replaced whole, so a bad line was written by something else."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        rows = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{self.path}:{number}: not a JSON object ({err.msg})") from None
+            if not isinstance(row, dict) or any(k not in row for k in KEY):
+                raise ValueError(f"{self.path}:{number}: a history row needs {', '.join(KEY)}")
+            rows.append(row)
+        return rows
+
+    def upsert(self, new_rows: list[dict]) -> None:
+        """Add rows, replacing any with the same key; one atomic rewrite."""
+        if not new_rows:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        keyed = {tuple(r[k] for k in KEY): r for r in self.rows()}
+        for row in new_rows:
+            keyed[tuple(row[k] for k in KEY)] = row
+        ordered = sorted(keyed.values(), key=lambda r: (r.get("night_started_utc", ""), r["night"], r["entry"],
+                                                         r["backend"], r["repeat_index"]))
+        write_text_atomic(self.path, "".join(json.dumps(r, sort_keys=False) + "\n" for r in ordered))
+
+    def nights(self) -> list[str]:
+        """Night ids in the order they started."""
+        return night_order(self.rows())
+
+
+def night_order(rows: list[dict]) -> list[str]:
+    """The nights of ``rows`` in the order they started."""
+    seen: dict[str, str] = {}
+    for row in rows:
+        seen.setdefault(row["night"], row.get("night_started_utc", ""))
+    return [n for n, _ in sorted(seen.items(), key=lambda item: (item[1], item[0]))]

@@ -1,0 +1,64 @@
+"""The grouped bar chart of seed 003: one group per (model, stage), one bar per backend,
+the value on each bar and the contrast above each group::
+
+    plot_comparison(rows, ["paddle", "torch"], "runs/.../chart.png")
+
+A failed side gets no bar but its status written where the bar would stand, so a crash is
+visible in the picture, not silently missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from xfw.report.compare import ComparisonRow, strip_common, variant_label
+from xfw.report.render import fmt_contrast, fmt_rate
+
+_COLORS = ["#2f6fdf", "#ee4c2c", "#6a9955", "#b07cc6"]
+
+
+def chart_labels(rows: list[ComparisonRow]) -> list[str]:
+    """One label per group: model and stage, plus the sweep point where rows differ by one."""
+    variants = [variant_label(v) for v in strip_common([r.variant for r in rows])]
+    return [f"{r.model}\n{r.stage}" + (f"\n{v}" if v else "") for r, v in zip(rows, variants)]
+
+
+def plot_comparison(rows: list[ComparisonRow], backends: list[str], path: str | Path, *,
+                    title: str = "Training speed by framework") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never open a window
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    width = 0.8 / len(backends)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.8))
+    tallest = max([s.ips for r in rows for s in r.sides.values() if s.ok] or [1.0])
+    for i, name in enumerate(backends):
+        xs = [j + (i - (len(backends) - 1) / 2) * width for j in range(len(rows))]
+        values = [r.sides[name].ips if r.sides[name].ok else 0.0 for r in rows]
+        bars = ax.bar(xs, values, width, label=name, color=_COLORS[i % len(_COLORS)])
+        for bar, row in zip(bars, rows):
+            side = row.sides[name]
+            label = fmt_rate(side.ips) if side.ok else side.status
+            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + tallest * 0.01, label,
+                    ha="center", va="bottom", fontsize=9, color="black" if side.ok else "#b00020")
+    if len(backends) > 1:
+        for j, row in enumerate(rows):
+            top = max([s.ips for s in row.sides.values() if s.ok] or [0.0])
+            ax.text(j, top + tallest * 0.08, fmt_contrast(row), ha="center", va="bottom", fontsize=10,
+                    fontweight="bold")
+    ax.set_xticks(range(len(rows)), chart_labels(rows), rotation=0 if len(rows) < 5 else 30)
+    ax.set_ylabel("Training speed (ips, samples/s)")
+    subtitle = f"contrast = ({backends[0]} − {backends[1]}) / {backends[1]}" if len(backends) > 1 else ""
+    ax.set_title(f"{title}\n{subtitle}".strip(), fontsize=11)
+    ax.set_ylim(0, tallest * 1.25)
+    ax.legend()
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)  # atomic: a reader never sees half a PNG
+    return path

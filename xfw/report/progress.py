@@ -1,0 +1,107 @@
+"""Live progress for long runs, from the records the launcher tails.
+
+On a terminal a rich progress bar per run; elsewhere (CI logs, nightly jobs) one plain line
+every few seconds and one per finished run, e.g.::
+
+    [torch] tiny-llava-sft: 12/23 steps (measure), 0.017 s/step, loss 5.21
+    [torch] tiny-llava-sft: ok, 468 samples/s, 23 steps in 4.9 s
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from xfw.report.results import RunResult
+
+PLAIN_INTERVAL_S = 5.0
+
+
+def _describe_last(state: dict) -> str:
+    parts = [f"{state['done']}/{state['total']} steps"]
+    if state.get("phase"):
+        parts[0] += f" ({state['phase']})"
+    if state.get("step_time_s") is not None:
+        parts.append(f"{state['step_time_s']:.3g} s/step")
+    if state.get("loss") is not None:
+        parts.append(f"loss {state['loss']:.4g}")
+    return ", ".join(parts)
+
+
+def finished_line(result: RunResult) -> str:
+    m = result.measurement
+    if result.ok:
+        text = f"ok, {m.ips:,.1f} samples/s" if m.ips is not None else "ok"
+        text += f", {m.num_warmup_steps + m.num_measured_steps} steps in {result.wall_time_s:.1f} s"
+        return text + (f" ({result.reason})" if result.reason else "")
+    return f"{result.status.upper()}: {result.reason}"
+
+
+class PlainProgress:
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.state: dict[str, dict] = {}
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def started(self, backend: str, recipe: str, total_steps: int) -> None:
+        self.state[backend] = {"recipe": recipe, "total": total_steps, "done": 0, "printed": time.monotonic()}
+        self._print(f"[{backend}] {recipe}: launching ({total_steps} steps)")
+
+    def update(self, backend: str, new_records: list[dict]) -> None:
+        state = self.state[backend]
+        steps = [r for r in new_records if r.get("kind") == "step"]
+        for r in steps:
+            state.update(done=state["done"] + 1, phase=r["phase"], step_time_s=r["step_time_s"], loss=r["loss"])
+        if steps and time.monotonic() - state["printed"] >= PLAIN_INTERVAL_S:
+            state["printed"] = time.monotonic()
+            self._print(f"[{backend}] {state['recipe']}: {_describe_last(state)}")
+
+    def finished(self, result: RunResult) -> None:
+        self._print(f"[{result.backend}] {result.recipe}: {finished_line(result)}")
+
+
+class RichProgress(PlainProgress):
+    """A bar per run on a terminal; the finished line stays above the bars."""
+
+    def __init__(self):
+        super().__init__()
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.bar = Progress(TextColumn("[bold]{task.fields[label]}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console,
+                            transient=True)
+        self.tasks: dict[str, int] = {}
+
+    def started(self, backend: str, recipe: str, total_steps: int) -> None:
+        self.state[backend] = {"recipe": recipe, "total": total_steps, "done": 0}
+        if not self.tasks:
+            self.bar.start()
+        self.tasks[backend] = self.bar.add_task("", total=total_steps, label=f"[{backend}] {recipe}",
+                                                info="starting")
+
+    def update(self, backend: str, new_records: list[dict]) -> None:
+        state = self.state[backend]
+        for r in new_records:
+            if r.get("kind") == "step":
+                state.update(done=state["done"] + 1, phase=r["phase"], step_time_s=r["step_time_s"], loss=r["loss"])
+        info = _describe_last(state).split(", ", 1)[1] if state["done"] else "starting"
+        self.bar.update(self.tasks[backend], completed=state["done"], info=info)
+
+    def finished(self, result: RunResult) -> None:
+        task = self.tasks.pop(result.backend)
+        self.bar.remove_task(task)
+        if not self.tasks:
+            self.bar.stop()
+        from rich.markup import escape
+
+        style = "green" if result.ok else "bold red"
+        line = escape(f"[{result.backend}] {result.recipe}: {finished_line(result)}")
+        self.console.print(f"[{style}]{line}[/]")
+
+
+def make_progress():
+    return RichProgress() if sys.stderr.isatty() else PlainProgress()

@@ -1,0 +1,192 @@
+"""Run directories and the RunResult loaded from them.
+
+One backend's run of one recipe lives in a directory::
+
+    runs/20261122-161500-compare/tiny-llava-sft/torch/
+        spec.json      the resolved recipe the adapter read
+        env.json       host, interpreter, framework/library versions, device, xfw git SHA
+        steps.jsonl    raw records, appended by the adapter
+        summary.json   status, reason, statistics, applied settings (a cache for people and programs)
+        stderr.log     the adapter's stderr (kept: it explains crashes)
+
+Every JSON file is written atomically (temp file + rename), so a run killed at any moment
+leaves either the old file or the new one, never half of one. Statistics are recomputed
+from ``steps.jsonl`` when a run is loaded; ``summary.json`` is never the source of truth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xfw.contract import records as rec
+from xfw.contract.atomic import write_json_atomic
+from xfw.report.measure import Measurement, summarize
+from xfw.report.mfu import mfu
+
+STATUSES = ("ok", "oom", "timeout", "crashed", "unsupported", "invalid")
+SUMMARY_SCHEMA = 1
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    backend: str
+    recipe: str
+    """The recipe's name."""
+    preset: str
+    stage: str
+    status: str
+    """ok | oom | timeout | crashed | unsupported | invalid"""
+    reason: str = ""
+    """One line saying why, when status is not ok."""
+    measurement: Measurement
+    applied: dict = field(default_factory=dict)
+    """The settings the adapter actually applied (rank 0's ``applied`` record)."""
+    env: dict = field(default_factory=dict)
+    mfu: float | None = None
+    """Model FLOPs utilisation (xfw.report.mfu); None on CPUs and for families without a FLOPs count."""
+    exit_code: int | None = None
+    wall_time_s: float | None = None
+    repeat_index: int = 0
+    run_dir: str = ""
+    variant: dict = field(default_factory=dict)
+    """The sweep point this run measured: overridden dotted keys and their values, e.g.
+    ``{"parallel.sharding": "stage2", "batch.micro": 8}``; {} for a plain run (and for run
+    directories written before sweeps existed). Reports group by (recipe, variant)."""
+    setup: dict = field(default_factory=dict)
+    """The resolved spec's batch/parallel/precision settings (:func:`setup_from_spec`), for the
+    layouts that group by GPU count or batch size; filled from spec.json when a run is loaded."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["schema"] = SUMMARY_SCHEMA
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunResult":
+        data = {k: v for k, v in data.items() if k != "schema"}
+        data["measurement"] = Measurement.from_dict(data["measurement"])
+        return cls(**data)
+
+    def save(self, run_dir: str | os.PathLike) -> None:
+        write_json_atomic(Path(run_dir) / "summary.json", self.to_dict())
+
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike) -> "RunResult":
+        """Load a run directory, recomputing statistics from its raw records."""
+        run_dir = Path(run_dir)
+        summary = _read_json(run_dir / "summary.json")
+        spec = _read_json(run_dir / "spec.json")
+        if not summary and not spec:
+            raise FileNotFoundError(f"{run_dir}: not a run directory (no summary.json or spec.json)")
+        records = rec.load_records(run_dir / "steps.jsonl")
+        applied = next((r for r in records if r.get("kind") == "applied" and r.get("rank") == 0), {})
+        applied = {k: v for k, v in applied.items() if k not in ("schema", "kind", "rank")}
+        measurement = summarize(records)
+        return cls(
+            backend=summary.get("backend", spec.get("backend", run_dir.name)),
+            recipe=summary.get("recipe", spec.get("name", "?")),
+            preset=summary.get("preset", spec.get("model", {}).get("preset", "?")),
+            stage=summary.get("stage", spec.get("stage", "?")),
+            status=summary.get("status", "crashed"),
+            reason=summary.get("reason", "no summary.json: the run did not finish"),
+            measurement=measurement,
+            applied=applied,
+            mfu=compute_mfu(spec, measurement, applied),
+            env=_read_json(run_dir / "env.json"),
+            exit_code=summary.get("exit_code"),
+            wall_time_s=summary.get("wall_time_s"),
+            repeat_index=summary.get("repeat_index", 0),
+            run_dir=str(run_dir),
+            variant=summary.get("variant", {}),
+            setup=setup_from_spec(spec),
+        )
+
+
+def setup_from_spec(spec: dict) -> dict:
+    """What the layouts need from a resolved spec.json, flat; {} without a spec."""
+    if not spec:
+        return {}
+    parallel, batch, precision = spec.get("parallel", {}), spec.get("batch", {}), spec.get("precision", {})
+    derived = spec.get("derived", {})
+    num_processes = derived.get("num_processes", parallel.get("nproc_per_node", 1) * parallel.get("nnodes", 1))
+    return {"num_processes": num_processes,
+            "global_batch": batch.get("global"), "micro_batch": batch.get("micro"),
+            "grad_accum_steps": derived.get("grad_accum_steps"), "sharding": parallel.get("sharding", "none"),
+            "dtype": precision.get("dtype"), "amp_level": precision.get("amp_level"),
+            "recompute": spec.get("recompute"), "measure_steps": spec.get("measure", {}).get("steps"),
+            "knobs": dict(spec.get("backend_knobs", {}))}
+
+
+def compute_mfu(spec: dict, measurement: Measurement, applied: dict) -> float | None:
+    if not spec or not applied:
+        return None
+    return mfu(arch=spec["model"]["arch"], stage=spec["stage"], ips=measurement.ips,
+               device_name=applied.get("device_name", ""), compute_dtype=applied.get("compute_dtype", ""),
+               tf32=bool(applied.get("tf32")), num_devices=applied.get("num_processes", 1))
+
+
+def find_run_dirs(paths: list[str | os.PathLike]) -> list[Path]:
+    """Run directories at or below the given paths (a run directory holds spec.json)."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such file or directory")
+        if (path / "spec.json").exists():
+            found.append(path)
+        else:
+            found.extend(sorted(p.parent for p in path.rglob("spec.json")))
+    return found
+
+
+def load_runs(paths: list[str | os.PathLike]) -> list[RunResult]:
+    return distinguish_configurations([RunResult.load(d) for d in find_run_dirs(paths)])
+
+
+# The settings that make two runs of one recipe different configurations (not repeats), and the
+# names they are shown under (the recipe's own dotted keys where there is one).
+_SETUP_LABELS = {"num_processes": "parallel.processes", "sharding": "parallel.sharding",
+                 "global_batch": "batch.global", "micro_batch": "batch.micro", "dtype": "precision.dtype",
+                 "amp_level": "precision.amp_level", "recompute": "recompute"}
+
+
+def _group(results: list[RunResult], key) -> list[list[RunResult]]:
+    groups: dict[str, list[RunResult]] = {}
+    for r in results:
+        groups.setdefault(json.dumps(key(r), sort_keys=True, default=str), []).append(r)
+    return list(groups.values())
+
+
+def distinguish_configurations(results: list[RunResult]) -> list[RunResult]:
+    """Runs gathered from separate commands (``xfw report runs/a runs/b``) carry no sweep point, so
+    two configurations of one recipe would look like repeats and be averaged. Give each run the
+    settings that differ within its (recipe, variant) as extra variant keys, e.g.
+    ``{"parallel.sharding": "stage3", "backends.torch.sharding_impl": "deepspeed"}``; a backend knob
+    only where it separates runs of the same backend, so the two sides of a contrast still pair."""
+    for runs in _group(results, lambda r: (r.recipe, r.variant)):
+        differing = [k for k in _SETUP_LABELS if len({json.dumps(r.setup.get(k)) for r in runs if r.setup}) > 1]
+        for r in runs:
+            r.variant = {**r.variant, **{_SETUP_LABELS[k]: r.setup.get(k) for k in differing if r.setup}}
+    for runs in _group(results, lambda r: (r.recipe, r.variant, r.backend)):
+        knobs = sorted({k for r in runs for k in r.setup.get("knobs", {})})
+        differing = [k for k in knobs if len({json.dumps(r.setup.get("knobs", {}).get(k)) for r in runs}) > 1]
+        for r in runs:
+            r.variant = {**r.variant, **{f"backends.{r.backend}.{k}": r.setup.get("knobs", {}).get(k, "default")
+                                         for k in differing}}
+    return results

@@ -1,0 +1,213 @@
+"""Regression verdicts: each (entry, backend) of a night against the median of its last nights.
+
+``evaluate(history_rows, night, policy)`` returns one :class:`Verdict` per metric (ips, memory,
+or the run's status)::
+
+    tiny-llava-sft / torch: ips 81.8 samples/s vs 344 (median of 2 nights), -76.2%, tolerance ±40.0% (floor 40%)
+
+Throughput is flagged when it fell by more than ``max(ips_drop, noise_k × noise)``, where the noise
+is the larger of the history's own scatter (1.4826 × MAD / median, once 3 nights exist) and the
+standard error of this run's mean step ((p90 − p10) / 2.563 / median / √steps); memory likewise
+with ``mem_growth`` and the history's scatter; a run that was ok and now is not is always flagged.
+Only nights that measured the same workload (:func:`xfw.report.history.workload_fingerprint`)
+are compared.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from xfw.report.history import night_order
+
+MIN_NIGHTS_FOR_SCATTER = 3
+_Z90 = 2 * 1.2816  # p90 − p10 of a normal distribution, in sigmas
+_QUIET_STATUSES = ("ok", "unsupported")  # not a failure of the night by themselves
+VERDICTS_FILE = "nightly.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegressionPolicy:
+    window: int = 7
+    """Compare each run with the median of this many previous nights (fewer while history is short)."""
+    min_nights: int = 1
+    """Nights of history needed before anything is flagged."""
+    ips_drop: float = 0.05
+    """Smallest relative throughput drop flagged, whatever the noise."""
+    mem_growth: float = 0.05
+    """Smallest relative growth of peak memory flagged."""
+    noise_k: float = 3.0
+    """A change is flagged only beyond noise_k x the measured relative noise (see this module's docstring)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    entry: str
+    backend: str
+    metric: str
+    """``ips`` | ``memory`` | ``status``"""
+    verdict: str
+    """``regression`` | ``improvement`` | ``ok`` | ``new`` (no comparable history) | ``failed``
+    (not ok, and not ok before either) | ``incomparable`` (the workload changed)"""
+    value: float | None = None
+    baseline: float | None = None
+    """Median of the comparable previous nights."""
+    baseline_nights: int = 0
+    change: float | None = None
+    """(value − baseline) / baseline."""
+    tolerance: float | None = None
+    """Relative change allowed before flagging."""
+    noise: float | None = None
+    noise_source: str = ""
+    note: str = ""
+
+    @property
+    def flagged(self) -> bool:
+        return self.verdict in ("regression", "failed")
+
+    def line(self) -> str:
+        """One line a person reads at the top of the report."""
+        head = f"{self.entry} / {self.backend}"
+        if self.metric == "status":
+            return f"{head}: {self.note}"
+        unit = "samples/s" if self.metric == "ips" else "MiB"
+        scale = 1.0 if self.metric == "ips" else 1 / 2**20
+        text = f"{head}: {self.metric} {self.value * scale:.4g} {unit}"
+        if self.baseline is not None:
+            text += (f" vs {self.baseline * scale:.4g} (median of {self.baseline_nights} night"
+                     f"{'s' if self.baseline_nights != 1 else ''}), {self.change:+.1%}, "
+                     f"tolerance ±{self.tolerance:.1%} ({self.noise_source})")
+        return text + (f"; {self.note}" if self.note else "")
+
+
+def _per_night(rows: list[dict]) -> dict[tuple[str, str, str], dict]:
+    """(night, entry, backend) -> one row, the repeats folded into their median ips and memory."""
+    grouped: dict[tuple[str, str, str], list[dict]] = {}
+    for row in rows:
+        grouped.setdefault((row["night"], row["entry"], row["backend"]), []).append(row)
+    out = {}
+    for key, group in grouped.items():
+        ok = [r for r in group if r["status"] == "ok"]
+        base = dict((ok or group)[0])
+        ips = [r["ips"] for r in ok if r.get("ips") is not None]
+        mems = [memory_of(r) for r in ok if memory_of(r) is not None]
+        base["ips"] = statistics.median(ips) if ips else None
+        base["memory"] = statistics.median(mems) if mems else None
+        out[key] = base
+    return out
+
+
+def memory_of(row: dict) -> float | None:
+    """Peak allocated where the framework reports it (CUDA, Paddle's host allocator, peak RSS), else reserved."""
+    value = row.get("mem_alloc_peak_bytes")
+    return value if value is not None else row.get("mem_reserved_peak_bytes")
+
+
+def relative_scatter(values: list[float]) -> float | None:
+    """1.4826 × MAD / median: a robust relative sigma of nightly values."""
+    if len(values) < MIN_NIGHTS_FOR_SCATTER:
+        return None
+    med = statistics.median(values)
+    if not med:
+        return None
+    return 1.4826 * statistics.median(abs(v - med) for v in values) / abs(med)
+
+
+def step_scatter(row: dict) -> float | None:
+    """Relative standard error of the run's mean step time: the sigma of one step (from its p10/p90
+    step times) over the square root of the measured steps. It covers a short or jittery run
+    while the history is too short to show its own scatter."""
+    p10, p90, med = row.get("step_time_p10_s"), row.get("step_time_p90_s"), row.get("step_time_median_s")
+    steps = row.get("num_measured_steps") or 1
+    if None in (p10, p90, med) or med <= 0:
+        return None
+    return (p90 - p10) / _Z90 / med / steps ** 0.5
+
+
+def _knob_note(current: dict, previous: dict) -> str:
+    now, before = current.get("knobs") or {}, previous.get("knobs") or {}
+    changed = sorted(set(now) | set(before))
+    changed = [k for k in changed if now.get(k) != before.get(k)]
+    if not changed:
+        return ""
+    return "knobs changed since the last comparable night: " + ", ".join(
+        f"{k} {before.get(k, '–')} → {now.get(k, '–')}" for k in changed)
+
+
+def evaluate(rows: list[dict], night: str, policy: RegressionPolicy) -> list[Verdict]:
+    """Every (entry, backend) of ``night`` against the previous nights of ``rows`` (a history)."""
+    folded = _per_night(rows)
+    order = night_order(rows)
+    if night not in order:
+        return []
+    previous_nights = order[:order.index(night)]
+    verdicts = []
+    for (n, entry, backend), current in sorted(folded.items()):
+        if n != night:
+            continue
+        earlier = [folded[(p, entry, backend)] for p in previous_nights if (p, entry, backend) in folded]
+        same = [r for r in earlier if r.get("workload") == current.get("workload")][-policy.window:]
+        verdicts.extend(_judge(entry, backend, current, same, earlier, policy))
+    return verdicts
+
+
+def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: list[dict],
+           policy: RegressionPolicy) -> list[Verdict]:
+    base = dict(entry=entry, backend=backend)
+    status = current["status"]
+    last = same[-1] if same else None
+    if status != "ok":
+        if last is not None and last["status"] == "ok":
+            return [Verdict(**base, metric="status", verdict="regression",
+                            note=f"was ok on {last['night']}, now {status}: {current.get('reason', '')}")]
+        verdict = "ok" if status in _QUIET_STATUSES else "failed"
+        return [Verdict(**base, metric="status", verdict=verdict, note=f"{status}: {current.get('reason', '')}")]
+    if not same:
+        note = ("the workload changed since the last night (model, batch, precision, parallel layout or steps): "
+                "not compared" if earlier else "no earlier night to compare with")
+        return [Verdict(**base, metric="ips", verdict="incomparable" if earlier else "new",
+                        value=current.get("ips"), note=note)]
+    good = [r for r in same if r["status"] == "ok"]
+    knob_note = _knob_note(current, last)
+    out = []
+    for metric, floor, higher_is_better in (("ips", policy.ips_drop, True), ("memory", policy.mem_growth, False)):
+        value = current.get(metric)
+        history = [r[metric] for r in good if r.get(metric) is not None]
+        if value is None or len(history) < policy.min_nights:
+            out.append(Verdict(**base, metric=metric, verdict="new", value=value, baseline_nights=len(history),
+                               note=f"{len(history)} comparable night(s), {policy.min_nights} needed"))
+            continue
+        baseline = statistics.median(history)
+        scatter = relative_scatter(history)
+        own = step_scatter(current) if metric == "ips" else None
+        candidates = [(scatter, f"scatter of {len(history)} nights"), (own, "step-time standard error of this run")]
+        noise, source = max(((v, s) for v, s in candidates if v is not None), default=(0.0, "no noise estimate"))
+        tolerance = max(floor, policy.noise_k * noise)
+        change = (value - baseline) / baseline if baseline else 0.0
+        worse = -change if higher_is_better else change
+        if worse > tolerance:
+            verdict = "regression"
+        elif -worse > tolerance:
+            verdict = "improvement"
+        else:
+            verdict = "ok"
+        source = f"{policy.noise_k:g}× {source}" if policy.noise_k * noise >= floor else f"floor {floor:.0%}"
+        out.append(Verdict(**base, metric=metric, verdict=verdict, value=value, baseline=baseline,
+                           baseline_nights=len(history), change=change, tolerance=tolerance, noise=noise,
+                           noise_source=source, note=knob_note if verdict != "ok" else ""))
+    return out
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def load_verdicts(night_dir: Path) -> list[Verdict]:
+    data = _read_json(night_dir / VERDICTS_FILE)
+    fields = Verdict.__dataclass_fields__
+    return [Verdict(**{k: v for k, v in d.items() if k in fields}) for d in data.get("verdicts", [])]

@@ -1,0 +1,247 @@
+"""Launching one backend's run as a subprocess with that backend's own interpreter.
+
+Each backend ``NAME`` is the package ``xfw_NAME`` installed in its own environment. Its
+interpreter is ``--python NAME=PATH`` when given, else ``<project>/.venv/NAME/bin/python``
+(what ``make setup`` creates). The adapter describes itself (``--describe``: versions, device,
+multi-process launcher), so the core builds every command without knowing any framework::
+
+    .venv/torch/bin/python -m xfw_torch --spec RUN/spec.json --records RUN/steps.jsonl
+
+The launcher tails ``steps.jsonl`` for live progress, enforces ``measure.timeout_s`` on the
+whole process group, and classifies the outcome from records, exit code and stderr:
+``ok | oom | timeout | crashed | unsupported | invalid``. It never raises for a failed run:
+a failure is a result like any other, so the other backend's result is never lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from xfw.contract import env as host
+from xfw.contract import harness
+from xfw.contract import records as rec
+from xfw.report.measure import summarize
+from xfw.run.recipe import Recipe, resolve_spec
+from xfw.report.results import RunResult, compute_mfu
+from xfw.contract.atomic import write_json_atomic
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+POLL_INTERVAL_S = 0.2
+DESCRIBE_TIMEOUT_S = 180
+KILL_GRACE_S = 10
+RUN_ENV = {"PYTHONUNBUFFERED": "1"}  # added to the caller's environment for every backend process
+
+
+def run_env(recipe: Recipe) -> dict[str, str]:
+    """What a backend process gets on top of the caller's environment: RUN_ENV, plus the host
+    thread count when the recipe sets ``measure.cpu_threads`` (honoured by both frameworks)."""
+    threads = recipe.measure.cpu_threads
+    extra = {} if threads is None else {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return {**RUN_ENV, **extra}
+_OOM_PATTERNS = re.compile(r"out of memory|OutOfMemoryError|ResourceExhaustedError|CUDA error: out of memory", re.I)
+
+
+class BackendError(RuntimeError):
+    """A backend cannot be used at all (no interpreter, adapter not importable); one line."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    python: str
+
+    @property
+    def module(self) -> str:
+        return f"xfw_{self.name}"
+
+
+class Progress(Protocol):
+    def started(self, backend: str, recipe: str, total_steps: int) -> None: ...
+    def update(self, backend: str, new_records: list[dict]) -> None: ...
+    def finished(self, result: RunResult) -> None: ...
+
+
+def resolve_backend(name: str, interpreters: dict[str, str], root: Path = PROJECT_ROOT) -> Backend:
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise BackendError(f"backend name {name!r} must be lowercase letters, digits or _")
+    if name in interpreters:
+        python = Path(interpreters[name])
+        if not python.exists():
+            raise BackendError(f"--python {name}={python}: no such interpreter")
+        return Backend(name, str(python))
+    python = root / ".venv" / name / "bin" / "python"
+    if not python.exists():
+        raise BackendError(f"backend {name!r}: no interpreter at {python.relative_to(root)}; "
+                           f"run `make setup` or pass --python {name}=/path/to/python")
+    return Backend(name, str(python))
+
+
+def describe_backend(backend: Backend) -> dict:
+    """Ask the adapter to describe itself; proves the interpreter can import it."""
+    cmd = [backend.python, "-m", backend.module, "--describe"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=DESCRIBE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise BackendError(f"backend {backend.name!r}: `{' '.join(cmd)}` took over {DESCRIBE_TIMEOUT_S} s") from None
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BackendError(f"backend {backend.name!r}: {backend.python} cannot run {backend.module} ({last})")
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise BackendError(f"backend {backend.name!r}: --describe printed no JSON") from None
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the processes of a multi-node run meet; passed through to the adapter's launcher."""
+
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    """None: a free port on this host (single-node runs never collide with each other)."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def build_command(backend: Backend, description: dict, recipe: Recipe, spec_path: Path, records_path: Path,
+                  rendezvous: Rendezvous = Rendezvous()) -> list[str]:
+    if recipe.num_processes == 1:
+        head = [backend.python, "-m", backend.module]
+    else:
+        # Placeholders an adapter's launcher template may use. log_dir: paddle.distributed.launch
+        # writes ./log unless told otherwise.
+        values = {"python": backend.python, "nproc": recipe.parallel.nproc_per_node,
+                  "nnodes": recipe.parallel.nnodes, "node_rank": rendezvous.node_rank,
+                  "master_addr": rendezvous.master_addr, "master_port": rendezvous.master_port or _free_port(),
+                  "log_dir": spec_path.parent / "launch_log"}
+        head = [part.format(**values) for part in description["launcher"]]
+    return head + ["--spec", str(spec_path), "--records", str(records_path)]
+
+
+def _tail(path: Path, num_bytes: int = 8192) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - num_bytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def classify(*, exit_code: int | None, timed_out: bool, records: list[dict], num_processes: int,
+             stderr_tail: str, timeout_s: float) -> tuple[str, str]:
+    """(status, one-line reason) for a finished process."""
+    if timed_out:
+        done = sum(1 for r in records if r.get("kind") == "step" and r.get("rank") == 0)
+        return "timeout", f"exceeded measure.timeout_s = {timeout_s:g} s (rank 0 had finished {done} steps)"
+    errors = [r for r in records if r.get("kind") == "error"]
+    if errors:
+        return errors[0]["status"], errors[0]["message"]
+    ends = {r["rank"] for r in records if r.get("kind") == "end"}
+    if len(ends) >= num_processes:
+        # Seen with FSDP on gloo: every rank wrote all its records, then the process aborted at exit.
+        note = "" if exit_code == 0 else f"finished, then exited with code {exit_code} (records complete)"
+        return "ok", note
+    by_code = {harness.EXIT_INVALID: "invalid", harness.EXIT_UNSUPPORTED: "unsupported", harness.EXIT_OOM: "oom"}
+    if exit_code in by_code:
+        return by_code[exit_code], _last_line(stderr_tail) or f"exit code {exit_code}"
+    if _OOM_PATTERNS.search(stderr_tail):
+        return "oom", _last_line(stderr_tail)
+    if exit_code is not None and exit_code < 0:
+        name = signal.Signals(-exit_code).name if -exit_code in signal.valid_signals() else str(-exit_code)
+        return "crashed", f"killed by {name}" + (" (the kernel's OOM killer?)" if name == "SIGKILL" else "")
+    return "crashed", _last_line(stderr_tail) or f"exit code {exit_code} with no records of an error"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Terminate the whole process group (torchrun and its workers too)."""
+    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict,
+           progress: Progress | None = None, repeat_index: int = 0,
+           rendezvous: Rendezvous = Rendezvous()) -> RunResult:
+    """Run one backend on one recipe in ``run_dir``; always returns a RunResult."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = resolve_spec(recipe, backend=backend.name, run_id=f"{run_dir.parent.name}/{run_dir.name}")
+    spec_path, records_path = run_dir / "spec.json", run_dir / "steps.jsonl"
+    write_json_atomic(spec_path, spec)
+    write_json_atomic(run_dir / "env.json", {**host.host_env(), "interpreter": backend.python,
+                                             "backend": description})
+    records_path.unlink(missing_ok=True)  # a rerun into the same directory starts clean
+    cmd = build_command(backend, description, recipe, spec_path, records_path, rendezvous)
+    timeout_s = recipe.measure.timeout_s
+    total = (recipe.measure.warmup_steps + recipe.measure.steps) * recipe.num_processes
+    if progress:
+        progress.started(backend.name, recipe.name, total)
+
+    tail, timed_out, interrupted = rec.RecordTail(records_path), False, False
+    t0 = time.monotonic()
+    with open(run_dir / "stdout.log", "wb") as out, open(run_dir / "stderr.log", "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, **run_env(recipe)})
+        try:
+            while proc.poll() is None:
+                if time.monotonic() - t0 > timeout_s:
+                    timed_out = True
+                    _stop(proc)
+                    break
+                if progress:
+                    progress.update(backend.name, tail.poll())
+                time.sleep(POLL_INTERVAL_S)
+        except KeyboardInterrupt:
+            interrupted = True
+            _stop(proc)
+    if progress:
+        progress.update(backend.name, tail.poll())
+    wall = time.monotonic() - t0
+    records = rec.load_records(records_path)
+    status, reason = classify(exit_code=proc.returncode, timed_out=timed_out, records=records,
+                              num_processes=recipe.num_processes, stderr_tail=_tail(run_dir / "stderr.log"),
+                              timeout_s=timeout_s)
+    if interrupted:
+        status, reason = "crashed", "interrupted (Ctrl-C, or SIGTERM during xfw nightly)"
+    applied = next((r for r in records if r.get("kind") == "applied" and r.get("rank") == 0), {})
+    applied = {k: v for k, v in applied.items() if k not in ("schema", "kind", "rank")}
+    measurement = summarize(records)
+    result = RunResult(
+        backend=backend.name, recipe=recipe.name, preset=recipe.model.preset, stage=recipe.stage,
+        status=status, reason=reason, measurement=measurement, applied=applied,
+        mfu=compute_mfu(spec, measurement, applied),
+        env=json.loads((run_dir / "env.json").read_text()), exit_code=proc.returncode,
+        wall_time_s=round(wall, 3), repeat_index=repeat_index, run_dir=str(run_dir),
+    )
+    result.save(run_dir)
+    if progress:
+        progress.finished(result)
+    if interrupted:
+        raise KeyboardInterrupt
+    return result

@@ -1,0 +1,169 @@
+"""Nightly runs: a suite, a history, regressions against the last nights, one HTML report.
+
+``xfw nightly suites/h800_nightly.yaml --history /data/xfw-nightly`` runs every entry of the
+suite on every backend, one run at a time, into a night directory, and appends each finished run
+to the history (``xfw.report.history``) as soon as it finishes::
+
+    /data/xfw-nightly/
+        history.jsonl                       one row per (night, entry, backend, repeat); pandas reads it
+        report.html                         the latest night's report (a copy)
+        nights/2026-11-22/
+            night.json                      suite, start/finish time, host, backends' versions
+            tiny-llava-sft/torch/...        ordinary run directories
+            nightly.json                    every verdict (xfw.report.verdicts.Verdict), for programs
+            report.md  report.html  chart.png
+
+Killed at any moment, a rerun of the same command resumes the unfinished night (if it started
+less than ``RESUME_WITHIN_H`` hours ago): settled runs are kept, the run that was cut off runs
+again, nothing is counted twice, and every file is replaced atomically.
+
+Regressions: each (entry, backend) of the night is compared with the median of the same pair over
+the previous ``window`` nights that measured the same workload (xfw.report.history.workload_fingerprint).
+Throughput is flagged when it fell by more than ``max(ips_drop, noise_k × noise)``, where the noise
+is the larger of the history's own scatter (1.4826 × MAD / median, once 3 nights exist) and the
+standard error of this run's mean step ((p90 − p10) / 2.563 / median / √steps); memory
+likewise with ``mem_growth`` and the history's scatter; a run that was ok and now is not is always
+flagged. The exit code is 1 when anything is flagged or failed, so a scheduler can alert.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from xfw.contract import env as host
+from xfw.run import launcher
+from xfw.report.history import NIGHTS_DIR, History, row_from_result
+from xfw.report.verdicts import VERDICTS_FILE, Verdict, evaluate
+from xfw.run.recipe import resolve_spec
+from xfw.report.results import RunResult
+from xfw.contract.atomic import write_json_atomic
+from xfw.run.suite import Suite
+from xfw.run.sweep import finished_result
+
+RESUME_WITHIN_H = 20.0
+"""An unfinished night older than this is left as it is and a new night starts (the job of the
+next evening should not continue yesterday's)."""
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _iso(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+# -- which night --------------------------------------------------------------------------------
+def choose_night(history_dir: Path, suite_name: str, requested: str | None = None,
+                 now: dt.datetime | None = None) -> tuple[str, bool]:
+    """(night id, resuming?). ``requested`` is used as given; otherwise the suite's latest night is
+    resumed when it is unfinished and recent, else a new id is the UTC date (``.2``, ``.3`` when taken)."""
+    now = now or _utc_now()
+    nights_dir = history_dir / NIGHTS_DIR
+    if requested is not None:
+        return requested, (nights_dir / requested / "night.json").exists()
+    states = [(_read_json(p), p.parent.name) for p in nights_dir.glob("*/night.json")]
+    states = [(s, n) for s, n in states if s.get("suite") == suite_name and s.get("started_utc")]
+    if states:
+        state, name = max(states, key=lambda item: item[0]["started_utc"])
+        started = dt.datetime.strptime(state["started_utc"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+        if not state.get("finished_utc") and (now - started).total_seconds() < RESUME_WITHIN_H * 3600:
+            return name, True
+    base = now.strftime("%Y-%m-%d")
+    name, k = base, 1
+    while (nights_dir / name).exists():
+        k += 1
+        name = f"{base}.{k}"
+    return name, False
+
+
+# -- running a night ----------------------------------------------------------------------------
+@dataclass
+class NightOutcome:
+    night: str
+    night_dir: Path
+    results: list[RunResult]
+    verdicts: list[Verdict]
+    kept: int
+    """Runs kept from an earlier attempt at this night (interrupted, or rerun with --night)."""
+    report_path: Path | None = None
+
+    @property
+    def regressions(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.flagged]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.regressions else 0
+
+
+def start_night(history_dir: Path, suite: Suite, night: str, overrides: list[str],
+                descriptions: dict[str, dict], now: dt.datetime | None = None) -> dict:
+    """Create (or reread, when resuming) ``nights/<night>/night.json``."""
+    night_dir = history_dir / NIGHTS_DIR / night
+    state = _read_json(night_dir / "night.json")
+    if not state:
+        night_dir.mkdir(parents=True, exist_ok=True)
+        state = {"night": night, "suite": suite.name, "suite_path": str(suite.path),
+                 "started_utc": _iso(now or _utc_now()), "finished_utc": None, "overrides": list(overrides),
+                 "env": host.host_env(), "backends": descriptions}
+        write_json_atomic(night_dir / "night.json", state)
+    return state
+
+
+def run_night(suite: Suite, backends: dict[str, tuple[launcher.Backend, dict]], history_dir: Path, *,
+              night: str | None = None, overrides: list[str] = (), progress: launcher.Progress | None = None,
+              log=print, now: dt.datetime | None = None) -> NightOutcome:
+    """Run (or resume) one night of ``suite``; returns the verdicts (report written by the caller)."""
+    history = History(history_dir)
+    night, resuming = choose_night(history_dir, suite.name, night, now)
+    state = start_night(history_dir, suite, night, list(overrides),
+                        {name: description for name, (_, description) in backends.items()}, now)
+    night_dir = history_dir / NIGHTS_DIR / night
+    jobs = [(entry, k, name) for entry in suite.entries for k in range(entry.recipe.measure.repeat)
+            for name in backends]
+    log(f"night {night} of suite {suite.name}: {len(jobs)} runs"
+        + (" (resuming: finished runs are kept)" if resuming else "") + f" -> {night_dir}")
+    results, kept = [], 0
+    for i, (entry, k, name) in enumerate(jobs, 1):
+        backend, description = backends[name]
+        run_dir = night_dir / entry.label / (name if entry.recipe.measure.repeat == 1 else f"{name}-r{k}")
+        spec = resolve_spec(entry.recipe, backend=name, run_id=f"{run_dir.parent.name}/{run_dir.name}")
+        result = finished_result(run_dir, spec)
+        if result is not None:
+            kept += 1
+            log(f"[{i}/{len(jobs)}] {entry.label} / {run_dir.name}: {result.status}, kept")
+        else:
+            log(f"[{i}/{len(jobs)}] {entry.label} / {run_dir.name}")
+            result = launcher.launch(entry.recipe, backend, run_dir, description=description, progress=progress,
+                                     repeat_index=k)
+        if entry.label != entry.recipe.name and result.variant != {"entry": entry.label}:
+            result.variant = {"entry": entry.label}  # two entries of one recipe: keep their rows apart
+            result.save(run_dir)
+        results.append(result)
+        history.upsert([row_from_result(result, spec, night=night, night_started_utc=state["started_utc"],
+                                        suite=suite.name, entry=entry.label,
+                                        run_dir=str(run_dir.relative_to(history_dir)))])
+    verdicts = evaluate(history.rows(), night, suite.regression)
+    write_json_atomic(night_dir / VERDICTS_FILE, {
+        "night": night, "suite": suite.name, "policy": asdict(suite.regression),
+        "verdicts": [asdict(v) | {"flagged": v.flagged} for v in verdicts]})
+    return NightOutcome(night=night, night_dir=night_dir, results=results, verdicts=verdicts, kept=kept)
+
+
+def finish_night(outcome: NightOutcome, now: dt.datetime | None = None) -> None:
+    """Mark the night finished (after its report is written): a rerun starts a new night."""
+    path = outcome.night_dir / "night.json"
+    state = _read_json(path)
+    state["finished_utc"] = _iso(now or _utc_now())
+    write_json_atomic(path, state)

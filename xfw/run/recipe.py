@@ -1,0 +1,393 @@
+"""Recipes: what to train, never how a framework does it.
+
+A recipe is a YAML file loaded with ``yaml.safe_load`` into frozen dataclasses. Every check
+runs here, before anything launches, and every error is one line naming the file and the
+dotted key::
+
+    recipes/tiny/llava_sft.yaml: batch.global: 6 is not divisible by micro (4) x processes (1)
+
+``load_recipe(path, overrides=["batch.micro=2"])`` returns a validated :class:`Recipe`;
+``resolve_spec(recipe)`` turns it into the JSON-ready ``spec.json`` an adapter reads, with every
+default filled in and the preset expanded into the neutral architecture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from xfw.contract import presets
+from xfw.contract.families import family_module
+
+SPEC_SCHEMA = 1
+
+STAGES = ("pretrain", "sft", "lora", "dreambooth")
+DTYPES = ("fp32", "bf16", "fp16")
+AMP_LEVELS = ("O0", "O1", "O2")
+SHARDINGS = ("none", "stage1", "stage2", "stage3")
+
+
+class RecipeError(ValueError):
+    """A problem a user can fix in a recipe; ``str()`` is the whole one-line message."""
+
+
+class FieldError(ValueError):
+    """Raised inside a section's validation; the loader prefixes the section's key path."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
+def _key(f: dataclasses.Field) -> str:
+    """The YAML key of a dataclass field (``global`` is a Python keyword, so it is renamed)."""
+    return f.metadata.get("key", f.name)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    preset: str
+    """Name of a neutral architecture in ``xfw.contract.presets`` (e.g. ``tiny-llava``)."""
+    arch: dict = field(default_factory=dict)
+    """Architecture fields that override the preset's, e.g. ``{text: {num_layers: 4}}``."""
+    weights: str = "random"
+    """``random`` (seeded init) or a local checkpoint directory."""
+
+    def __post_init__(self):
+        if self.preset not in presets.PRESETS:
+            known = ", ".join(sorted(presets.PRESETS))
+            raise FieldError("preset", f"unknown preset {self.preset!r} (known: {known})")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataSpec:
+    kind: str = "synthetic"
+    """Only ``synthetic``: seeded numpy batches made by the core, identical for every backend."""
+    image_size: int | None = None
+    """Square image side in pixels (defaults to the preset's)."""
+    seq_len: int | None = None
+    """Language sequence length in tokens, image tokens included."""
+    pool_size: int = 4
+    """Optimizer steps' worth of distinct data generated before the timed window and cycled."""
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.kind != "synthetic":
+            raise FieldError("kind", f"only 'synthetic' data is supported, got {self.kind!r}")
+        for name in ("image_size", "seq_len", "pool_size"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise FieldError(name, f"must be positive, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PrecisionSpec:
+    dtype: str = "fp32"
+    """fp32 | bf16 | fp16: the low-precision type used for compute."""
+    amp_level: str = "O0"
+    """O0 = no AMP (fp32 only); O1 = autocast over fp32 weights; O2 = low-precision weights + fp32 master weights."""
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise FieldError("dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.amp_level not in AMP_LEVELS:
+            raise FieldError("amp_level", f"must be one of {', '.join(AMP_LEVELS)}, got {self.amp_level!r}")
+        if self.dtype == "fp32" and self.amp_level != "O0":
+            raise FieldError("amp_level", f"{self.amp_level} needs dtype bf16 or fp16 (fp32 runs O0)")
+        if self.dtype != "fp32" and self.amp_level == "O0":
+            raise FieldError("amp_level", f"dtype {self.dtype} needs amp_level O1 or O2")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelSpec:
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    sharding: str = "none"
+    """none | stage1 | stage2 | stage3 (ZeRO stages; each backend maps them natively)."""
+
+    def __post_init__(self):
+        for name in ("nproc_per_node", "nnodes"):
+            if getattr(self, name) < 1:
+                raise FieldError(name, f"must be at least 1, got {getattr(self, name)}")
+        if self.sharding not in SHARDINGS:
+            raise FieldError("sharding", f"must be one of {', '.join(SHARDINGS)}, got {self.sharding!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BatchSpec:
+    global_size: int = field(metadata={"key": "global"})
+    """Samples per optimizer step, summed over all processes."""
+    micro: int
+    """Samples per forward/backward on one process; accumulation is derived."""
+
+    def __post_init__(self):
+        if self.global_size < 1:
+            raise FieldError("global", f"must be at least 1, got {self.global_size}")
+        if self.micro < 1:
+            raise FieldError("micro", f"must be at least 1, got {self.micro}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoraSpec:
+    r: int
+    alpha: float
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=list)
+    """Module names that get adapters, e.g. [q_proj, v_proj]."""
+
+    def __post_init__(self):
+        if self.r < 1:
+            raise FieldError("r", f"must be at least 1, got {self.r}")
+        if not self.targets:
+            raise FieldError("targets", "must name at least one module")
+        if not 0.0 <= self.dropout < 1.0:
+            raise FieldError("dropout", f"must be in [0, 1), got {self.dropout}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OptimizerSpec:
+    name: str = "adamw"
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+
+    def __post_init__(self):
+        if self.name != "adamw":
+            raise FieldError("name", f"only 'adamw' is supported, got {self.name!r}")
+        if self.lr <= 0:
+            raise FieldError("lr", f"must be positive, got {self.lr}")
+        if len(self.betas) != 2:
+            raise FieldError("betas", f"must be two numbers, got {self.betas}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasureSpec:
+    warmup_steps: int = 10
+    """Optimizer steps run before the timed window; recorded as phase 'warmup', excluded."""
+    steps: int = 50
+    """Optimizer steps inside the timed window."""
+    repeat: int = 1
+    timeout_s: float = 1800.0
+    """Wall-clock limit for one backend's run, start-up included."""
+    seed: int = 0
+    """Seeds weight init and synthetic data, identically for every backend."""
+    cpu_threads: int | None = None
+    """Host threads per process (OMP_NUM_THREADS / MKL_NUM_THREADS for both frameworks); None leaves
+    each framework's default. On a shared CPU, 1 thread per process removes most of the run-to-run
+    noise (measured here: tiny LLaVA torch step times 19-1400 ms with the default, 24-36 ms with 1)."""
+
+    def __post_init__(self):
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise FieldError("cpu_threads", f"must be at least 1 (or null for the framework default), got {self.cpu_threads}")
+        if self.warmup_steps < 0:
+            raise FieldError("warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        for name in ("steps", "repeat"):
+            if getattr(self, name) < 1:
+                raise FieldError(name, f"must be at least 1, got {getattr(self, name)}")
+        if self.timeout_s <= 0:
+            raise FieldError("timeout_s", f"must be positive, got {self.timeout_s}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Recipe:
+    name: str
+    model: ModelSpec
+    stage: str
+    batch: BatchSpec
+    data: DataSpec = field(default_factory=DataSpec)
+    precision: PrecisionSpec = field(default_factory=PrecisionSpec)
+    parallel: ParallelSpec = field(default_factory=ParallelSpec)
+    recompute: bool = False
+    """Activation checkpointing per transformer block."""
+    lora: LoraSpec | None = None
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    measure: MeasureSpec = field(default_factory=MeasureSpec)
+    backends: dict = field(default_factory=dict)
+    """Backend-specific knobs only, e.g. {torch: {sharding_impl: fsdp2}}; checked by each adapter."""
+
+    def __post_init__(self):
+        if self.stage not in STAGES:
+            raise FieldError("stage", f"must be one of {', '.join(STAGES)}, got {self.stage!r}")
+        family = presets.PRESETS[self.model.preset]["family"]
+        allowed = presets.FAMILY_STAGES[family]
+        if self.stage not in allowed:
+            raise FieldError("stage", f"{family} models support {', '.join(allowed)}, not {self.stage!r}")
+        if self.stage == "lora" and self.lora is None:
+            raise FieldError("lora", "stage 'lora' needs a lora section (r, alpha, targets)")
+        if self.stage != "lora" and self.lora is not None:
+            raise FieldError("lora", f"a lora section only applies to stage 'lora', not {self.stage!r}")
+        if self.lora is not None:
+            allowed = _lora_targets(family)
+            wrong = [t for t in self.lora.targets if allowed is not None and t not in allowed]
+            if wrong:
+                raise FieldError("lora.targets", f"{wrong[0]!r} is not a module LoRA can target in {family} "
+                                 f"models (choose from {', '.join(allowed)})")
+        num_procs = self.parallel.nproc_per_node * self.parallel.nnodes
+        per_step = self.batch.micro * num_procs
+        if self.batch.global_size % per_step:
+            raise FieldError(
+                "batch.global",
+                f"{self.batch.global_size} is not divisible by micro ({self.batch.micro}) x processes ({num_procs})",
+            )
+        for name, knobs in self.backends.items():
+            if not isinstance(knobs, dict):
+                raise FieldError(f"backends.{name}", f"must be a mapping of knobs, got {type(knobs).__name__}")
+
+    @property
+    def num_processes(self) -> int:
+        return self.parallel.nproc_per_node * self.parallel.nnodes
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.batch.global_size // (self.batch.micro * self.num_processes)
+
+
+def _lora_targets(family: str) -> tuple[str, ...] | None:
+    """The module names a family lets LoRA target, or None when it does not restrict them."""
+    try:
+        return getattr(family_module(family), "LORA_TARGETS", None)
+    except ModuleNotFoundError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Building dataclasses from plain data, with key paths in every error.
+
+_SCALARS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping"}
+
+
+def _check_type(value: Any, hint: Any, path: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            return None
+        return _check_type(value, args[0], path)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, path)
+    if origin is list:
+        if not isinstance(value, list):
+            raise FieldError(path, f"must be a list, got {value!r}")
+        (item,) = typing.get_args(hint)
+        return [_check_type(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in _SCALARS:
+        ok = isinstance(value, hint) and not (hint is int and isinstance(value, bool))
+        if not ok:
+            raise FieldError(path, f"must be {_SCALARS[hint]}, got {value!r}")
+        return value
+    raise AssertionError(f"unhandled type hint {hint!r} at {path}")
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    prefix = f"{path}." if path else ""
+    if not isinstance(data, dict):
+        raise FieldError(path or "(top level)", f"must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {_key(f): f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise FieldError(f"{prefix}{unknown[0]}", f"unknown key (expected one of: {', '.join(fields)})")
+    kwargs = {}
+    for key, f in fields.items():
+        if key in data:
+            kwargs[f.name] = _check_type(data[key], hints[f.name], f"{prefix}{key}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise FieldError(f"{prefix}{key}", "is required")
+    try:
+        return cls(**kwargs)
+    except FieldError as err:  # raised by __post_init__ with a key local to this section
+        raise FieldError(f"{prefix}{err.key}", str(err)) from None
+
+
+def recipe_from_dict(data: Any, source: str = "<recipe>") -> Recipe:
+    """Validate plain data into a Recipe; errors read ``source: key.path: message``."""
+    try:
+        return _build(Recipe, data, "")
+    except FieldError as err:
+        raise RecipeError(f"{source}: {err.key}: {err}") from None
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass tree back to plain data, with YAML key names."""
+    if dataclasses.is_dataclass(obj):
+        return {_key(f): to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def apply_override(data: dict, assignment: str, source: str) -> None:
+    """Apply one ``key.path=value`` (value parsed as YAML) to plain recipe data, in place."""
+    if "=" not in assignment:
+        raise RecipeError(f"{source}: --set {assignment!r}: expected key.path=value")
+    path, raw = assignment.split("=", 1)
+    keys = path.strip().split(".")
+    if not all(keys):
+        raise RecipeError(f"{source}: --set {assignment!r}: empty key in {path!r}")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{source}: --set {path}: value {raw!r} is not valid YAML ({err.problem})") from None
+    node = data
+    for i, key in enumerate(keys[:-1]):
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise RecipeError(f"{source}: --set {path}: {'.'.join(keys[: i + 1])} is not a mapping")
+        node = child
+    node[keys[-1]] = value
+
+
+def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
+    """Read, override and validate one recipe file. Raises RecipeError with a one-line message."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise RecipeError(f"{source}: cannot read recipe ({err.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise RecipeError(f"{source}: {where}invalid YAML ({getattr(err, 'problem', err)})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: (top level): must be a mapping, got {type(data).__name__}")
+    for assignment in overrides:
+        apply_override(data, assignment, source)
+    recipe = recipe_from_dict(data, source)
+    try:
+        presets.resolve_arch(recipe.model.preset, recipe.model.arch, recipe.data.image_size, recipe.data.seq_len)
+    except presets.ArchError as err:
+        raise RecipeError(f"{source}: {err.key}: {err}") from None
+    return recipe
+
+
+def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
+    """The fully resolved spec.json an adapter reads: every default filled, preset expanded."""
+    arch = presets.resolve_arch(recipe.model.preset, recipe.model.arch, recipe.data.image_size, recipe.data.seq_len)
+    spec = to_dict(recipe)
+    spec["model"]["family"] = arch["family"]
+    spec["model"]["arch"] = arch
+    spec["data"]["image_size"] = arch["data"]["image_size"]
+    spec["data"]["seq_len"] = arch["data"]["seq_len"]
+    spec["derived"] = {"num_processes": recipe.num_processes, "grad_accum_steps": recipe.grad_accum_steps}
+    spec["backend"] = backend
+    spec["backend_knobs"] = dict(recipe.backends.get(backend, {}))
+    spec["run_id"] = run_id
+    spec["schema"] = SPEC_SCHEMA
+    return spec

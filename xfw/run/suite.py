@@ -1,0 +1,157 @@
+"""Suites: the recipes a nightly job runs, on which backends, and when a change is a regression.
+
+A suite is a YAML file (``suites/cpu_smoke.yaml``)::
+
+    name: cpu-smoke
+    backends: [paddle, torch]
+    set: [measure.steps=8]            # applied to every entry (before the entry's own `set`)
+    regression: {window: 7, ips_drop: 0.25, mem_growth: 0.10, noise_k: 3}
+    entries:
+      - recipe: ../recipes/tiny/llava_sft.yaml     # relative to the suite file
+      - recipe: ../recipes/tiny/sd15_lora.yaml
+        set: [batch.micro=2]
+        label: sd15-lora-micro2                   # default: the recipe's name
+
+``load_suite`` validates the whole file and every entry's recipe (with the suite's, the entry's
+and the command line's overrides) before anything runs; a problem is one line naming the file
+and the key, e.g. ``suites/x.yaml: entries[2].recipe: no such file ../recipes/tiny/nope.yaml``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from xfw.report.verdicts import RegressionPolicy
+from xfw.run.recipe import Recipe, RecipeError, load_recipe
+
+
+class SuiteError(ValueError):
+    """A suite file that cannot run; the message names the file and the key."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    label: str
+    """Unique within the suite: the run directory's name and the history's key."""
+    recipe_path: Path
+    overrides: tuple[str, ...]
+    """Suite-level, then the entry's own, then the command line's ``--set``."""
+    recipe: Recipe
+
+
+@dataclass(frozen=True, kw_only=True)
+class Suite:
+    name: str
+    path: Path
+    backends: tuple[str, ...]
+    entries: tuple[Entry, ...]
+    regression: RegressionPolicy = field(default_factory=RegressionPolicy)
+
+
+_TOP_KEYS = {"name", "backends", "set", "regression", "entries", "description"}
+_ENTRY_KEYS = {"recipe", "set", "label"}
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+def _str_list(value, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and "=" in v for v in value):
+        raise SuiteError(f"{where}: must be a list of key.path=value strings")
+    return tuple(value)
+
+
+def _policy(data, source: str) -> RegressionPolicy:
+    if data is None:
+        return RegressionPolicy()
+    if not isinstance(data, dict):
+        raise SuiteError(f"{source}: regression: must be a mapping")
+    known = RegressionPolicy.__dataclass_fields__
+    values = {}
+    for key, value in data.items():
+        if key not in known:
+            raise SuiteError(f"{source}: regression.{key}: unknown key (known: {', '.join(known)})")
+        wanted = int if key in ("window", "min_nights") else float
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (wanted is int and not isinstance(value, int)):
+            raise SuiteError(f"{source}: regression.{key}: must be a{'n integer' if wanted is int else ' number'}, "
+                             f"got {value!r}")
+        low = 1 if key in ("window", "min_nights") else 0
+        if value < low:
+            raise SuiteError(f"{source}: regression.{key}: must be >= {low}, got {value!r}")
+        values[key] = wanted(value)
+    return RegressionPolicy(**values)
+
+
+def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Suite:
+    """Parse and validate a suite and every entry's recipe; SuiteError lists every problem."""
+    path = Path(path)
+    source = str(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SuiteError(f"{source}: no such suite file") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise SuiteError(f"{source}: not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+    if not isinstance(data, dict):
+        raise SuiteError(f"{source}: a suite is a mapping with name, backends and entries")
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise SuiteError(f"{source}: {unknown[0]}: unknown key (known: {', '.join(sorted(_TOP_KEYS))})")
+    name = data.get("name")
+    if not isinstance(name, str) or not _LABEL.match(name):
+        raise SuiteError(f"{source}: name: must be a name of letters, digits, '.', '_', '+' or '-', got {name!r}")
+    backends = data.get("backends")
+    if not isinstance(backends, list) or not backends or not all(isinstance(b, str) and b for b in backends):
+        raise SuiteError(f"{source}: backends: must be a non-empty list of backend names, e.g. [paddle, torch]")
+    if len(set(backends)) != len(backends):
+        raise SuiteError(f"{source}: backends: a backend is listed twice")
+    common = _str_list(data.get("set"), f"{source}: set")
+    policy = _policy(data.get("regression"), source)
+    raw_entries = data.get("entries")
+    if not isinstance(raw_entries, list) or not raw_entries:
+        raise SuiteError(f"{source}: entries: must be a non-empty list of {{recipe: PATH}}")
+
+    entries, problems = [], []
+    for i, raw in enumerate(raw_entries):
+        where = f"{source}: entries[{i}]"
+        if isinstance(raw, str):
+            raw = {"recipe": raw}
+        if not isinstance(raw, dict):
+            problems.append(f"{where}: must be a mapping with a recipe key, got {raw!r}")
+            continue
+        bad = sorted(set(raw) - _ENTRY_KEYS)
+        if bad:
+            problems.append(f"{where}.{bad[0]}: unknown key (known: {', '.join(sorted(_ENTRY_KEYS))})")
+            continue
+        recipe_ref = raw.get("recipe")
+        if not isinstance(recipe_ref, str) or not recipe_ref:
+            problems.append(f"{where}.recipe: required, a path to a recipe YAML (relative to the suite file)")
+            continue
+        recipe_path = (path.parent / recipe_ref)
+        if not recipe_path.is_file():
+            problems.append(f"{where}.recipe: no such file {recipe_ref} (looked for {recipe_path})")
+            continue
+        try:
+            entry_overrides = (*common, *_str_list(raw.get("set"), f"{where}.set"), *overrides)
+            recipe = load_recipe(recipe_path, list(entry_overrides))
+        except (RecipeError, SuiteError) as err:
+            problems.append(f"{where}: {err}")
+            continue
+        label = raw.get("label", recipe.name)
+        if not isinstance(label, str) or not _LABEL.match(label):
+            problems.append(f"{where}.label: must be letters, digits, '.', '_', '+' or '-', got {label!r}")
+            continue
+        entries.append(Entry(label=label, recipe_path=recipe_path, overrides=entry_overrides, recipe=recipe))
+    labels = [e.label for e in entries]
+    clash = next((label for label in labels if labels.count(label) > 1), None)
+    if clash:
+        problems.append(f"{source}: entries: two entries are labelled {clash!r}; give one a distinct label")
+    if problems:
+        raise SuiteError("\n".join(problems))
+    return Suite(name=name, path=path, backends=tuple(backends), entries=tuple(entries), regression=policy)
