@@ -266,7 +266,7 @@ def estimate(recipe, overrides, run_dir) -> None:
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
 @click.option("--backends", default=None, help="Comma-separated backends and their order (default: as found).")
 @out_option
-@click.option("--layout", type=click.Choice(LAYOUTS), default="contrast", show_default=True,
+@click.option("--layout", type=click.Choice(list(LAYOUTS)), default="contrast", show_default=True,
               help="contrast: backends side by side (seed 003); strategies: per GPU count and sharding (seed 000); "
                    "ranks: per-rank time and memory (seed 001); batch: throughput per global batch with OOM rows "
                    "(seed 002); scaling: linear-scaling efficiency; cost: cost per 1M samples (seed 004).")

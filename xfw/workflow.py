@@ -22,11 +22,12 @@ from pathlib import Path
 
 from xfw.report import compare as cmp
 from xfw.report import estimate as est
-from xfw.run import launcher
-from xfw.report import layouts, render
+from xfw.run import jobs, launcher
+from xfw.report import contrast, layouts, table
 from xfw.run import maxbatch as mb
 from xfw.run import sweep as sw
 from xfw.report.plot import plot_comparison
+from xfw.report.table import Page
 from xfw.run.recipe import Recipe, RecipeError, load_recipe, resolve_spec
 from xfw.report.results import RunResult, load_runs
 from xfw.contract.atomic import write_json_atomic, write_text_atomic
@@ -81,21 +82,15 @@ class Report:
     paths: dict[str, Path]
 
 
-def _run_dir(out_dir: Path, recipe: Recipe, backend: str, k: int) -> Path:
-    return out_dir / recipe.name / (backend if recipe.measure.repeat == 1 else f"{backend}-r{k}")
+def _jobs(recipes: list[Recipe], backends: list[str], out_dir: Path) -> list[jobs.Job]:
+    return [job for recipe in recipes for job in jobs.jobs_for(recipe, backends, out_dir, (recipe.name,))]
 
 
-def run_all(recipes: list[Recipe], backends: dict[str, tuple[launcher.Backend, dict]], out_dir: Path,
+def run_all(recipes: list[Recipe], backends: jobs.Backends, out_dir: Path,
             progress: launcher.Progress | None = None,
             rendezvous: launcher.Rendezvous = launcher.Rendezvous()) -> list[RunResult]:
-    results = []
-    for recipe in recipes:
-        for k in range(recipe.measure.repeat):
-            for name, (backend, description) in backends.items():
-                results.append(launcher.launch(recipe, backend, _run_dir(out_dir, recipe, name, k),
-                                               description=description, progress=progress, repeat_index=k,
-                                               rendezvous=rendezvous))
-    return results
+    return jobs.run_jobs(_jobs(recipes, list(backends), out_dir), backends, resume=False, progress=progress,
+                         rendezvous=rendezvous, log=lambda _line: None)[0]
 
 
 def launch_commands(recipes: list[Recipe], backends: dict[str, tuple[launcher.Backend, dict]], out_dir: Path,
@@ -103,15 +98,18 @@ def launch_commands(recipes: list[Recipe], backends: dict[str, tuple[launcher.Ba
     """The exact shell lines ``run`` would execute, with their environment; writes each spec.json
     (so a line can be run by hand) and launches nothing."""
     lines = []
-    for recipe in recipes:
-        for name, (backend, description) in backends.items():
-            run_dir = _run_dir(out_dir, recipe, name, 0)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            spec_path = run_dir / "spec.json"
-            write_json_atomic(spec_path, resolve_spec(recipe, backend=name, run_id=f"{out_dir.name}/{recipe.name}"))
-            cmd = launcher.build_command(backend, description, recipe, spec_path, run_dir / "steps.jsonl", rendezvous)
-            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launcher.run_env(recipe).items())
-            lines.append(f"# {name}: {recipe.name} (timeout {recipe.measure.timeout_s:g} s)\n{env} {shlex.join(cmd)}")
+    for job in _jobs(recipes, list(backends), out_dir):
+        if job.repeat_index:
+            continue
+        backend, description = backends[job.backend]
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        spec_path = job.run_dir / "spec.json"
+        write_json_atomic(spec_path, launcher.spec_for(job.recipe, job.backend, job.run_dir))
+        cmd = launcher.build_command(backend, description, job.recipe, spec_path, job.run_dir / "steps.jsonl",
+                                     rendezvous)
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launcher.run_env(job.recipe).items())
+        lines.append(f"# {job.backend}: {job.recipe.name} (timeout {job.recipe.measure.timeout_s:g} s)\n"
+                     f"{env} {shlex.join(cmd)}")
     return lines
 
 
@@ -124,26 +122,25 @@ def parity_statuses(recipes: list[Recipe], out_dir: Path, extra: list[Path] = ()
     return {r.name: par.find_parity(r, search) for r in recipes}
 
 
+def write_page(page: Page, out_dir: Path, stem: str = "report") -> Report:
+    """``stem``.md, .csv and .html in ``out_dir`` from one page; the terminal gets it without images."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out_dir / f"{stem}.md", "csv": out_dir / f"{stem}.csv", "html": out_dir / f"{stem}.html"}
+    write_text_atomic(paths["markdown"], table.to_markdown(page))
+    write_text_atomic(paths["csv"], table.to_csv(page))
+    write_text_atomic(paths["html"], table.to_html(page))
+    return Report(markdown=table.to_markdown(page, images=False), paths=paths)
+
+
 def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *, chart: bool = True,
                  parity: dict[str, dict] | None = None) -> Report:
     """report.md/csv/html and chart.png; ``parity`` (recipe name -> status) adds the parity lines."""
     rows = cmp.compare_runs(results, backends, parity=parity)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    markdown = render.report_markdown(rows, backends)
-    paths = {"markdown": out_dir / "report.md", "csv": out_dir / "report.csv"}
-    write_text_atomic(paths["markdown"], markdown)
-    frame = render.to_frame(rows, backends)
-    write_text_atomic(paths["csv"], frame.to_csv(index=False))
-    paths["html"] = out_dir / "report.html"
-    write_text_atomic(paths["html"], frame.to_html(index=False))
-    if chart:
-        paths["chart"] = plot_comparison(rows, backends, out_dir / "chart.png")
-    return Report(markdown=markdown, paths=paths)
-
-
-_LAYOUT_TITLES = {"strategies": "Training strategies by GPU count", "ranks": "Per-rank time and memory",
-                  "batch": "Throughput per global batch size", "scaling": "Multi-GPU scaling",
-                  "cost": "Cost per 1M samples"}
+    chart_path = plot_comparison(rows, backends, out_dir / "chart.png") if chart else None
+    report = write_page(contrast.contrast_page(rows, backends, chart=chart_path), out_dir)
+    if chart_path is not None:
+        report.paths["chart"] = chart_path
+    return report
 
 
 def write_layout(results: list[RunResult], layout: str, out_dir: Path, *,
@@ -153,15 +150,7 @@ def write_layout(results: list[RunResult], layout: str, out_dir: Path, *,
         tables = layouts.build(layout, results, price_per_gpu_hour=price_per_gpu_hour)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    title = _LAYOUT_TITLES[layout]
-    markdown = layouts.to_markdown(tables, title)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {kind: out_dir / f"report-{layout}.{ext}" for kind, ext in (("markdown", "md"), ("csv", "csv"),
-                                                                        ("html", "html"))}
-    write_text_atomic(paths["markdown"], markdown)
-    write_text_atomic(paths["csv"], layouts.to_csv(tables))
-    write_text_atomic(paths["html"], layouts.to_html(tables, title))
-    return Report(markdown=markdown, paths=paths)
+    return write_page(Page(title=layouts.LAYOUTS[layout][0], blocks=tables), out_dir, f"report-{layout}")
 
 
 def report_from_dirs(paths: list[str], backends: list[str] | None, out_dir: Path | None, *,
@@ -178,10 +167,10 @@ def report_from_dirs(paths: list[str], backends: list[str] | None, out_dir: Path
         raise UsageError(f"--backends {unknown[0]}: no run of that backend in the given directories")
     target = out_dir or Path(paths[0])
     if layout != "contrast":
-        if price_per_gpu_hour is not None and layout != "cost":
-            raise UsageError("--price-per-gpu-hour applies only to --layout cost")
         return write_layout([r for r in results if r.backend in names], layout, target,
                             price_per_gpu_hour=price_per_gpu_hour)
+    if price_per_gpu_hour is not None:
+        raise UsageError("--price-per-gpu-hour applies only to --layout cost")
     return write_report(results, names, target)
 
 

@@ -26,7 +26,7 @@ def test_compare_trains_both_backends_and_reports_equal_parameter_counts(tmp_pat
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(cells[2].replace(",", "")) > 0 and float(cells[4].replace(",", "")) > 0
     assert cells[3].endswith("%")
-    assert cells[-1] == "190,656 / 190,656 ✓"
+    assert cells[-1] == "190,656 / 190,656 (trainable 154,048 / 154,048) ✓"
     assert "(host allocator)" in cells[5] and "(peak RSS)" in cells[6]
     for name in ("report.md", "report.csv", "chart.png"):
         assert (out / name).stat().st_size > 0

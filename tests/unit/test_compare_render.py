@@ -3,7 +3,10 @@
 import pandas as pd
 import pytest
 
-from xfw.report import render
+import io
+
+from xfw.report import contrast
+from xfw.report.table import markdown_table, to_csv, to_markdown
 from xfw.report.compare import compare_runs, variant_label
 from xfw.report.measure import Measurement
 from xfw.report.plot import chart_labels, plot_comparison
@@ -25,26 +28,30 @@ def result(backend, ips, status="ok", recipe="llava7b-sft", preset="llava-1.6-vi
                               **applied}, repeat_index=repeat)
 
 
+def report_markdown(rows) -> str:
+    return to_markdown(contrast.contrast_page(rows, ["paddle", "torch"]))
+
+
 def test_contrast_is_first_minus_second_over_second():
     (row,) = compare_runs([result("paddle", 82.0), result("torch", 65.0)], ["paddle", "torch"])
     assert row.contrast == pytest.approx((82 - 65) / 65)
     assert row.model == "LLaVA1.6 7B" and row.stage == "SFT"
-    assert render.fmt_contrast(row) == "+26%"
+    assert contrast.fmt_contrast(row) == "+26%"
 
 
 def test_small_contrasts_keep_a_decimal():
     (row,) = compare_runs([result("paddle", 66.0), result("torch", 67.0)], ["paddle", "torch"])
-    assert render.fmt_contrast(row) == "-1.5%"
+    assert contrast.fmt_contrast(row) == "-1.5%"
 
 
 def test_a_failed_side_keeps_the_row_and_shows_its_status():
     rows = compare_runs([result("paddle", 0, status="timeout"), result("torch", 65.0)], ["paddle", "torch"])
-    header, cells = render.contrast_table(rows, ["paddle", "torch"])
-    (line,) = cells
-    assert line[header.index("paddle ips")] == "**timeout**"
+    table = contrast.contrast_table(rows, ["paddle", "torch"])
+    header, (line,) = table.header, table.cells
+    assert line[header.index("paddle ips")] == "timeout" and "| **timeout** |" in markdown_table(table)
     assert line[header.index("torch ips")] == "65.0"
     assert line[header.index("Contrast")] == "n/a"
-    assert "paddle: timeout — it broke" in render.report_markdown(rows, ["paddle", "torch"])
+    assert "paddle: timeout — it broke" in report_markdown(rows)
 
 
 def test_a_backend_with_no_run_is_reported_missing():
@@ -54,14 +61,14 @@ def test_a_backend_with_no_run_is_reported_missing():
 
 def test_memory_cells_carry_unit_and_source():
     (row,) = compare_runs([result("paddle", 1.0), result("torch", 1.0)], ["paddle", "torch"])
-    assert render.fmt_memory(row.sides["torch"]) == "2.00/3.00 GiB (GPU allocator)"
+    assert contrast.fmt_memory(row.sides["torch"]) == "2.00/3.00 GiB (GPU allocator)"
 
 
 def test_unequal_parameter_counts_are_warned_about_and_marked():
     rows = compare_runs([result("paddle", 1.0, params=10), result("torch", 1.0, params=11)], ["paddle", "torch"])
     assert rows[0].params_match is False
     assert any("parameter counts differ" in w for w in rows[0].warnings)
-    assert render.fmt_params(rows[0], ["paddle", "torch"]) == "10 / 11 ✗ differ"
+    assert contrast.fmt_params(rows[0], ["paddle", "torch"]) == "10 / 11 ✗ differ"
 
 
 def test_differing_settings_are_warned_about_but_framework_versions_are_not():
@@ -69,7 +76,7 @@ def test_differing_settings_are_warned_about_but_framework_versions_are_not():
             result("torch", 1.0, framework_version="2.13.0")]
     (row,) = compare_runs(runs, ["paddle", "torch"])
     assert row.differing == ["compute_dtype"]
-    assert "⚠ differs" in render.settings_markdown([row], ["paddle", "torch"])
+    assert "⚠ differs" in to_markdown(contrast.contrast_page([row], ["paddle", "torch"]))
 
 
 def test_repeats_collapse_to_the_median_and_small_contrasts_are_flagged_as_noise():
@@ -78,26 +85,26 @@ def test_repeats_collapse_to_the_median_and_small_contrasts_are_flagged_as_noise
     (row,) = compare_runs(runs, ["paddle", "torch"])
     assert row.sides["paddle"].ips == 100.0 and row.sides["paddle"].num_repeats == 3
     assert row.within_noise is True
-    assert render.fmt_contrast(row).endswith("(noise)")
+    assert contrast.fmt_contrast(row).endswith("(noise)")
 
 
 def test_markdown_table_has_the_seed_columns_in_order():
     rows = compare_runs([result("paddle", 82.0), result("torch", 65.0)], ["paddle", "torch"])
-    header, _ = render.contrast_table(rows, ["paddle", "torch"])
+    header = contrast.contrast_table(rows, ["paddle", "torch"]).header
     assert header[:5] == ["Model", "Stage", "paddle ips", "Contrast", "torch ips"]
-    table = render.markdown_table(*render.contrast_table(rows, ["paddle", "torch"]))
+    table = markdown_table(contrast.contrast_table(rows, ["paddle", "torch"]))
     assert table.splitlines()[1].startswith("|---|---|---:|---:|---:|")
 
 
 def test_repeated_model_names_are_blank_like_the_seed():
     runs = [result(b, 1.0, recipe=r) for r in ("a", "b") for b in ("paddle", "torch")]
-    _, cells = render.contrast_table(compare_runs(runs, ["paddle", "torch"]), ["paddle", "torch"])
+    cells = contrast.contrast_table(compare_runs(runs, ["paddle", "torch"]), ["paddle", "torch"]).cells
     assert cells[0][0] == "LLaVA1.6 7B" and cells[1][0] == ""
 
 
 def test_numeric_frame_keeps_raw_numbers_for_programs():
     rows = compare_runs([result("paddle", 82.0), result("torch", 65.0)], ["paddle", "torch"])
-    frame = render.to_frame(rows, ["paddle", "torch"])
+    frame = pd.read_csv(io.StringIO(to_csv([contrast.contrast_table(rows, ["paddle", "torch"])])))
     assert isinstance(frame, pd.DataFrame)
     assert frame.loc[0, "paddle_ips"] == 82.0 and frame.loc[0, "torch_mem_alloc_peak_bytes"] == 2 * 1024**3
     assert frame.loc[0, "contrast"] == pytest.approx(17 / 65)
@@ -128,21 +135,21 @@ def test_the_settings_section_shows_the_parity_run_of_each_recipe_or_says_there_
     runs = [result("paddle", 82.0), result("torch", 65.0), result("paddle", 8.0, recipe="other"),
             result("torch", 6.0, recipe="other")]
     rows = compare_runs(runs, ["paddle", "torch"], parity={"llava7b-sft": parity_status()})
-    text = render.report_markdown(rows, ["paddle", "torch"])
+    text = report_markdown(rows)
     settings = text[text.index("### Settings as applied"):]
     assert ("Parity: passed, 10 steps; worst relative loss difference 7.6e-08 (step 1), gradient norm 5.4e-07 "
             "(step 2) — `runs/parity-llava7b-sft/parity.json`.") in settings
     other = settings[settings.index("#### other"):]
     assert other.splitlines()[2] == "Parity: no parity run."
-    failed = render.parity_line(parity_status("failed"))
+    failed = contrast.parity_line(parity_status("failed"))
     assert failed.startswith("Parity: **failed**, 10 steps, first step outside tolerance 3;")
     note = {"status": "none", "path": None, "note": "runs/x/parity.json is for another configuration of other"}
-    assert render.parity_line(note) == f"Parity: no parity run ({note['note']})."
+    assert contrast.parity_line(note) == f"Parity: no parity run ({note['note']})."
 
 
 def test_without_a_parity_lookup_the_report_says_nothing_about_parity():
     rows = compare_runs([result("paddle", 82.0), result("torch", 65.0)], ["paddle", "torch"])
-    assert rows[0].parity is None and "Parity" not in render.report_markdown(rows, ["paddle", "torch"])
+    assert rows[0].parity is None and "Parity" not in report_markdown(rows)
 
 
 def with_setup(r, sharding="none", processes=2, **knobs):

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from xfw import cli
 from xfw.report import layouts
+from xfw.report.compare import Side
 from xfw.report.results import load_runs
 
 # The header rows of the seeds, copied verbatim (shared/seeds/000, 001, 004).
@@ -117,7 +118,7 @@ def test_cost_without_a_price_is_a_clear_error(strategy_runs):
 
 
 def _entry(backend, gpus, sharding, status="ok", ips=None):
-    return layouts.Entry(backend=backend, recipe="r", model="m", stage="SFT", variant={"parallel.sharding": sharding},
+    return Side(backend=backend, recipe="r", model="m", stage="SFT", variant={"parallel.sharding": sharding},
                          setup={"num_processes": gpus, "sharding": sharding}, device="cpu", status=status, reason="",
                          ips=ips)
 

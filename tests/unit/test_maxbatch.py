@@ -70,7 +70,7 @@ def test_cli_reports_the_edge_writes_json_and_probes_render_in_the_batch_layout(
     assert "| 1x none | fake | tiny-test | 8 | OOM |" in table and "| 4 | ~40 |" in table
     again = invoke("maxbatch", oom_recipe(write_recipe, 4), "--backends", "fake", "--candidates", "16,8,4",
                    "--out", out, "--python", f"fake={fake_backend['fake']}")
-    assert again.output.count("kept from earlier") == 3
+    assert again.output.count("kept from an earlier run") == 3
 
 
 def test_bad_candidates_and_a_probe_that_breaks_the_recipe_launch_nothing(write_recipe, tmp_path, fake_backend):

@@ -84,7 +84,7 @@ def test_an_interrupted_sweep_resumes_and_reruns_only_unfinished_runs(write_reci
     before = kept.stat().st_mtime_ns
     again = invoke(*args)
     assert again.exit_code == 0
-    assert "[1/2] batch.micro-1 / fake: ok, kept from an earlier sweep" in again.output
+    assert "[1/2] batch.micro-1 / fake: ok, kept from an earlier run" in again.output
     assert kept.stat().st_mtime_ns == before
     assert json.loads((killed / "summary.json").read_text())["status"] == "ok"
 
@@ -95,7 +95,7 @@ def test_a_changed_recipe_reruns_the_point_instead_of_keeping_a_stale_result(wri
     base = ["--set", "batch.micro=1", "--backends", "fake", "--out", out, *python_args(fake_backend)]
     invoke("sweep", write_recipe(backends={"fake": {"ips": 120}}), *base)
     again = invoke("sweep", write_recipe(backends={"fake": {"ips": 60}}), *base)
-    assert "kept from an earlier sweep" not in again.output
+    assert "kept from an earlier run" not in again.output
     (run,) = load_runs([out])
     assert run.measurement.ips == pytest.approx(60.0)
 

@@ -34,9 +34,20 @@ STAGE_NAMES = {"pretrain": "Pretrain", "sft": "SFT", "lora": "LoRA", "dreambooth
 
 @dataclass(kw_only=True)
 class Side:
+    """One (recipe, variant, backend): its repeats collapsed to their medians, the spread kept."""
+
     backend: str
     status: str
     reason: str = ""
+    recipe: str = ""
+    model: str = ""
+    """As seed 003 names it (``presets.display_name``)."""
+    stage: str = ""
+    """As seed 003 names it (:data:`STAGE_NAMES`)."""
+    variant: dict = field(default_factory=dict)
+    setup: dict = field(default_factory=dict)
+    """The resolved spec's batch/parallel/precision settings (``RunResult.setup``)."""
+    device: str = ""
     ips: float | None = None
     ips_spread: float | None = None
     tokens_per_s: float | None = None
@@ -52,6 +63,10 @@ class Side:
     @property
     def ok(self) -> bool:
         return self.status == "ok" and self.ips is not None
+
+    @property
+    def num_processes(self) -> int:
+        return int(self.setup.get("num_processes") or 1)
 
 
 @dataclass(kw_only=True)
@@ -75,32 +90,44 @@ class ComparisonRow:
     """This recipe's parity status (``xfw.run.parity.find_parity``); None when nobody looked."""
 
 
+def device_of(r: RunResult) -> str:
+    return r.applied.get("device_name") or r.env.get("backend", {}).get("device_name") or "unknown device"
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
 def _side(backend: str, runs: list[RunResult]) -> Side:
+    """The runs of one (recipe, variant, backend) as one side; ``missing`` when there are none."""
     if not runs:
         return Side(backend=backend, status="missing", reason="no run of this backend")
     ok = [r for r in runs if r.ok and r.measurement.ips is not None]
-    if not ok:
-        first = runs[0]
-        return Side(backend=backend, status=first.status, reason=first.reason, num_repeats=len(runs),
-                    applied=first.applied, run_dirs=[r.run_dir for r in runs])
+    first = (ok or runs)[0]
+    side = Side(backend=backend, status="ok" if ok else first.status, reason="" if ok else first.reason,
+                recipe=first.recipe, model=presets.display_name(first.preset),
+                stage=STAGE_NAMES.get(first.stage, first.stage), variant=dict(first.variant),
+                setup=first.setup or {"num_processes": first.applied.get("num_processes", 1)},
+                device=device_of(first), num_repeats=len(ok) if ok else len(runs), applied=first.applied,
+                run_dirs=[r.run_dir for r in runs])
+    if ok:
+        m = [r.measurement for r in ok]
+        side.ips, side.ips_spread = _median(x.ips for x in m), spread([x.ips for x in m])
+        side.tokens_per_s, side.step_time_median_s = _median(x.tokens_per_s for x in m), \
+            _median(x.step_time_median_s for x in m)
+        side.mem_alloc_peak_bytes = _median(x.mem_alloc_peak_bytes for x in m)
+        side.mem_reserved_peak_bytes = _median(x.mem_reserved_peak_bytes for x in m)
+        side.mem_source, side.mfu = m[0].mem_source, _median(r.mfu for r in ok)
+    return side
 
-    def median(attr: str):
-        values = [getattr(r.measurement, attr) for r in ok if getattr(r.measurement, attr) is not None]
-        return statistics.median(values) if values else None
 
-    return Side(
-        backend=backend, status="ok", ips=median("ips"), ips_spread=spread([r.measurement.ips for r in ok]),
-        tokens_per_s=median("tokens_per_s"), step_time_median_s=median("step_time_median_s"),
-        mem_alloc_peak_bytes=median("mem_alloc_peak_bytes"), mem_reserved_peak_bytes=median("mem_reserved_peak_bytes"),
-        mem_source=ok[0].measurement.mem_source, mfu=_median_mfu(ok),
-        num_repeats=len(ok), applied=ok[0].applied,
-        run_dirs=[r.run_dir for r in runs],
-    )
-
-
-def _median_mfu(runs: list[RunResult]) -> float | None:
-    values = [r.mfu for r in runs if r.mfu is not None]
-    return statistics.median(values) if values else None
+def collapse(results: list[RunResult]) -> list[Side]:
+    """One :class:`Side` per (recipe, variant, backend), in first-seen order; repeats share one."""
+    groups: dict[tuple, list[RunResult]] = {}
+    for r in results:
+        groups.setdefault((r.recipe, variant_key(r.variant), r.backend), []).append(r)
+    return [_side(runs[0].backend, runs) for runs in groups.values()]
 
 
 def _expected_params(preset: str) -> int | None:
@@ -129,6 +156,10 @@ def variant_key(variant: dict) -> str:
     return json.dumps(variant, sort_keys=True)
 
 
+def _count(value: int | None) -> str:
+    return "–" if value is None else f"{value:,}"
+
+
 def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> ComparisonRow:
     first = runs[0]
     sides = {b: _side(b, [r for r in runs if r.backend == b]) for b in backends}
@@ -140,12 +171,14 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
         row.contrast = (a.ips - b.ips) / b.ips
         spreads = [s for s in (a.ips_spread, b.ips_spread) if s is not None]
         row.within_noise = abs(row.contrast) <= max(spreads) if spreads else None
-    counts = {name: s.applied.get("num_params_total") for name, s in sides.items() if s.applied}
+    counts = {name: (s.applied.get("num_params_total"), s.applied.get("num_params_trainable"))
+              for name, s in sides.items() if s.applied}
     if len(counts) == len(sides) and len(sides) >= 2:
         row.params_match = len(set(counts.values())) == 1
         if not row.params_match:
-            row.warnings.append("parameter counts differ: the two sides did not build the same model ("
-                                + ", ".join(f"{k} {v:,}" for k, v in counts.items()) + ")")
+            row.warnings.append("parameter counts differ: the two sides did not build or train the same model ("
+                                + ", ".join(f"{k} {_count(total)} total, {_count(trainable)} trainable"
+                                            for k, (total, trainable) in counts.items()) + ")")
     for key in SETTINGS:
         values = {name: s.applied.get(key) for name, s in sides.items() if s.applied}
         if values:

@@ -1,7 +1,7 @@
 """Report layouts beyond the contrast table: each seed's table, as pure functions over RunResults.
 
-Each layout returns :class:`Table` sections (a title, a header, formatted cells, the raw numbers
-for CSV, notes); :func:`to_markdown`, :func:`to_csv` and :func:`to_html` render any of them::
+Each layout returns :class:`~xfw.report.table.Table` sections (a title, a header, formatted cells,
+the raw numbers for CSV, notes), which :mod:`xfw.report.table` renders like every other report::
 
     xfw report runs/sweep-llava7b-sft --layout strategies
 
@@ -11,114 +11,44 @@ for CSV, notes); :func:`to_markdown`, :func:`to_csv` and :func:`to_html` render 
     |---|---|---:|---:|---:|---:|
     | torch | ZeRO-2 (fsdp2) | 84.2 | 1.19 | 61.3 | 7.66 |
 
-Layouts and their seeds: ``strategies`` (seed 000), ``ranks`` (seed 001), ``batch`` (seed 002),
-``scaling`` and ``cost`` (seed 004). Repeats of one (recipe, variant, backend) collapse to their
+Layouts and their seeds: ``contrast`` (seed 003, :mod:`xfw.report.contrast`), ``strategies`` (seed
+000), ``ranks`` (seed 001), ``batch`` (seed 002), ``scaling`` and ``cost`` (seed 004). Repeats of one (recipe, variant, backend) collapse to their
 median, as in the contrast table; a failed run keeps its row with its status in place of numbers.
 """
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass, field
-
-from xfw.contract import presets
-from xfw.report.compare import STAGE_NAMES, strip_common, variant_key, variant_label
+from xfw.report import contrast
+from xfw.report.compare import Side, backends_in, collapse, compare_runs, strip_common, variant_key, variant_label
 from xfw.report.results import RunResult
+from xfw.report.table import Strong, Table
 
 GB = 1e9  # seeds 000 and 004 write decimal GB
 _STRATEGY_NAMES = {"stage1": "ZeRO-1", "stage2": "ZeRO-2", "stage3": "ZeRO-3"}
 
 
-@dataclass(kw_only=True)
-class Table:
-    title: str
-    header: list[str]
-    cells: list[list[str]]
-    records: list[dict] = field(default_factory=list)
-    """One flat dict of raw numbers per row (bytes, seconds, samples/s), for CSV."""
-    numeric: tuple[int, ...] = ()
-    """Column indices aligned right."""
-    notes: list[str] = field(default_factory=list)
-
-
-@dataclass(kw_only=True)
-class Entry:
-    """One (recipe, variant, backend): its repeats collapsed to medians."""
-
-    backend: str
-    recipe: str
-    model: str
-    stage: str
-    variant: dict
-    setup: dict
-    device: str
-    status: str
-    reason: str
-    ips: float | None = None
-    step_time_s: float | None = None
-    mem_alloc_bytes: float | None = None
-    mem_reserved_bytes: float | None = None
-    mem_source: str | None = None
-    num_repeats: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok" and self.ips is not None
-
-    @property
-    def num_gpus(self) -> int:
-        return int(self.setup.get("num_processes") or 1)
-
-
-def _median(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def device_of(r: RunResult) -> str:
-    return r.applied.get("device_name") or r.env.get("backend", {}).get("device_name") or "unknown device"
-
-
-def collapse(results: list[RunResult]) -> list[Entry]:
-    """Entries in first-seen order; repeats of one (recipe, variant, backend) share an entry."""
-    groups: dict[tuple, list[RunResult]] = {}
-    for r in results:
-        groups.setdefault((r.recipe, variant_key(r.variant), r.backend), []).append(r)
-    entries = []
-    for runs in groups.values():
-        ok = [r for r in runs if r.ok and r.measurement.ips is not None]
-        first = (ok or runs)[0]
-        setup = first.setup or {"num_processes": first.applied.get("num_processes", 1)}
-        entry = Entry(backend=first.backend, recipe=first.recipe, model=presets.display_name(first.preset),
-                      stage=STAGE_NAMES.get(first.stage, first.stage), variant=dict(first.variant), setup=setup,
-                      device=device_of(first), status="ok" if ok else first.status, reason="" if ok else first.reason,
-                      num_repeats=len(runs))
-        if ok:
-            entry.ips = _median(r.measurement.ips for r in ok)
-            entry.step_time_s = _median(r.measurement.step_time_median_s for r in ok)
-            entry.mem_alloc_bytes = _median(r.measurement.mem_alloc_peak_bytes for r in ok)
-            entry.mem_reserved_bytes = _median(r.measurement.mem_reserved_peak_bytes for r in ok)
-            entry.mem_source = ok[0].measurement.mem_source
-        entries.append(entry)
-    # Shown variants only: keys every entry shares (a sweep-wide --set) would clutter each row.
-    for entry, shown in zip(entries, strip_common([e.variant for e in entries])):
-        entry.variant = shown
-    return entries
+def collapse_shown(results: list[RunResult]) -> list[Side]:
+    """One side per (recipe, variant, backend) (:func:`xfw.report.compare.collapse`), with only the
+    variant keys that tell them apart (a sweep-wide ``--set`` would clutter each row)."""
+    sides = collapse(results)
+    for side, shown in zip(sides, strip_common([s.variant for s in sides])):
+        side.variant = shown
+    return sides
 
 
 def _other_keys(variant: dict, prefixes: tuple[str, ...]) -> dict:
     return {k: v for k, v in variant.items() if not k.startswith(prefixes)}
 
 
-def _status_cell(e: Entry) -> str:
-    return "OOM" if e.status == "oom" else f"**{e.status}**"
+def _status_cell(e: Side) -> str:
+    return "OOM" if e.status == "oom" else Strong(e.status)
 
 
 def _num(value: float | None, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
 
 
-def _memory_source_notes(entries: list[Entry]) -> list[str]:
+def _memory_source_notes(entries: list[Side]) -> list[str]:
     """Say where memory is not GPU memory, and which framework measured it how: a column must not
     silently mix an allocator's bytes with a process's peak RSS."""
     by_backend: dict[str, set[str]] = {}
@@ -139,9 +69,9 @@ def _memory_source_notes(entries: list[Entry]) -> list[str]:
 
 # --- seed 000: strategies x GPU count -----------------------------------------------------------
 
-def strategy_name(e: Entry, applied_impl: str | None = None) -> str:
+def strategy_name(e: Side, applied_impl: str | None = None) -> str:
     sharding = e.setup.get("sharding", "none")
-    name = _STRATEGY_NAMES.get(sharding, "DDP" if e.num_gpus > 1 else "single GPU")
+    name = _STRATEGY_NAMES.get(sharding, "DDP" if e.num_processes > 1 else "single GPU")
     if applied_impl and applied_impl.lower() not in ("none", sharding, name.lower()):
         name += f" ({applied_impl})"
     rest = _other_keys(e.variant, ("parallel.",))
@@ -154,30 +84,30 @@ def strategies(results: list[RunResult]) -> list[Table]:
     header = ["Framework", "Strategy", "Time for 100 iters (s)", "Throughput (batches/s)", "VRAM / GPU (GB)",
               "GB / batch"]
     tables = []
-    entries = collapse(results)
+    entries = collapse_shown(results)
     backends = list(dict.fromkeys(e.backend for e in entries))
     shardings = ("none", *_STRATEGY_NAMES)
-    for gpus in sorted({e.num_gpus for e in entries}, reverse=True):
+    for gpus in sorted({e.num_processes for e in entries}, reverse=True):
         # Grouped by framework as in the seed, strategies from least to most sharded.
-        mine = sorted((e for e in entries if e.num_gpus == gpus),
+        mine = sorted((e for e in entries if e.num_processes == gpus),
                       key=lambda e: (backends.index(e.backend), shardings.index(e.setup.get("sharding", "none"))))
         devices = sorted({e.device for e in mine})
         cells, records = [], []
         for e in mine:
             strategy = strategy_name(e, impls.get((e.recipe, variant_key(e.variant), e.backend)))
-            vram = e.mem_reserved_bytes if e.mem_reserved_bytes is not None else e.mem_alloc_bytes
+            vram = e.mem_reserved_peak_bytes if e.mem_reserved_peak_bytes is not None else e.mem_alloc_peak_bytes
             global_batch, micro = e.setup.get("global_batch"), e.setup.get("micro_batch")
             batches_per_s = e.ips / global_batch if e.ok and global_batch else None
             per_sample = vram / micro if vram is not None and micro else None
             if e.ok:
-                cells.append([e.backend, strategy, _num(e.step_time_s * 100 if e.step_time_s else None, ".1f"),
+                cells.append([e.backend, strategy, _num(e.step_time_median_s * 100 if e.step_time_median_s else None, ".1f"),
                               _num(batches_per_s, ".3g"), _num(vram / GB if vram else None, ".3g"),
                               _num(per_sample / GB if per_sample else None, ".3g")])
             else:
                 cells.append([e.backend, strategy, _status_cell(e), "–", "–", "–"])
             records.append({"num_gpus": gpus, "device": ", ".join(devices), "framework": e.backend,
                             "recipe": e.recipe, "strategy": strategy, "status": e.status,
-                            "time_100_iters_s": e.step_time_s * 100 if e.ok and e.step_time_s else None,
+                            "time_100_iters_s": e.step_time_median_s * 100 if e.ok and e.step_time_median_s else None,
                             "batches_per_s": batches_per_s, "vram_per_gpu_bytes": vram,
                             "bytes_per_sample": per_sample, "global_batch": global_batch, "micro_batch": micro})
         tables.append(Table(title=f"For {gpus}x {' / '.join(devices)}:", header=header, cells=cells,
@@ -226,19 +156,19 @@ def ranks(results: list[RunResult]) -> list[Table]:
 
 def batch(results: list[RunResult]) -> list[Table]:
     """Seed 002: Hardware | Framework | Recipe | Global batch size | Throughput, OOM rows kept."""
-    entries = collapse(results)
+    entries = collapse_shown(results)
     shown = ("batch.", "parallel.nproc_per_node", "parallel.nnodes")  # already in the size and hardware columns
     with_variant = any(_other_keys(e.variant, shown) for e in entries)
     header = ["Hardware", "Framework", "Recipe"] + (["Variant"] if with_variant else []) + \
         ["Global batch size", "Throughput (samples/s)"]
 
-    def order(e: Entry):  # largest batch first, as an OOM search probes
-        return (e.device, e.num_gpus, e.backend, e.recipe, variant_key(_other_keys(e.variant, shown)),
+    def order(e: Side):  # largest batch first, as an OOM search probes
+        return (e.device, e.num_processes, e.backend, e.recipe, variant_key(_other_keys(e.variant, shown)),
                 -(e.setup.get("global_batch") or 0), -(e.setup.get("micro_batch") or 0))
 
     cells, records, bullets = [], [], []
     for e in sorted(entries, key=order):
-        hardware, size = f"{e.num_gpus}x {e.device}", e.setup.get("global_batch")
+        hardware, size = f"{e.num_processes}x {e.device}", e.setup.get("global_batch")
         if (e.setup.get("grad_accum_steps") or 1) > 1:  # the seed never accumulates; say so when we do
             size = f"{size} (micro {e.setup.get('micro_batch')})"
         rest = variant_label(_other_keys(e.variant, shown))
@@ -259,20 +189,20 @@ def batch(results: list[RunResult]) -> list[Table]:
 _SCALED = ("batch.", "parallel.nproc_per_node", "parallel.nnodes")
 
 
-def _unsharded_single(e: Entry, entries: list[Entry]) -> Entry | None:
+def _unsharded_single(e: Side, entries: list[Side]) -> Side | None:
     """The same framework's single-process, unsharded run with otherwise the same settings: the
     baseline of a sharded group whose 1-process run could not run (one process has nothing to shard)."""
     rest = variant_key(_other_keys(e.variant, (*_SCALED, "parallel.sharding")))
-    return next((o for o in entries if o.ok and o.num_gpus == 1 and o.recipe == e.recipe and o.backend == e.backend
+    return next((o for o in entries if o.ok and o.num_processes == 1 and o.recipe == e.recipe and o.backend == e.backend
                  and o.setup.get("sharding", "none") == "none"
                  and variant_key(_other_keys(o.variant, (*_SCALED, "parallel.sharding"))) == rest), None)
 
 
-def scaling_baseline(group: list[Entry], entries: list[Entry]) -> tuple[Entry | None, str]:
+def scaling_baseline(group: list[Side], entries: list[Side]) -> tuple[Side | None, str]:
     """(baseline, how it was chosen): the group's run at its smallest GPU count; where that did not
     run, the framework's 1-process unsharded run; else the smallest GPU count that ran."""
-    smallest = min(e.num_gpus for e in group)
-    base = next((e for e in group if e.ok and e.num_gpus == smallest), None)
+    smallest = min(e.num_processes for e in group)
+    base = next((e for e in group if e.ok and e.num_processes == smallest), None)
     if base:
         return base, ""
     single = _unsharded_single(group[0], entries) if smallest == 1 else None
@@ -281,31 +211,31 @@ def scaling_baseline(group: list[Entry], entries: list[Entry]) -> tuple[Entry | 
                         "this strategy did not run, and one process has nothing to shard.")
     base = next((e for e in group if e.ok), None)
     if base:
-        return base, f"Linear Scaling against {base.num_gpus}x, the smallest GPU count that ran."
+        return base, f"Linear Scaling against {base.num_processes}x, the smallest GPU count that ran."
     return None, ""
 
 
 def scaling(results: list[RunResult]) -> list[Table]:
     """Seed 004: per (recipe, backend, variant apart from batch and GPU count), GPUs | Batch Size |
     Throughput | Linear Scaling, against the smallest GPU count (:func:`scaling_baseline`)."""
-    everything = collapse(results)
-    groups: dict[tuple, list[Entry]] = {}
+    everything = collapse_shown(results)
+    groups: dict[tuple, list[Side]] = {}
     for e in everything:
         groups.setdefault((e.recipe, e.backend, variant_key(_other_keys(e.variant, _SCALED))), []).append(e)
     tables = []
     for (recipe, backend, _), entries in groups.items():
-        entries.sort(key=lambda e: (e.num_gpus, e.setup.get("global_batch") or 0))
+        entries.sort(key=lambda e: (e.num_processes, e.setup.get("global_batch") or 0))
         base, how = scaling_baseline(entries, everything)
         rest = variant_label(_other_keys(entries[0].variant, _SCALED))
         cells, records = [], []
         for e in entries:
-            eff = (e.ips / e.num_gpus) / (base.ips / base.num_gpus) if e.ok and base else None
-            cells.append([f"{e.num_gpus}x", str(e.setup.get("global_batch")),
+            eff = (e.ips / e.num_processes) / (base.ips / base.num_processes) if e.ok and base else None
+            cells.append([f"{e.num_processes}x", str(e.setup.get("global_batch")),
                           f"{e.ips:,.1f} samples/s" if e.ok else _status_cell(e),
                           f"{eff:.2f}x" if eff is not None else "–"])
-            records.append({"recipe": recipe, "framework": backend, "num_gpus": e.num_gpus,
+            records.append({"recipe": recipe, "framework": backend, "num_gpus": e.num_processes,
                             "global_batch": e.setup.get("global_batch"), "samples_per_s": e.ips,
-                            "linear_scaling": eff, "baseline_num_gpus": base.num_gpus if base else None,
+                            "linear_scaling": eff, "baseline_num_gpus": base.num_processes if base else None,
                             "status": e.status})
         title = f"{entries[0].model} {entries[0].stage} on {entries[0].device} ({backend})" + \
             (f" [{rest}]" if rest else "")
@@ -320,11 +250,11 @@ def scaling(results: list[RunResult]) -> list[Table]:
 def cost(results: list[RunResult], price_per_gpu_hour: float) -> list[Table]:
     """Seed 004: Model | GPU | Recipe | Cost/1M Samples | Notes, from a price per GPU-hour."""
     cells, records = [], []
-    for e in collapse(results):
-        gpu = f"{e.num_gpus}x {e.device}"
+    for e in collapse_shown(results):
+        gpu = f"{e.num_processes}x {e.device}"
         recipe = e.stage + (f" ({variant_label(e.variant)})" if e.variant else "")
         # GPU-hours for 1M samples = GPUs x 1e6 / (samples/s) / 3600
-        usd = price_per_gpu_hour * e.num_gpus * 1e6 / e.ips / 3600 if e.ok else None
+        usd = price_per_gpu_hour * e.num_processes * 1e6 / e.ips / 3600 if e.ok else None
         note = f"{e.backend}, {e.ips:,.1f} samples/s" if e.ok else f"{e.backend}: {e.status}"
         cells.append([e.model, gpu, recipe, f"${usd:,.2f}" if usd is not None else "–", note])
         records.append({"model": e.model, "recipe": e.recipe, "framework": e.backend, "gpu": gpu,
@@ -336,70 +266,29 @@ def cost(results: list[RunResult], price_per_gpu_hour: float) -> list[Table]:
                          "cost = price x GPUs x 10^6 / (samples/s) / 3600, measured window only (no start-up)."])]
 
 
-LAYOUTS = ("contrast", "strategies", "ranks", "batch", "scaling", "cost")
+def contrast_layout(results: list[RunResult]) -> list[Table]:
+    """Seed 003: backends side by side (:mod:`xfw.report.contrast`), in the order found."""
+    return [contrast.contrast_table(compare_runs(results, backends_in(results)), backends_in(results))]
+
+
+LAYOUTS = {
+    "contrast": ("Training benchmark", contrast_layout),
+    "strategies": ("Training strategies by GPU count", strategies),
+    "ranks": ("Per-rank time and memory", ranks),
+    "batch": ("Throughput per global batch size", batch),
+    "scaling": ("Multi-GPU scaling", scaling),
+    "cost": ("Cost per 1M samples", cost),
+}
+"""Layout name -> (title, function from runs to tables)."""
 
 
 def build(layout: str, results: list[RunResult], *, price_per_gpu_hour: float | None = None) -> list[Table]:
+    if layout not in LAYOUTS:
+        raise ValueError(f"--layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
     if layout == "cost":
         if price_per_gpu_hour is None or price_per_gpu_hour <= 0:
             raise ValueError("--layout cost needs a positive --price-per-gpu-hour")
         return cost(results, price_per_gpu_hour)
-    functions = {"strategies": strategies, "ranks": ranks, "batch": batch, "scaling": scaling}
-    if layout not in functions:
-        raise ValueError(f"--layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
-    return functions[layout](results)
-
-
-# --- rendering ------------------------------------------------------------------------------------
-
-def markdown_table(table: Table) -> str:
-    lines = ["| " + " | ".join(table.header) + " |",
-             "|" + "|".join("---:" if i in table.numeric else "---" for i in range(len(table.header))) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in table.cells]
-    return "\n".join(lines)
-
-
-def to_markdown(tables: list[Table], title: str) -> str:
-    out = [f"## {title}", ""]
-    for t in tables:
-        out += [t.title, ""] if t.title else []
-        out += [markdown_table(t), ""]
-        out += [*t.notes, ""] if t.notes else []
-    return "\n".join(out)
-
-
-def plain(cell: str) -> str:
-    """A cell without markdown emphasis, for CSV and HTML (``**unsupported**`` -> ``unsupported``)."""
-    return cell[2:-2] if cell.startswith("**") and cell.endswith("**") and len(cell) > 4 else cell
-
-
-def to_frame(tables: list[Table]):
-    """One row per table row: the section, the seed's columns as shown, then the raw numbers (units
-    in their names) for anyone recomputing from the CSV."""
-    import pandas as pd  # reporting dependency: only where the CLI runs
-
-    rows = []
-    for t in tables:
-        for i, cells in enumerate(t.cells):
-            shown = {col: plain(cell) for col, cell in zip(t.header, cells)}
-            raw = t.records[i] if i < len(t.records) else {}
-            rows.append({"section": t.title, **shown, **{k: v for k, v in raw.items() if k not in shown}})
-    return pd.DataFrame(rows)
-
-
-def to_csv(tables: list[Table]) -> str:
-    return to_frame(tables).to_csv(index=False)
-
-
-def to_html(tables: list[Table], title: str) -> str:
-    import html
-
-    import pandas as pd
-
-    parts = [f"<h2>{html.escape(title)}</h2>"]
-    for t in tables:
-        parts.append(f"<h3>{html.escape(t.title)}</h3>")
-        cells = [[plain(c) for c in row] for row in t.cells]
-        parts.append(pd.DataFrame(cells, columns=t.header).to_html(index=False, escape=True))
-        parts += [f"<p>{html.escape(n)}</p>" for n in t.notes]
-    return "\n".join(parts) + "\n"
+    if price_per_gpu_hour is not None:
+        raise ValueError("--price-per-gpu-hour applies only to --layout cost")
+    return LAYOUTS[layout][1](results)

@@ -12,68 +12,31 @@ circled in red), and the environment of each night::
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 from pathlib import Path
 
+from xfw.contract.atomic import write_text_atomic
 from xfw.report import compare as cmp
-from xfw.report import render
+from xfw.report import contrast
 from xfw.report.history import NIGHTS_DIR, History, night_order
-from xfw.report.verdicts import Verdict, load_verdicts, memory_of
 from xfw.report.plot import plot_comparison
 from xfw.report.results import load_runs
-from xfw.contract.atomic import write_text_atomic
+from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Table, to_html, to_markdown
+from xfw.report.verdicts import VERDICTS_FILE, Verdict, load_verdicts, memory_of
 
 TREND_NIGHTS = 30
 """Nights shown in each trend plot (the most recent)."""
 _COLORS = {"paddle": "#2f6fdf", "torch": "#ee4c2c"}
 _FALLBACK = ["#6a9955", "#b07cc6", "#c0a000"]
-_CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1200px;color:#1b1b1b}
-h1{font-size:22px;margin-bottom:4px} h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}
-.sub{color:#555;margin-top:0}
-.box{padding:10px 14px;border-radius:6px;margin:12px 0}
-.bad{background:#fde8e8;border:2px solid #b00020} .good{background:#e6f4ea;border:2px solid #1e7b34}
-.bad li{color:#7a0016;margin:3px 0}
-table{border-collapse:collapse;margin:8px 0;font-size:14px}
-th{background:#dde7f7;text-align:left;padding:5px 9px;border:1px solid #b9c6dd}
-td{padding:4px 9px;border:1px solid #d5d5d5} td.num{text-align:right;font-variant-numeric:tabular-nums}
-tr.regression td{background:#fde8e8} tr.improvement td{background:#e6f4ea}
-img{max-width:100%;border:1px solid #eee;margin:6px 0}
-.trends{display:grid;grid-template-columns:1fr;gap:8px}
-footer{color:#666;font-size:12px;margin-top:30px}
-"""
-
-
-def _esc(value) -> str:
-    return html.escape("" if value is None else str(value))
-
-
-def _png_tag(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<img alt="{_esc(alt)}" src="data:image/png;base64,{data}">'
-
-
-def html_table(header: list[str], cells: list[list[str]], *, css_class: str = "",
-               row_classes: list[str] | None = None) -> str:
-    numeric = {i for i, h in enumerate(header) if h.endswith("ips") or h in ("Contrast", "Change", "Value",
-                                                                           "Baseline", "Tolerance")}
-    out = [f'<table class="{_esc(css_class)}">', "<tr>" + "".join(f"<th>{_esc(h)}</th>" for h in header) + "</tr>"]
-    for i, row in enumerate(cells):
-        cls = f' class="{_esc(row_classes[i])}"' if row_classes and row_classes[i] else ""
-        out.append(f"<tr{cls}>" + "".join(f'<td{" class=num" if j in numeric else ""}>{_esc(c)}</td>'
-                                          for j, c in enumerate(row)) + "</tr>")
-    return "\n".join(out + ["</table>"])
 
 
 def _fmt_value(v: Verdict, value: float | None) -> str:
     if value is None:
         return "–"
-    return render.fmt_rate(value) if v.metric == "ips" else f"{value / 2**20:.1f} MiB"
+    return contrast.fmt_rate(value) if v.metric == "ips" else f"{value / 2**20:.1f} MiB"
 
 
-def verdict_table(verdicts: list[Verdict]) -> tuple[list[str], list[list[str]], list[str]]:
+def verdict_table(verdicts: list[Verdict]) -> Table:
     header = ["Entry", "Backend", "Metric", "Value", "Baseline", "Nights", "Change", "Tolerance", "Verdict", "Note"]
     cells, classes = [], []
     for v in verdicts:
@@ -82,7 +45,9 @@ def verdict_table(verdicts: list[Verdict]) -> tuple[list[str], list[list[str]], 
                       f"{v.change:+.1%}" if v.change is not None else "–",
                       f"±{v.tolerance:.1%}" if v.tolerance is not None else "–", v.verdict, v.note])
         classes.append("regression" if v.flagged else "improvement" if v.verdict == "improvement" else "")
-    return header, cells, classes
+    return Table(header=header, cells=cells, numeric=(3, 4, 6, 7), row_classes=classes, name="verdicts",
+                 records=[{k: getattr(v, k) for k in ("entry", "backend", "metric", "verdict", "value", "baseline",
+                                                      "change", "tolerance")} for v in verdicts])
 
 
 def trend_plot(rows: list[dict], entry: str, nights: list[str], flagged: set[tuple[str, str, str]],
@@ -147,7 +112,7 @@ def _night_states(history_dir: Path, nights: list[str]) -> list[dict]:
     return states
 
 
-def environment_table(states: list[dict], rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+def environment_table(states: list[dict], rows: list[dict]) -> Table:
     header = ["Night", "Started (UTC)", "Host", "Device", "Frameworks", "Python", "xfw commit", "Overrides"]
     cells = []
     for state in states:
@@ -161,24 +126,11 @@ def environment_table(states: list[dict], rows: list[dict]) -> tuple[list[str], 
                       ", ".join(devices) or "–", frameworks or "–", env.get("python", "–"),
                       sha[:12] + ("-dirty" if sha.endswith("-dirty") else ""),
                       " ".join(state.get("overrides", [])) or "–"])
-    return header, cells
+    return Table(header=header, cells=cells, name="env")
 
 
-def night_markdown(night: str, suite_name: str, verdicts: list[Verdict], contrast_md: str) -> str:
-    flagged = [v for v in verdicts if v.flagged]
-    out = [f"# xfw nightly: {suite_name}, night {night}", ""]
-    if flagged:
-        out += [f"## {len(flagged)} regression(s) or failure(s)", ""] + [f"- {v.line()}" for v in flagged] + [""]
-    else:
-        out += ["No regressions against the previous nights.", ""]
-    out += [contrast_md, ""]
-    header, cells, _ = verdict_table(verdicts)
-    out += ["## Against the previous nights", "", render.markdown_table(header, cells), ""]
-    return "\n".join(out)
-
-
-def write_night_report(history_dir: Path, night: str, *, suite_name: str) -> Path:
-    """Write the night's report.html/.md (and the latest copy at the history's top); returns its path."""
+def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
+    """The night's page (plots written into the night's directory on the way)."""
     night_dir = history_dir / NIGHTS_DIR / night
     rows = History(history_dir).rows()
     order = night_order(rows)
@@ -188,48 +140,44 @@ def write_night_report(history_dir: Path, night: str, *, suite_name: str) -> Pat
     results = load_runs([night_dir])
     backends = cmp.backends_in(results)
     cmp_rows = cmp.compare_runs(results, backends)
-    header, cells = render.contrast_table(cmp_rows, backends)
     chart = plot_comparison(cmp_rows, backends, night_dir / "chart.png", title=f"Training speed, night {night}")
     entries = list(dict.fromkeys(r["entry"] for r in rows if r["night"] == night))
     trends = [trend_plot([r for r in rows if r["night"] in shown], entry, shown,
                          {(night, v.backend, v.metric) for v in flagged if v.entry == entry},
                          night_dir / f"trend-{entry}.png") for entry in entries]
-    window = json.loads((night_dir / "nightly.json").read_text()).get("policy", {}).get("window", "?")
-    env_header, env_cells = environment_table(_night_states(history_dir, shown), rows)
-    v_header, v_cells, v_classes = verdict_table(verdicts)
-    failed = render.failures(cmp_rows)
-
-    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8>"
-             f"<title>xfw nightly {_esc(suite_name)} {_esc(night)}</title><style>{_CSS}</style></head><body>",
-             f"<h1>xfw nightly: {_esc(suite_name)}, night {_esc(night)}</h1>",
-             f"<p class=sub>{len(results)} runs, each compared with the median of up to {_esc(window)} previous nights "
-             f"of the same workload; history: {_esc(history_dir.resolve())}</p>"]
+    window = json.loads((night_dir / VERDICTS_FILE).read_text()).get("policy", {}).get("window", "?")
     if flagged:
-        parts.append(f'<section id=regressions class="box bad"><strong>{len(flagged)} regression(s) or '
-                     f"failure(s)</strong><ul>" + "".join(f"<li>{_esc(v.line())}</li>" for v in flagged)
-                     + "</ul></section>")
+        blocks: list = [Bullets([v.line() for v in flagged], box="bad", name="regressions",
+                                title=f"{len(flagged)} regression(s) or failure(s)")]
     else:
-        parts.append('<section id=regressions class="box good"><strong>No regressions</strong> against the '
-                     "previous nights.</section>")
+        blocks = [Bullets([], box="good", name="regressions", title="No regressions against the previous nights.")]
+    failed = contrast.failures(cmp_rows)
     if failed:
-        parts.append("<h2>Failed runs</h2><ul>" + "".join(f"<li>{_esc(f)}</li>" for f in failed) + "</ul>")
-    parts += [f"<h2>This night: {_esc(' vs '.join(backends))}</h2>", html_table(header, cells, css_class="contrast"),
-              _png_tag(chart, "bar chart of throughput per backend")]
+        blocks += [Heading("Failed runs"), Bullets(failed)]
+    blocks += [Heading(f"This night: {' vs '.join(backends)}"), contrast.contrast_table(cmp_rows, backends),
+               Image(chart, "bar chart of throughput per backend")]
     if len(backends) > 1:
-        parts.append(f"<p class=sub>Contrast = ({_esc(backends[0])} − {_esc(backends[1])}) / {_esc(backends[1])} "
-                     "on samples per second over the measured window.</p>")
-    parts += ["<h2>Against the previous nights</h2>",
-              html_table(v_header, v_cells, css_class="verdicts", row_classes=v_classes),
-              f"<h2>Trends (last {len(shown)} night{'s' if len(shown) != 1 else ''})</h2><div class=trends>"]
-    parts += [_png_tag(path, f"trend of {entry}") for path, entry in zip(trends, entries)]
-    parts += ["</div><h2>Environment of each night</h2>", html_table(env_header, env_cells, css_class="env"),
-              "<footer>Written by xfw nightly. Throughput is global samples per second over each run's measured "
-              "window; memory is the peak allocated per rank (source in the table). Verdicts: a change beyond "
-              "max(floor, k × measured noise) is flagged.</footer></body></html>"]
-    page = "\n".join(parts)
+        blocks.append(Paragraph(f"Contrast = ({backends[0]} − {backends[1]}) / {backends[1]} on samples per second "
+                                "over the measured window.", muted=True))
+    blocks += [Heading("Against the previous nights"), verdict_table(verdicts),
+               Heading(f"Trends (last {len(shown)} night{'s' if len(shown) != 1 else ''})"),
+               *(Image(path, f"trend of {entry}") for path, entry in zip(trends, entries)),
+               Heading("Environment of each night"), environment_table(_night_states(history_dir, shown), rows)]
+    return Page(title=f"xfw nightly: {suite_name}, night {night}", level=1, blocks=blocks,
+                subtitle=f"{len(results)} runs, each compared with the median of up to {window} previous nights "
+                         f"of the same workload; history: {history_dir.resolve()}",
+                footer="Written by xfw nightly. Throughput is global samples per second over each run's measured "
+                       "window; memory is the peak allocated per rank (source in the table). Verdicts: a change "
+                       "beyond max(floor, k × measured noise) is flagged.")
+
+
+def write_night_report(history_dir: Path, night: str, *, suite_name: str) -> Path:
+    """Write the night's report.html/.md (and the latest copy at the history's top); returns its path."""
+    night_dir = history_dir / NIGHTS_DIR / night
+    page = night_page(history_dir, night, suite_name=suite_name)
+    html = to_html(page)
     report = night_dir / "report.html"
-    write_text_atomic(report, page)
-    write_text_atomic(night_dir / "report.md", night_markdown(
-        night, suite_name, verdicts, render.markdown_table(header, cells)))
-    write_text_atomic(history_dir / "report.html", page)
+    write_text_atomic(report, html)
+    write_text_atomic(night_dir / "report.md", to_markdown(page))
+    write_text_atomic(history_dir / "report.html", html)
     return report

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from xfw.report.compare import ComparisonRow, strip_common, variant_label
-from xfw.report.render import fmt_contrast, fmt_rate
+from xfw.report.contrast import fmt_contrast, fmt_rate
 
 _COLORS = ["#2f6fdf", "#ee4c2c", "#6a9955", "#b07cc6"]
 

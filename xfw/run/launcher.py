@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -31,7 +32,7 @@ from xfw.contract import harness
 from xfw.contract import records as rec
 from xfw.report.measure import summarize
 from xfw.run.recipe import Recipe, resolve_spec
-from xfw.report.results import RunResult, compute_mfu
+from xfw.report.results import RunResult, compute_mfu, setup_from_spec
 from xfw.contract.atomic import write_json_atomic
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -85,17 +86,28 @@ def resolve_backend(name: str, interpreters: dict[str, str], root: Path = PROJEC
     return Backend(name, str(python))
 
 
-def describe_backend(backend: Backend) -> dict:
-    """Ask the adapter to describe itself; proves the interpreter can import it."""
-    cmd = [backend.python, "-m", backend.module, "--describe"]
+def adapter_task(backend: Backend, args: list[str], *, timeout_s: float, failed: str) -> str:
+    """Run ``python -m xfw_NAME ARGS`` for a side task (describe, export weights, probe modules) and
+    return its stdout. If it fails: BackendError "backend 'NAME': <failed> (<its last stderr line>)"."""
+    cmd = [backend.python, "-m", backend.module, *args]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=DESCRIBE_TIMEOUT_S, check=False)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
+                             stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise BackendError(f"backend {backend.name!r}: `{' '.join(cmd)}` took over {DESCRIBE_TIMEOUT_S} s") from None
+        raise BackendError(f"backend {backend.name!r}: `{shlex.join(cmd)}` took over {timeout_s:g} s") from None
+    except OSError as err:
+        raise BackendError(f"backend {backend.name!r}: cannot start {backend.python} ({err.strerror})") from None
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BackendError(f"backend {backend.name!r}: {backend.python} cannot run {backend.module} ({last})")
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+        raise BackendError(f"backend {backend.name!r}: {failed} ({last})")
+    return out.stdout
+
+
+def describe_backend(backend: Backend) -> dict:
+    """Ask the adapter to describe itself; proves the interpreter can import it."""
+    stdout = adapter_task(backend, ["--describe"], timeout_s=DESCRIBE_TIMEOUT_S,
+                          failed=f"{backend.python} cannot run {backend.module}")
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
     try:
         return json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError):
@@ -186,12 +198,18 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
+def spec_for(recipe: Recipe, backend: str, run_dir: Path) -> dict:
+    """The spec.json a run of ``recipe`` on ``backend`` in ``run_dir`` reads."""
+    return resolve_spec(recipe, backend=backend, run_id=f"{run_dir.parent.name}/{run_dir.name}")
+
+
 def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict,
            progress: Progress | None = None, repeat_index: int = 0,
-           rendezvous: Rendezvous = Rendezvous()) -> RunResult:
-    """Run one backend on one recipe in ``run_dir``; always returns a RunResult."""
+           rendezvous: Rendezvous = Rendezvous(), variant: dict | None = None) -> RunResult:
+    """Run one backend on one recipe in ``run_dir``; always returns a RunResult, saved with
+    ``variant`` (what the run measures beyond its recipe) in summary.json."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec = resolve_spec(recipe, backend=backend.name, run_id=f"{run_dir.parent.name}/{run_dir.name}")
+    spec = spec_for(recipe, backend.name, run_dir)
     spec_path, records_path = run_dir / "spec.json", run_dir / "steps.jsonl"
     write_json_atomic(spec_path, spec)
     write_json_atomic(run_dir / "env.json", {**host.host_env(), "interpreter": backend.python,
@@ -237,7 +255,8 @@ def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict
         status=status, reason=reason, measurement=measurement, applied=applied,
         mfu=compute_mfu(spec, measurement, applied),
         env=json.loads((run_dir / "env.json").read_text()), exit_code=proc.returncode,
-        wall_time_s=round(wall, 3), repeat_index=repeat_index, run_dir=str(run_dir),
+        wall_time_s=round(wall, 3), repeat_index=repeat_index, run_dir=str(run_dir), variant=dict(variant or {}),
+        setup=setup_from_spec(spec),
     )
     result.save(run_dir)
     if progress:

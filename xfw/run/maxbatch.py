@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from xfw.run import launcher
-from xfw.run.recipe import Recipe, load_recipe, resolve_spec
-from xfw.run.sweep import finished_result
+from xfw.run.jobs import Job, run_jobs
+from xfw.run.recipe import Recipe, load_recipe
 
 DEFAULT_MAX_MICRO = 4096
 """Where a doubling search gives up looking for an OOM."""
@@ -96,22 +96,16 @@ class Search:
 
     def probe(self, micro: int) -> str:
         recipe = probe_recipe(self.path, micro, self.overrides)
-        run_dir = self.out_dir / recipe.name / f"micro{micro}" / self.backend.name
-        spec = resolve_spec(recipe, backend=self.backend.name, run_id=f"{run_dir.parent.name}/{run_dir.name}")
-        variant = {"batch.micro": micro, "batch.global": recipe.batch.global_size}
-        run = finished_result(run_dir, spec)
-        if run is None:
-            self.log(f"[{self.backend.name}] {recipe.name}: micro-batch {micro}")
-            run = launcher.launch(recipe, self.backend, run_dir, description=self.description, progress=self.progress)
-        else:
-            self.log(f"[{self.backend.name}] {recipe.name}: micro-batch {micro}: {run.status}, kept from earlier")
-        if run.variant != variant:
-            run.variant = variant
-            run.save(run_dir)
+        job = Job(recipe=recipe, backend=self.backend.name,
+                  run_dir=self.out_dir / recipe.name / f"micro{micro}" / self.backend.name,
+                  variant={"batch.micro": micro, "batch.global": recipe.batch.global_size},
+                  label=f"[{self.backend.name}] {recipe.name}: micro-batch {micro}")
+        (run,), _ = run_jobs([job], {self.backend.name: (self.backend, self.description)}, resume=True,
+                             progress=self.progress, log=self.log)
         m = run.measurement
         self.result.probes.append(Probe(micro=micro, status=run.status, reason=run.reason, ips=m.ips,
                                         mem_alloc_peak_bytes=m.mem_alloc_peak_bytes,
-                                        mem_reserved_peak_bytes=m.mem_reserved_peak_bytes, run_dir=str(run_dir)))
+                                        mem_reserved_peak_bytes=m.mem_reserved_peak_bytes, run_dir=str(job.run_dir)))
         if run.status not in ("ok", "oom"):
             self.result.stopped = f"micro-batch {micro} ended {run.status}: {run.reason}"
         return run.status

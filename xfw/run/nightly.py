@@ -37,11 +37,10 @@ from xfw.contract import env as host
 from xfw.run import launcher
 from xfw.report.history import NIGHTS_DIR, History, row_from_result
 from xfw.report.verdicts import VERDICTS_FILE, Verdict, evaluate
-from xfw.run.recipe import resolve_spec
+from xfw.run.jobs import Backends, Job, jobs_for, run_jobs
 from xfw.report.results import RunResult
 from xfw.contract.atomic import write_json_atomic
 from xfw.run.suite import Suite
-from xfw.run.sweep import finished_result
 
 RESUME_WITHIN_H = 20.0
 """An unfinished night older than this is left as it is and a new night starts (the job of the
@@ -121,7 +120,7 @@ def start_night(history_dir: Path, suite: Suite, night: str, overrides: list[str
     return state
 
 
-def run_night(suite: Suite, backends: dict[str, tuple[launcher.Backend, dict]], history_dir: Path, *,
+def run_night(suite: Suite, backends: Backends, history_dir: Path, *,
               night: str | None = None, overrides: list[str] = (), progress: launcher.Progress | None = None,
               log=print, now: dt.datetime | None = None) -> NightOutcome:
     """Run (or resume) one night of ``suite``; returns the verdicts (report written by the caller)."""
@@ -130,30 +129,23 @@ def run_night(suite: Suite, backends: dict[str, tuple[launcher.Backend, dict]], 
     state = start_night(history_dir, suite, night, list(overrides),
                         {name: description for name, (_, description) in backends.items()}, now)
     night_dir = history_dir / NIGHTS_DIR / night
-    jobs = [(entry, k, name) for entry in suite.entries for k in range(entry.recipe.measure.repeat)
-            for name in backends]
+    jobs, entry_of = [], {}
+    for entry in suite.entries:
+        for job in jobs_for(entry.recipe, list(backends), night_dir, (entry.label,), label=entry.label,
+                            # two entries of one recipe: keep their rows apart
+                            variant={"entry": entry.label} if entry.label != entry.recipe.name else {}):
+            jobs.append(job)
+            entry_of[job.run_dir] = entry.label
     log(f"night {night} of suite {suite.name}: {len(jobs)} runs"
         + (" (resuming: finished runs are kept)" if resuming else "") + f" -> {night_dir}")
-    results, kept = [], 0
-    for i, (entry, k, name) in enumerate(jobs, 1):
-        backend, description = backends[name]
-        run_dir = night_dir / entry.label / (name if entry.recipe.measure.repeat == 1 else f"{name}-r{k}")
-        spec = resolve_spec(entry.recipe, backend=name, run_id=f"{run_dir.parent.name}/{run_dir.name}")
-        result = finished_result(run_dir, spec)
-        if result is not None:
-            kept += 1
-            log(f"[{i}/{len(jobs)}] {entry.label} / {run_dir.name}: {result.status}, kept")
-        else:
-            log(f"[{i}/{len(jobs)}] {entry.label} / {run_dir.name}")
-            result = launcher.launch(entry.recipe, backend, run_dir, description=description, progress=progress,
-                                     repeat_index=k)
-        if entry.label != entry.recipe.name and result.variant != {"entry": entry.label}:
-            result.variant = {"entry": entry.label}  # two entries of one recipe: keep their rows apart
-            result.save(run_dir)
-        results.append(result)
-        history.upsert([row_from_result(result, spec, night=night, night_started_utc=state["started_utc"],
-                                        suite=suite.name, entry=entry.label,
-                                        run_dir=str(run_dir.relative_to(history_dir)))])
+
+    def record(job: Job, result: RunResult) -> None:  # after every run: a kill loses nothing finished
+        history.upsert([row_from_result(result, launcher.spec_for(job.recipe, job.backend, job.run_dir),
+                                        night=night, night_started_utc=state["started_utc"], suite=suite.name,
+                                        entry=entry_of[job.run_dir],
+                                        run_dir=str(job.run_dir.relative_to(history_dir)))])
+
+    results, kept = run_jobs(jobs, backends, resume=True, progress=progress, log=log, on_result=record)
     verdicts = evaluate(history.rows(), night, suite.regression)
     write_json_atomic(night_dir / VERDICTS_FILE, {
         "night": night, "suite": suite.name, "policy": asdict(suite.regression),

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -239,11 +238,11 @@ def first_differing_module(reference: list[dict], other: list[dict], rel_tol: fl
 def probe(backend: launcher.Backend, run_dir: Path, timeout_s: float) -> list[dict] | None:
     """``--probe-modules`` on the spec a run used; None if the adapter could not."""
     path = run_dir / "modules.json"
-    cmd = [backend.python, "-m", backend.module, "--probe-modules", str(path), "--spec", str(run_dir / "spec.json")]
     try:
-        subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+        launcher.adapter_task(backend, ["--probe-modules", str(path), "--spec", str(run_dir / "spec.json")],
+                              timeout_s=timeout_s, failed="the module probe failed")
         return json.loads(path.read_text())["modules"]
-    except (subprocess.TimeoutExpired, OSError, ValueError, KeyError):
+    except (launcher.BackendError, OSError, ValueError, KeyError):
         return None
 
 
@@ -281,14 +280,11 @@ def export_initial_weights(recipe_path: str, overrides: list[str], backend: laun
     directory.mkdir(parents=True, exist_ok=True)
     spec_path = directory / "spec.json"
     write_json_atomic(spec_path, resolve_spec(recipe, backend=backend.name, run_id=f"{directory.parent.name}/export"))
-    cmd = [backend.python, "-m", backend.module, "--export-weights", str(directory), "--spec", str(spec_path)]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        raise ParityError(f"exporting the initial weights took over {timeout_s:g} s: {' '.join(cmd)}") from None
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ParityError(f"{backend.name} could not export the initial weights ({last})")
+        launcher.adapter_task(backend, ["--export-weights", str(directory), "--spec", str(spec_path)],
+                              timeout_s=timeout_s, failed="could not export the initial weights")
+    except launcher.BackendError as err:
+        raise ParityError(str(err)) from None
 
 
 def run_parity(recipe_path: str, overrides: list[str], steps: int, out_dir: Path,

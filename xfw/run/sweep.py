@@ -11,10 +11,8 @@ Each run's ``summary.json`` carries its point as ``variant`` ({"batch.micro": 1,
 group by (recipe, variant). A value list splits only at top-level commas, so a YAML list stays
 one value: ``--set lora.targets=[q_proj,v_proj],[q_proj]`` is two points.
 
-Resuming: rerunning the same command with the same ``--out`` skips every run whose
-``summary.json`` records a settled outcome (ok, oom, unsupported, invalid, timeout) for the same
-spec. A run without a summary (killed mid-run) or whose status is ``crashed`` (which includes a
-Ctrl-C) is run again; so is one whose recipe changed since (its spec.json differs).
+Resuming: rerunning the same command with the same ``--out`` keeps every run that settled for
+the same spec and runs the rest (:mod:`xfw.run.jobs`).
 """
 
 from __future__ import annotations
@@ -28,12 +26,10 @@ from pathlib import Path
 
 import yaml
 
-from xfw.run import launcher
-from xfw.run.recipe import Recipe, RecipeError, load_recipe, resolve_spec
 from xfw.report.results import RunResult
-
-SETTLED = ("ok", "oom", "unsupported", "invalid", "timeout")
-"""Statuses a resumed sweep keeps; ``crashed`` (or no summary at all) is run again."""
+from xfw.run import launcher
+from xfw.run.jobs import Backends, jobs_for, run_jobs
+from xfw.run.recipe import Recipe, RecipeError, load_recipe
 
 _OPENERS, _CLOSERS = "[{(", "]})"
 MAX_LABEL_CHARS = 120  # file systems allow 255 bytes per name; leave room for humans too
@@ -146,48 +142,10 @@ def plan(recipe_path: str, assignments: list[str], fixed: list[str] = ()) -> lis
     return points
 
 
-def run_dir_for(out_dir: Path, point: Point, backend: str, k: int) -> Path:
-    name = backend if point.recipe.measure.repeat == 1 else f"{backend}-r{k}"
-    return out_dir / point.recipe.name / point.label / name
-
-
-def finished_result(run_dir: Path, spec: dict) -> RunResult | None:
-    """The run in ``run_dir`` if it settled for this very spec, else None (run it again)."""
-    summary_path, spec_path = run_dir / "summary.json", run_dir / "spec.json"
-    try:
-        summary = json.loads(summary_path.read_text())
-        old_spec = json.loads(spec_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    if summary.get("status") not in SETTLED:
-        return None
-    if {k: v for k, v in old_spec.items() if k != "run_id"} != {k: v for k, v in spec.items() if k != "run_id"}:
-        return None
-    return RunResult.load(run_dir)
-
-
-def run_sweep(points: list[Point], backends: dict[str, tuple[launcher.Backend, dict]], out_dir: Path,
+def run_sweep(points: list[Point], backends: Backends, out_dir: Path,
               progress: launcher.Progress | None = None, log=print) -> list[RunResult]:
-    """Run every (point, repeat, backend) one at a time, skipping settled runs; returns all results."""
-    results: list[RunResult] = []
-    jobs = [(p, k, name) for p in points for k in range(p.recipe.measure.repeat) for name in backends]
-    for i, (point, k, name) in enumerate(jobs, 1):
-        backend, description = backends[name]
-        run_dir = run_dir_for(out_dir, point, name, k)
-        spec = resolve_spec(point.recipe, backend=name, run_id=f"{run_dir.parent.name}/{run_dir.name}")
-        done = finished_result(run_dir, spec)
-        if done is not None:
-            log(f"[{i}/{len(jobs)}] {point.label} / {run_dir.name}: {done.status}, kept from an earlier sweep")
-            if done.variant != point.variant:  # killed between the launcher's summary and ours
-                done.variant = point.variant
-                done.save(run_dir)
-            results.append(done)
-            continue
-        log(f"[{i}/{len(jobs)}] {point.label} / {run_dir.name}")
-        result = launcher.launch(point.recipe, backend, run_dir, description=description, progress=progress,
-                                 repeat_index=k)
-        # The launcher knows nothing of sweeps: record the point in the summary (atomic rewrite).
-        result.variant = dict(point.variant)
-        result.save(run_dir)
-        results.append(RunResult.load(run_dir))
-    return results
+    """Run every (point, repeat, backend) one at a time, keeping settled runs; returns all results."""
+    jobs = [job for p in points
+            for job in jobs_for(p.recipe, list(backends), out_dir, (p.recipe.name, p.label), variant=p.variant,
+                                label=p.label)]
+    return run_jobs(jobs, backends, resume=True, progress=progress, log=log)[0]

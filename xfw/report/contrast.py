@@ -1,19 +1,23 @@
-"""Renderers: comparison rows to the seed-003 table (markdown), a numeric table (CSV/pandas),
-and the settings section. Pure functions over :mod:`xfw.report.compare` rows::
+"""The contrast report (seed 003): backends side by side per (recipe, variant), with the settings
+each side applied. Pure functions from :mod:`xfw.report.compare` rows to a :class:`~xfw.report.table.Page`::
 
     | Model      | Stage | paddle ips | Contrast | torch ips | paddle memory (alloc/reserved) | ...
     |------------|-------|-----------:|---------:|----------:|--------------------------------| ...
-    | Tiny LLaVA | SFT   |      412.3 |    +6.1% |     388.6 | 0.05/0.06 GiB (host allocator) | ...
+    | Tiny LLaVA | SFT   |        125 |     -70% |       412 | 8.55/8.55 MiB (host allocator) | ...
 
+followed by failed runs, warnings (every applied setting that differs), and the settings table.
 Memory cells carry their unit and source: a CPU peak RSS is never presented as if it were an
 allocator's peak.
 """
 
 from __future__ import annotations
 
-from xfw.report.compare import ComparisonRow, Side, strip_common, variant_label
+from pathlib import Path
 
-_SOURCE_LABELS = {"cuda_allocator": "GPU allocator", "host_allocator": "host allocator", "peak_rss": "peak RSS"}
+from xfw.report.compare import ComparisonRow, Side, strip_common, variant_label
+from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Strong, Table
+
+SOURCE_LABELS = {"cuda_allocator": "GPU allocator", "host_allocator": "host allocator", "peak_rss": "peak RSS"}
 GIB, MIB = 1024**3, 1024**2
 
 
@@ -36,7 +40,7 @@ def fmt_memory(side: Side) -> str:
         return "–"
     unit, scale = ("GiB", GIB) if max(alloc, reserved or 0) >= GIB else ("MiB", MIB)
     res = f"{reserved / scale:.2f}" if reserved is not None else "–"
-    source = _SOURCE_LABELS.get(side.mem_source or "", side.mem_source or "?")
+    source = SOURCE_LABELS.get(side.mem_source or "", side.mem_source or "?")
     return f"{alloc / scale:.2f}/{res} {unit} ({source})"
 
 
@@ -44,12 +48,20 @@ def fmt_side_rate(side: Side) -> str:
     if side.ok:
         spread = f" (spread {side.ips_spread:.1%})" if side.ips_spread is not None else ""
         return fmt_rate(side.ips) + spread
-    return f"**{side.status}**"
+    return Strong(side.status)
 
 
 def fmt_params(row: ComparisonRow, backends: list[str]) -> str:
-    counts = [row.sides[b].applied.get("num_params_total") for b in backends]
-    text = " / ".join(f"{c:,}" if c is not None else "–" for c in counts)
+    """Total parameters per side, and trainable ones where they differ from the total; ✓ only when
+    both counts agree on every side."""
+    def count(side: Side, key: str) -> str:
+        value = side.applied.get(key)
+        return f"{value:,}" if value is not None else "–"
+
+    sides = [row.sides[b] for b in backends]
+    text = " / ".join(count(s, "num_params_total") for s in sides)
+    if any(s.applied.get("num_params_trainable") not in (None, s.applied.get("num_params_total")) for s in sides):
+        text += " (trainable " + " / ".join(count(s, "num_params_trainable") for s in sides) + ")"
     if row.params_match is True:
         text += " ✓"
     elif row.params_match is False:
@@ -57,17 +69,19 @@ def fmt_params(row: ComparisonRow, backends: list[str]) -> str:
     return text
 
 
-def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> tuple[list[str], list[list[str]]]:
-    """Seed 003's table: header and cells, one row per recipe."""
+def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
+    """Seed 003's table: one row per (recipe, variant); raw numbers per side in ``records``."""
     a, b = backends[0], backends[1] if len(backends) > 1 else None
     shown = strip_common([row.variant for row in rows])  # keys every row shares say nothing
     with_variant = any(shown)
     header = ["Model", "Stage"] + (["Variant"] if with_variant else []) + [f"{a} ips"]
     if b:
         header += ["Contrast", f"{b} ips"]
+    numeric = tuple(i for i, h in enumerate(header) if h.endswith(" ips") or h == "Contrast")
     header += [f"{name} memory (alloc/reserved)" for name in backends]
     with_mfu = any(side.mfu is not None for row in rows for side in row.sides.values())
     if with_mfu:
+        numeric += tuple(range(len(header), len(header) + len(backends)))
         header += [f"{name} MFU" for name in backends]
     header += [f"Params ({' / '.join(backends)})"]
     cells = []
@@ -84,23 +98,16 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> tuple[list
             line += [f"{row.sides[name].mfu:.1%}" if row.sides[name].mfu is not None else "–" for name in backends]
         line += [fmt_params(row, backends)]
         cells.append(line)
-    return header, cells
+    return Table(header=header, cells=cells, records=numeric_records(rows, backends), numeric=numeric,
+                 name="contrast")
 
 
-def markdown_table(header: list[str], cells: list[list[str]]) -> str:
-    numeric = {i for i, h in enumerate(header) if h.endswith("ips") or h == "Contrast"}
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---:" if i in numeric else "---" for i in range(len(header))) + "|"]
-    lines += ["| " + " | ".join(c) + " |" for c in cells]
-    return "\n".join(lines)
-
-
-def _row_name(row: ComparisonRow) -> str:
+def row_name(row: ComparisonRow) -> str:
     return f"{row.recipe} [{variant_label(row.variant)}]" if row.variant else row.recipe
 
 
 def failures(rows: list[ComparisonRow]) -> list[str]:
-    return [f"{_row_name(row)} / {side.backend}: {side.status} — {side.reason}"
+    return [f"{row_name(row)} / {side.backend}: {side.status} — {side.reason}"
             for row in rows for side in row.sides.values() if not side.ok]
 
 
@@ -119,53 +126,53 @@ def parity_line(status: dict) -> str:
     return f"{text} — `{status['path']}`."
 
 
-def settings_markdown(rows: list[ComparisonRow], backends: list[str]) -> str:
-    parts = []
+def settings_blocks(rows: list[ComparisonRow], backends: list[str]) -> list:
+    """Per row: its parity line (when looked up) and the applied settings side by side."""
+    blocks: list = []
     for row in rows:
         if not row.settings and row.parity is None:
             continue
-        parts.append(f"#### {_row_name(row)}")
+        blocks.append(Heading(row_name(row), level=4))
         if row.parity is not None:
-            parts.append(parity_line(row.parity))
-        if not row.settings:
-            continue
-        lines = ["| Setting | " + " | ".join(backends) + " | |", "|---|" + "---|" * len(backends) + "---|"]
-        for key, values in row.settings.items():
-            differs = key in row.differing
-            lines.append(f"| {key} | " + " | ".join(str(values.get(b, "–")) for b in backends)
-                         + f" | {'⚠ differs' if differs else ''} |")
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
+            blocks.append(Paragraph(parity_line(row.parity)))
+        if row.settings:
+            cells = [[key, *(str(values.get(b, "–")) for b in backends), "⚠ differs" if key in row.differing else ""]
+                     for key, values in row.settings.items()]
+            blocks.append(Table(header=["Setting", *backends, ""], cells=cells, name="settings"))
+    return blocks
 
 
-def report_markdown(rows: list[ComparisonRow], backends: list[str], *, title: str = "Training benchmark") -> str:
-    header, cells = contrast_table(rows, backends)
-    out = [f"## {title}", "", markdown_table(header, cells), ""]
+def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str = "Training benchmark",
+                  chart: Path | None = None) -> Page:
+    """The whole compare report: table, chart, how to read it, failed runs, warnings, settings."""
+    blocks: list = [contrast_table(rows, backends)]
+    if chart is not None:
+        blocks.append(Image(chart, "bar chart of throughput per backend"))
     if len(backends) > 1:
-        out += [f"Contrast = ({backends[0]} − {backends[1]}) / {backends[1]} on samples per second "
-                "(ips, global, measured window only). Memory: peak allocated / peak reserved per rank.", ""]
+        blocks.append(Paragraph(f"Contrast = ({backends[0]} − {backends[1]}) / {backends[1]} on samples per second "
+                                "(ips, global, measured window only). Memory: peak allocated / peak reserved per rank.",
+                                muted=True))
     if any(side.ips_spread is not None for row in rows for side in row.sides.values()):
-        out += ["With repeats, ips is the median and spread = (max − min) / median; a contrast no larger "
-                "than either side's spread is marked (noise).", ""]
+        blocks.append(Paragraph("With repeats, ips is the median and spread = (max − min) / median; a contrast no "
+                                "larger than either side's spread is marked (noise).", muted=True))
     fails = failures(rows)
     if fails:
-        out += ["### Failed runs", ""] + [f"- {f}" for f in fails] + [""]
-    warnings = [f"{_row_name(row)}: {w}" for row in rows for w in row.warnings]
+        blocks += [Heading("Failed runs", 3), Bullets(fails, name="failed")]
+    warnings = [f"⚠ {row_name(row)}: {w}" for row in rows for w in row.warnings]
     if warnings:
-        out += ["### Warnings", ""] + [f"- ⚠ {w}" for w in warnings] + [""]
-    settings = settings_markdown(rows, backends)
+        blocks += [Heading("Warnings", 3), Bullets(warnings, name="warnings")]
+    settings = settings_blocks(rows, backends)
     if settings:
-        out += ["### Settings as applied", "", settings, ""]
-    return "\n".join(out)
+        blocks += [Heading("Settings as applied", 3), *settings]
+    return Page(title=title, blocks=blocks)
 
 
 def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict]:
-    """One flat dict per recipe with raw numbers (bytes, samples/s): for CSV and pandas."""
+    """One flat dict per row with raw numbers (bytes, samples/s): for CSV and pandas."""
     out = []
     for row in rows:
         rec = {"recipe": row.recipe, "model": row.model, "stage": row.stage, "variant": variant_label(row.variant),
-               "contrast": row.contrast,
-               "within_noise": row.within_noise, "params_match": row.params_match}
+               "contrast": row.contrast, "within_noise": row.within_noise, "params_match": row.params_match}
         for name in backends:
             s = row.sides[name]
             rec.update({
@@ -181,9 +188,3 @@ def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict
             })
         out.append(rec)
     return out
-
-
-def to_frame(rows: list[ComparisonRow], backends: list[str]):
-    import pandas as pd  # reporting dependency: only where the CLI runs
-
-    return pd.DataFrame(numeric_records(rows, backends))

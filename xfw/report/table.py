@@ -1,0 +1,233 @@
+"""The one table model, and the one place reports become markdown, CSV and HTML.
+
+Every report (the contrast table, each seed layout, max-batch, the memory estimate, parity, the
+nightly page) builds :class:`Table` objects and arranges them on a :class:`Page` with headings,
+paragraphs, bullet lists and images; :func:`to_markdown`, :func:`to_csv` and :func:`to_html`
+render any page, so the three formats always carry the same rows::
+
+    page = Page(title="Training benchmark", blocks=[
+        Table(header=["Model", "paddle ips"], cells=[["Tiny LLaVA", Strong("crashed")]],
+              records=[{"paddle_ips": None}], numeric=(1,)),
+        Paragraph("Contrast = (paddle − torch) / torch ..."),
+    ])
+    to_markdown(page)   # ## Training benchmark / | Model | paddle ips | / ... | **crashed** |
+    to_csv(page)        # Model,paddle ips,paddle_ips / Tiny LLaVA,crashed,
+    to_html(page)       # one self-contained file: styles inline, images embedded, no script
+
+A cell is a plain string; a :class:`Strong` cell (a status in place of a number) is emphasised
+in markdown and HTML and plain in CSV. ``records`` keep each row's raw numbers (bytes, seconds,
+samples/s, units in the key) for programs reading the CSV.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class Strong(str):
+    """A cell shown with emphasis: ``**oom**`` in markdown, ``<strong>`` in HTML, plain in CSV."""
+
+
+@dataclass(kw_only=True)
+class Table:
+    header: list[str]
+    cells: list[list[str]]
+    title: str = ""
+    """Shown above the table; the CSV's ``section`` column when a page has several tables."""
+    records: list[dict] = field(default_factory=list)
+    """Per row, raw numbers with units in their keys, appended to the CSV after the shown columns."""
+    numeric: tuple[int, ...] = ()
+    """Column indices aligned right."""
+    notes: list[str] = field(default_factory=list)
+    """Paragraphs under the table."""
+    row_classes: list[str] = field(default_factory=list)
+    """HTML only: a CSS class per row (``regression``, ``improvement``) to colour it."""
+    name: str = ""
+    """HTML only: the table's CSS class (tests and style sheets find it by this)."""
+
+
+@dataclass
+class Heading:
+    text: str
+    level: int = 2
+
+
+@dataclass
+class Paragraph:
+    text: str
+    muted: bool = False
+    """HTML only: shown smaller and grey (an explanation, not a finding)."""
+
+
+@dataclass
+class Bullets:
+    items: list[str]
+    box: str = ""
+    """HTML only: ``bad`` (red) or ``good`` (green) frames the list; ``title`` is its bold first line."""
+    title: str = ""
+    name: str = ""
+    """HTML only: the section's id."""
+
+
+@dataclass
+class Image:
+    path: Path
+    alt: str
+
+
+Block = Table | Heading | Paragraph | Bullets | Image
+
+
+@dataclass
+class Page:
+    title: str
+    blocks: list[Block] = field(default_factory=list)
+    subtitle: str = ""
+    footer: str = ""
+    level: int = 2
+    """The markdown heading level of the title (a page inside another document uses 2)."""
+
+    def tables(self) -> list[Table]:
+        return [b for b in self.blocks if isinstance(b, Table)]
+
+
+def plain(cell: str) -> str:
+    """The cell's text without emphasis."""
+    return str(cell)
+
+
+# --- markdown -------------------------------------------------------------------------------------
+
+def _md_cell(cell: str) -> str:
+    text = str(cell).replace("|", "\\|").replace("\n", " ")
+    return f"**{text}**" if isinstance(cell, Strong) and text else text
+
+
+def markdown_table(table: Table) -> str:
+    lines = ["| " + " | ".join(table.header) + " |",
+             "|" + "|".join("---:" if i in table.numeric else "---" for i in range(len(table.header))) + "|"]
+    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.cells]
+    return "\n".join(lines)
+
+
+def _md_block(block: Block, images: bool) -> list[str]:
+    if isinstance(block, Table):
+        return ([block.title] if block.title else []) + [markdown_table(block)] + list(block.notes)
+    if isinstance(block, Heading):
+        return [f"{'#' * block.level} {block.text}"]
+    if isinstance(block, Paragraph):
+        return [block.text]
+    if isinstance(block, Bullets):
+        return ([f"**{block.title}**"] if block.title else []) + ["\n".join(f"- {i}" for i in block.items)]
+    if isinstance(block, Image):
+        return [f"![{block.alt}]({block.path.name})"] if images else []
+    raise TypeError(f"not a page block: {block!r}")
+
+
+def to_markdown(page: Page, *, images: bool = True) -> str:
+    """The page as markdown; ``images=False`` leaves out image links (for a terminal)."""
+    parts = [f"{'#' * page.level} {page.title}"] + ([page.subtitle] if page.subtitle else [])
+    for block in page.blocks:
+        parts += _md_block(block, images)
+    parts += [page.footer] if page.footer else []
+    return "\n\n".join(parts) + "\n"
+
+
+# --- CSV ------------------------------------------------------------------------------------------
+
+def to_csv(page: Page | list[Table]) -> str:
+    """One line per table row: the section (when there are several titled tables), the columns as
+    shown (plain text), then the raw numbers of ``records`` under their own keys."""
+    tables = page.tables() if isinstance(page, Page) else page
+    with_section = len(tables) > 1 and any(t.title for t in tables)
+    rows, columns = [], {}
+    for t in tables:
+        for i, cells in enumerate(t.cells):
+            row = {"section": t.title} if with_section else {}
+            row.update({col: plain(cell) for col, cell in zip(t.header, cells)})
+            raw = t.records[i] if i < len(t.records) else {}
+            row.update({k: v for k, v in raw.items() if k not in row})
+            rows.append(row)
+            columns.update(dict.fromkeys(row))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+# --- HTML -----------------------------------------------------------------------------------------
+
+CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1200px;color:#1b1b1b}
+h1{font-size:22px;margin-bottom:4px} h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}
+h3{font-size:16px;margin-top:20px} h4{font-size:14px;margin:14px 0 4px}
+.sub{color:#555;margin-top:0}
+.box{padding:10px 14px;border-radius:6px;margin:12px 0}
+.bad{background:#fde8e8;border:2px solid #b00020} .good{background:#e6f4ea;border:2px solid #1e7b34}
+.bad li{color:#7a0016;margin:3px 0}
+table{border-collapse:collapse;margin:8px 0;font-size:14px}
+th{background:#dde7f7;text-align:left;padding:5px 9px;border:1px solid #b9c6dd}
+td{padding:4px 9px;border:1px solid #d5d5d5} td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.regression td{background:#fde8e8} tr.improvement td{background:#e6f4ea}
+img{max-width:100%;border:1px solid #eee;margin:6px 0}
+footer{color:#666;font-size:12px;margin-top:30px}
+"""
+
+
+def _esc(value) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _html_cell(cell: str) -> str:
+    return f"<strong>{_esc(cell)}</strong>" if isinstance(cell, Strong) else _esc(cell)
+
+
+def html_table(table: Table) -> str:
+    out = [f'<table class="{_esc(table.name)}">' if table.name else "<table>",
+           "<tr>" + "".join(f"<th>{_esc(h)}</th>" for h in table.header) + "</tr>"]
+    for i, row in enumerate(table.cells):
+        cls = table.row_classes[i] if i < len(table.row_classes) else ""
+        out.append((f'<tr class="{_esc(cls)}">' if cls else "<tr>")
+                   + "".join(f'<td{" class=num" if j in table.numeric else ""}>{_html_cell(c)}</td>'
+                             for j, c in enumerate(row)) + "</tr>")
+    return "\n".join(out + ["</table>"])
+
+
+def _png_tag(path: Path, alt: str) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return f'<img alt="{_esc(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _html_block(block: Block) -> str:
+    if isinstance(block, Table):
+        return "\n".join(([f"<h3>{_esc(block.title)}</h3>"] if block.title else []) + [html_table(block)]
+                         + [f"<p>{_esc(n)}</p>" for n in block.notes])
+    if isinstance(block, Heading):
+        level = min(block.level, 4)
+        return f"<h{level}>{_esc(block.text)}</h{level}>"
+    if isinstance(block, Paragraph):
+        return f"<p class=sub>{_esc(block.text)}</p>" if block.muted else f"<p>{_esc(block.text)}</p>"
+    if isinstance(block, Bullets):
+        title = f"<strong>{_esc(block.title)}</strong>" if block.title else ""
+        items = "<ul>" + "".join(f"<li>{_esc(i)}</li>" for i in block.items) + "</ul>" if block.items else ""
+        attrs = (f" id={_esc(block.name)}" if block.name else "") + (f' class="box {_esc(block.box)}"' if block.box else "")
+        return f"<section{attrs}>{title}{items}</section>"
+    if isinstance(block, Image):
+        return _png_tag(block.path, block.alt)
+    raise TypeError(f"not a page block: {block!r}")
+
+
+def to_html(page: Page) -> str:
+    """One self-contained file: the style sheet inline, images embedded, no script, no link."""
+    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_esc(page.title)}</title>"
+             f"<style>{CSS}</style></head><body>", f"<h1>{_esc(page.title)}</h1>"]
+    parts += [f"<p class=sub>{_esc(page.subtitle)}</p>"] if page.subtitle else []
+    parts += [_html_block(b) for b in page.blocks]
+    parts += [f"<footer>{_esc(page.footer)}</footer>"] if page.footer else []
+    return "\n".join(parts + ["</body></html>"]) + "\n"
