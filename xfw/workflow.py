@@ -1,15 +1,17 @@
-"""What the CLI commands do, as library functions: validate, run, compare, sweep, maxbatch,
-estimate, report.
+"""What each CLI command does, as one library call returning an :class:`Outcome`.
 
-``compare(["recipes/tiny/llava_sft.yaml"], ["paddle", "torch"], out_dir=...)`` validates every
-recipe and checks every backend *before* launching anything, then runs each backend one at a
-time (never side by side: they would share the machine), writes the report, and returns the
-results. A failed backend is a result with a status; it never stops the others::
+The CLI (:mod:`xfw.cli`) parses options, calls one function here, prints the outcome and exits
+with its code; every policy (what is checked before launching, where results go, which exit code
+a result earns) lives here. Every function validates all its input *before* launching anything
+and raises :class:`UsageError` (exit 2) for bad input::
 
-    runs/20261122-161500-tiny-llava-sft/
-        tiny-llava-sft/paddle/{spec.json,env.json,steps.jsonl,summary.json,stderr.log}
-        tiny-llava-sft/torch/...
-        report.md  report.csv  chart.png
+    outcome = compare(["recipes/tiny/llava_sft.yaml"], ["paddle", "torch"], overrides=[], interpreters={})
+    outcome.exit_code      # 0 all runs ok, 1 some run failed (every other result still written)
+    outcome.text           # the report as markdown
+    # runs/20261122-161500-tiny-llava-sft/{tiny-llava-sft/{paddle,torch}/..., report.md/.csv/.html, chart.png}
+
+Runs go one at a time (never side by side: they would share the machine). A failed backend is a
+result with a status; it never stops the others.
 """
 
 from __future__ import annotations
@@ -17,25 +19,45 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shlex
-from dataclasses import dataclass
+import signal
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
+from xfw.contract.atomic import write_json_atomic, write_text_atomic
 from xfw.report import compare as cmp
-from xfw.report import estimate as est
-from xfw.run import jobs, launcher
 from xfw.report import contrast, layouts, table
+from xfw.report import estimate as est
+from xfw.report.plot import plot_comparison
+from xfw.report.results import RunResult, load_runs
+from xfw.report.table import Page
+from xfw.run import jobs, launcher
 from xfw.run import maxbatch as mb
 from xfw.run import sweep as sw
-from xfw.report.plot import plot_comparison
-from xfw.report.table import Page
 from xfw.run.recipe import Recipe, RecipeError, load_recipe, resolve_spec
-from xfw.report.results import RunResult, load_runs
-from xfw.contract.atomic import write_json_atomic, write_text_atomic
+
+Log = Callable[[str], None]
 
 
 class UsageError(ValueError):
     """Bad input found before anything launched; the message is complete."""
 
+
+@dataclass
+class Outcome:
+    """What a command produced: text for stdout, files and notes for stderr, an exit code."""
+
+    text: str = ""
+    paths: dict[str, Path] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    exit_code: int = 0
+
+
+def _silent(_line: str) -> None:
+    pass
+
+
+# --- input, checked before anything launches ---------------------------------------------------
 
 def load_all(paths: list[str], overrides: list[str]) -> list[Recipe]:
     """Validate every recipe; raise one UsageError listing every problem."""
@@ -54,7 +76,7 @@ def load_all(paths: list[str], overrides: list[str]) -> list[Recipe]:
     return recipes
 
 
-def prepare_backends(names: list[str], interpreters: dict[str, str]) -> dict[str, tuple[launcher.Backend, dict]]:
+def prepare_backends(names: list[str], interpreters: dict[str, str]) -> jobs.Backends:
     """Resolve and describe each backend (fails fast, before any launch)."""
     if not names:
         raise UsageError("no backends given")
@@ -70,30 +92,54 @@ def prepare_backends(names: list[str], interpreters: dict[str, str]) -> dict[str
     return out
 
 
+def _recipe_error(fn, *args):
+    try:
+        return fn(*args)
+    except ValueError as err:  # RecipeError included: one line naming the file and key
+        raise UsageError(str(err)) from None
+
+
+# --- writing reports ------------------------------------------------------------------------------
+
+def write_page(page: Page, out_dir: Path, stem: str = "report") -> Outcome:
+    """``stem``.md, .csv and .html in ``out_dir`` from one page; the terminal gets it without images."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out_dir / f"{stem}.md", "csv": out_dir / f"{stem}.csv", "html": out_dir / f"{stem}.html"}
+    write_text_atomic(paths["markdown"], table.to_markdown(page))
+    write_text_atomic(paths["csv"], table.to_csv(page))
+    write_text_atomic(paths["html"], table.to_html(page))
+    return Outcome(text=table.to_markdown(page, images=False), paths=paths)
+
+
+def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *, chart: bool = True,
+                 parity: dict[str, dict] | None = None) -> Outcome:
+    """report.md/csv/html and chart.png; ``parity`` (recipe name -> status) adds the parity lines.
+    Exit code 1 when any run is not ok."""
+    rows = cmp.compare_runs(results, backends, parity=parity)
+    chart_path = plot_comparison(rows, backends, out_dir / "chart.png") if chart else None
+    outcome = write_page(contrast.contrast_page(rows, backends, chart=chart_path), out_dir)
+    if chart_path is not None:
+        outcome.paths["chart"] = chart_path
+    failed = [r for r in results if not r.ok]
+    if failed:
+        outcome.notes.append(f"{len(failed)} of {len(results)} runs did not succeed (see 'Failed runs' above)")
+        outcome.exit_code = 1
+    return outcome
+
+
+# --- run and compare ------------------------------------------------------------------------------
+
 def default_out_dir(recipes: list[Recipe], root: Path = Path("runs")) -> Path:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     label = recipes[0].name if len(recipes) == 1 else "compare"
     return root / f"{stamp}-{label}"
 
 
-@dataclass
-class Report:
-    markdown: str
-    paths: dict[str, Path]
-
-
 def _jobs(recipes: list[Recipe], backends: list[str], out_dir: Path) -> list[jobs.Job]:
     return [job for recipe in recipes for job in jobs.jobs_for(recipe, backends, out_dir, (recipe.name,))]
 
 
-def run_all(recipes: list[Recipe], backends: jobs.Backends, out_dir: Path,
-            progress: launcher.Progress | None = None,
-            rendezvous: launcher.Rendezvous = launcher.Rendezvous()) -> list[RunResult]:
-    return jobs.run_jobs(_jobs(recipes, list(backends), out_dir), backends, resume=False, progress=progress,
-                         rendezvous=rendezvous, log=lambda _line: None)[0]
-
-
-def launch_commands(recipes: list[Recipe], backends: dict[str, tuple[launcher.Backend, dict]], out_dir: Path,
+def launch_commands(recipes: list[Recipe], backends: jobs.Backends, out_dir: Path,
                     rendezvous: launcher.Rendezvous = launcher.Rendezvous()) -> list[str]:
     """The exact shell lines ``run`` would execute, with their environment; writes each spec.json
     (so a line can be run by hand) and launches nothing."""
@@ -122,110 +168,63 @@ def parity_statuses(recipes: list[Recipe], out_dir: Path, extra: list[Path] = ()
     return {r.name: par.find_parity(r, search) for r in recipes}
 
 
-def write_page(page: Page, out_dir: Path, stem: str = "report") -> Report:
-    """``stem``.md, .csv and .html in ``out_dir`` from one page; the terminal gets it without images."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"markdown": out_dir / f"{stem}.md", "csv": out_dir / f"{stem}.csv", "html": out_dir / f"{stem}.html"}
-    write_text_atomic(paths["markdown"], table.to_markdown(page))
-    write_text_atomic(paths["csv"], table.to_csv(page))
-    write_text_atomic(paths["html"], table.to_html(page))
-    return Report(markdown=table.to_markdown(page, images=False), paths=paths)
+def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: list[str],
+            interpreters: dict[str, str], out_dir: Path | None = None,
+            rendezvous: launcher.Rendezvous = launcher.Rendezvous(), parity_dirs: list[Path] | None = None,
+            print_command: bool = False, progress: launcher.Progress | None = None, log: Log = _silent) -> Outcome:
+    """``xfw run`` (one backend) and ``xfw compare``: run every recipe on every backend and report.
+    ``parity_dirs`` (a list, possibly empty): look up and show each recipe's parity status."""
+    recipes = load_all(recipe_paths, overrides)
+    backends = prepare_backends(backend_names, interpreters)
+    out_dir = out_dir or default_out_dir(recipes)
+    if print_command:
+        return Outcome(text="\n".join(launch_commands(recipes, backends, out_dir, rendezvous)))
+    log(f"runs in {out_dir}")
+    results, _ = jobs.run_jobs(_jobs(recipes, list(backends), out_dir), backends, resume=False,
+                               progress=progress, rendezvous=rendezvous, log=_silent)
+    parity = None if parity_dirs is None else parity_statuses(recipes, out_dir, parity_dirs)
+    return write_report(results, backend_names, out_dir, parity=parity)
 
 
-def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *, chart: bool = True,
-                 parity: dict[str, dict] | None = None) -> Report:
-    """report.md/csv/html and chart.png; ``parity`` (recipe name -> status) adds the parity lines."""
-    rows = cmp.compare_runs(results, backends, parity=parity)
-    chart_path = plot_comparison(rows, backends, out_dir / "chart.png") if chart else None
-    report = write_page(contrast.contrast_page(rows, backends, chart=chart_path), out_dir)
-    if chart_path is not None:
-        report.paths["chart"] = chart_path
-    return report
+# --- studies --------------------------------------------------------------------------------------
 
-
-def write_layout(results: list[RunResult], layout: str, out_dir: Path, *,
-                 price_per_gpu_hour: float | None = None) -> Report:
-    """One of the seed layouts (xfw.report.layouts) as report-<layout>.md, .csv and .html."""
-    try:
-        tables = layouts.build(layout, results, price_per_gpu_hour=price_per_gpu_hour)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    return write_page(Page(title=layouts.LAYOUTS[layout][0], blocks=tables), out_dir, f"report-{layout}")
-
-
-def report_from_dirs(paths: list[str], backends: list[str] | None, out_dir: Path | None, *,
-                     layout: str = "contrast", price_per_gpu_hour: float | None = None) -> Report:
-    try:
-        results = load_runs(paths)
-    except FileNotFoundError as err:
-        raise UsageError(str(err)) from None
-    if not results:
-        raise UsageError(f"no run directories under {', '.join(paths)}")
-    names = backends or cmp.backends_in(results)
-    unknown = sorted(set(names) - {r.backend for r in results})
-    if unknown:
-        raise UsageError(f"--backends {unknown[0]}: no run of that backend in the given directories")
-    target = out_dir or Path(paths[0])
-    if layout != "contrast":
-        return write_layout([r for r in results if r.backend in names], layout, target,
-                            price_per_gpu_hour=price_per_gpu_hour)
-    if price_per_gpu_hour is not None:
-        raise UsageError("--price-per-gpu-hour applies only to --layout cost")
-    return write_report(results, names, target)
-
-
-def plan_sweep(recipe_path: str, assignments: list[str], fixed: list[str] = ()) -> list[sw.Point]:
-    """Every point of a sweep, validated; UsageError (one line per bad point) before any launch."""
-    try:
-        return sw.plan(recipe_path, assignments, fixed)
-    except RecipeError as err:
-        raise UsageError(str(err)) from None
-
-
-def default_sweep_dir(points: list[sw.Point], root: Path = Path("runs")) -> Path:
-    """Stable (no timestamp), so running the same sweep again resumes it."""
-    return root / f"sweep-{points[0].recipe.name}"
-
-
-def run_sweep(points: list[sw.Point], backends: dict[str, tuple[launcher.Backend, dict]], out_dir: Path,
-              progress: launcher.Progress | None = None, log=print) -> tuple[list[RunResult], Report]:
+def sweep(recipe_path: str, axes: list[str], backend_names: list[str], *, fixed: list[str],
+          interpreters: dict[str, str], out_dir: Path | None = None, progress: launcher.Progress | None = None,
+          log: Log = _silent) -> Outcome:
+    """Every combination of the axes' values, one run at a time; the same ``out_dir`` resumes.
+    ``fixed`` overrides (``--repeat``) apply to every point without being part of its variant."""
+    points = _recipe_error(sw.plan, recipe_path, axes, fixed)
+    backends = prepare_backends(backend_names, interpreters)
+    out_dir = out_dir or Path("runs") / f"sweep-{points[0].recipe.name}"  # no timestamp: a rerun resumes
+    log(f"sweep of {len(points)} points x {len(backends)} backends in {out_dir}")
     results = sw.run_sweep(points, backends, out_dir, progress, log)
-    return results, write_report(results, list(backends), out_dir)
+    return write_report(results, list(backends), out_dir)
 
 
-def plan_maxbatch(recipe_path: str, overrides: list[str], candidates: str | None) -> list[int] | None:
-    """Validate the recipe and every candidate probe before anything launches."""
-    try:
-        values = mb.parse_candidates(candidates) if candidates else None
-        load_recipe(recipe_path, overrides)
-        for micro in values or []:
-            mb.probe_recipe(recipe_path, micro, overrides)
-    except ValueError as err:  # RecipeError included: one line naming the file and key
-        raise UsageError(str(err)) from None
-    return values
-
-
-def default_maxbatch_dir(recipe_path: str, overrides: list[str], root: Path = Path("runs")) -> Path:
-    """Stable (no timestamp), so running the same search again keeps the settled probes."""
-    return root / f"maxbatch-{load_all([recipe_path], overrides)[0].name}"
-
-
-def run_maxbatch(recipe_path: str, backends: dict[str, tuple[launcher.Backend, dict]], out_dir: Path, *,
-                 candidates: list[int] | None, overrides: list[str], max_micro: int = mb.DEFAULT_MAX_MICRO,
-                 progress: launcher.Progress | None = None, log=print) -> tuple[list[mb.MaxBatch], Report]:
-    """One search per backend, one after the other; writes maxbatch.json and maxbatch.md."""
-    found = [mb.search(recipe_path, backend, description, out_dir, candidates=candidates, overrides=overrides,
+def maxbatch(recipe_path: str, backend_names: list[str], *, overrides: list[str], candidates: str | None,
+             max_micro: int, interpreters: dict[str, str], out_dir: Path | None = None,
+             progress: launcher.Progress | None = None, log: Log = _silent) -> Outcome:
+    """The largest micro-batch that fits, per backend; writes maxbatch.json and maxbatch.md/.csv/.html.
+    Exit code 1 unless every search found its edge through ok and OOM probes only."""
+    values = _recipe_error(mb.parse_candidates, candidates) if candidates else None
+    (recipe,) = load_all([recipe_path], overrides)
+    for micro in values or []:
+        _recipe_error(mb.probe_recipe, recipe_path, micro, overrides)
+    backends = prepare_backends(backend_names, interpreters)
+    out_dir = out_dir or Path("runs") / f"maxbatch-{recipe.name}"  # no timestamp: a rerun keeps settled probes
+    log(f"probes in {out_dir}")
+    found = [mb.search(recipe_path, backend, description, out_dir, candidates=values, overrides=overrides,
                        max_micro=max_micro, progress=progress, log=log)
              for backend, description in backends.values()]
-    markdown = mb.to_markdown(found)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out_dir / "maxbatch.json", "markdown": out_dir / "maxbatch.md"}
-    write_json_atomic(paths["json"], [f.to_dict() for f in found])
-    write_text_atomic(paths["markdown"], markdown)
-    return found, Report(markdown=markdown, paths=paths)
+    outcome = write_page(mb.to_page(found), out_dir, "maxbatch")
+    outcome.paths["json"] = out_dir / "maxbatch.json"
+    write_json_atomic(outcome.paths["json"], [f.to_dict() for f in found])
+    settled = all(f.edge and all(p.status in ("ok", "oom") for p in f.probes) for f in found)
+    outcome.exit_code = 0 if settled else 1
+    return outcome
 
 
-def estimate_markdown(recipe_path: str | None, overrides: list[str], run_dir: str | None) -> str:
+def estimate(recipe_path: str | None, overrides: list[str], run_dir: str | None) -> Outcome:
     """The memory estimate of a recipe, or of a run's own spec next to what the run measured."""
     if (recipe_path is None) == (run_dir is None):
         raise UsageError("give a RECIPE or --run DIR (a run directory's spec.json is its recipe), not both")
@@ -245,6 +244,129 @@ def estimate_markdown(recipe_path: str | None, overrides: list[str], run_dir: st
         (recipe,) = load_all([recipe_path], overrides)
         spec = resolve_spec(recipe, backend="estimate", run_id="estimate")
     try:
-        return est.to_markdown(spec, est.estimate(spec), measured)
+        return Outcome(text=est.to_markdown(spec, est.estimate(spec), measured))
     except (KeyError, NotImplementedError) as err:
         raise UsageError(f"{run_dir or recipe_path}: cannot estimate ({err})") from None
+
+
+# --- reading what ran ------------------------------------------------------------------------------
+
+def report(paths: list[str], backend_names: list[str] | None, out_dir: Path | None, *, layout: str = "contrast",
+           price_per_gpu_hour: float | None = None) -> Outcome:
+    """A report (``layout``) over existing run directories, written beside them or into ``out_dir``."""
+    try:
+        results = load_runs(paths)
+    except FileNotFoundError as err:
+        raise UsageError(str(err)) from None
+    if not results:
+        raise UsageError(f"no run directories under {', '.join(paths)}")
+    names = backend_names or cmp.backends_in(results)
+    unknown = sorted(set(names) - {r.backend for r in results})
+    if unknown:
+        raise UsageError(f"--backends {unknown[0]}: no run of that backend in the given directories")
+    target = out_dir or Path(paths[0])
+    if layout == "contrast" and price_per_gpu_hour is None:
+        outcome = write_report(results, names, target)
+        outcome.exit_code, outcome.notes = 0, []  # reading failed runs is not a failure of this command
+        return outcome
+    try:
+        tables = layouts.build(layout, [r for r in results if r.backend in names],
+                               price_per_gpu_hour=price_per_gpu_hour)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    return write_page(Page(title=layouts.LAYOUTS[layout][0], blocks=tables), target, f"report-{layout}")
+
+
+def describe_backends(backend_names: list[str], interpreters: dict[str, str]) -> Outcome:
+    """``xfw env``: each backend's interpreter, device and versions; exit 1 if one is unusable."""
+    lines, code = [], 0
+    for name in backend_names:
+        try:
+            backend = launcher.resolve_backend(name, interpreters)
+            info = launcher.describe_backend(backend)
+        except launcher.BackendError as err:
+            lines.append(f"{name}: NOT AVAILABLE — {err}")
+            code = 1
+            continue
+        versions = ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items())
+        lines.append(f"{name}: {backend.python}\n  device: {info.get('device')} ({info.get('device_name')})\n"
+                     f"  versions: {versions}")
+    return Outcome(text="\n".join(lines), exit_code=code)
+
+
+# --- parity and the nightly job ----------------------------------------------------------------------
+
+def parity(recipe_path: str, backend_names: list[str], *, steps: int, overrides: list[str],
+           interpreters: dict[str, str], out_dir: Path | None = None) -> Outcome:
+    """Both backends from one start on the same batches; parity.json/.md/.html; exit 1 if a step fails."""
+    from xfw.run import parity as par
+
+    if len(backend_names) != 2:
+        raise UsageError(f"--backends {','.join(backend_names)!r}: parity compares exactly two backends")
+    (recipe,) = load_all([recipe_path], overrides)
+    out_dir = out_dir or Path("runs") / f"parity-{recipe.name}"
+    try:
+        result = par.run_parity(recipe_path, overrides, steps, out_dir, interpreters,
+                                backends=(backend_names[0], backend_names[1]))
+    except par.ParityError as err:
+        raise UsageError(str(err)) from None
+    outcome = write_page(result.page(), out_dir, "parity")
+    outcome.paths["json"] = out_dir / "parity.json"
+    outcome.exit_code = 0 if result.passed else 1
+    return outcome
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides: list[str],
+            only_backends: list[str] | None, interpreters: dict[str, str], report_only: bool = False,
+            progress: launcher.Progress | None = None, log: Log = _silent) -> Outcome:
+    """Run (or resume) a night of a suite, judge it against the history, write its report.
+    Exit 0: no regression; 1: a regression or a failed run; 130: interrupted (the same command resumes)."""
+    from xfw.report.history import NIGHTS_DIR, History
+    from xfw.report.nightly_report import write_night_report
+    from xfw.report.verdicts import VERDICTS_FILE, load_verdicts
+    from xfw.run import nightly as nt
+    from xfw.run.suite import SuiteError, load_suite
+
+    try:
+        suite = load_suite(suite_path, overrides)
+    except SuiteError as err:
+        raise UsageError(str(err)) from None
+    if report_only:
+        night = night or (History(history_dir).nights() or [None])[-1]
+        if night is None or not (history_dir / NIGHTS_DIR / night / VERDICTS_FILE).exists():
+            raise UsageError(f"--report-only: no recorded night {night or ''} in {history_dir}".replace("  ", " "))
+        verdicts = load_verdicts(history_dir / NIGHTS_DIR / night)
+        path = write_night_report(history_dir, night, suite_name=suite.name)
+        return Outcome(paths={"report": path}, exit_code=1 if any(v.flagged for v in verdicts) else 0)
+    names = list(suite.backends)
+    if only_backends is not None:
+        stray = [n for n in only_backends if n not in suite.backends]
+        if stray:
+            raise UsageError(f"--backends {stray[0]}: not a backend of {suite_path} "
+                             f"(it runs {', '.join(suite.backends)})")
+        names = only_backends
+    backends = prepare_backends(names, interpreters)
+    # A scheduler's polite stop (cron's `timeout`, Slurm's time limit) arrives as SIGTERM: stop the
+    # running adapter the way Ctrl-C does, so it is recorded as cut off and rerun on resume.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        result = nt.run_night(suite, backends, history_dir, night=night, overrides=overrides, progress=progress,
+                              log=log)
+    except KeyboardInterrupt:
+        return Outcome(notes=["interrupted: finished runs are kept; the same command resumes this night"],
+                       exit_code=130)
+    report_path = write_night_report(history_dir, result.night, suite_name=suite.name)
+    nt.finish_night(result)
+    flagged = result.regressions
+    if flagged:
+        text = "\n".join([f"{len(flagged)} regression(s) or failure(s) in night {result.night}:"]
+                         + [f"  {v.line()}" for v in flagged])
+    else:
+        text = (f"night {result.night}: no regressions ({len(result.results)} runs, "
+                f"{result.kept} kept from an earlier attempt)")
+    return Outcome(text=text, paths={"report": report_path, "history": history_dir / "history.jsonl"},
+                   exit_code=result.exit_code)

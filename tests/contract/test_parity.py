@@ -84,7 +84,7 @@ def test_a_weight_changed_on_one_side_fails_parity_at_step_0_and_the_module_is_n
 
 def test_a_weight_file_that_does_not_fit_is_rejected_naming_the_key(tmp_path):
     """In process (the test interpreter is the torch environment); the Paddle side runs the
-    same strict check (xfw.contract.weights.check_against) on its converted shapes."""
+    same strict check (xfw.contract.weights.check_shapes) on its converted shapes."""
     torch = pytest.importorskip("torch")
     from xfw.contract.harness import InvalidSpec
     from xfw_torch.session import load_weights

@@ -3,7 +3,8 @@
 import json
 import math
 
-from xfw.run import parity
+from xfw.report import parity
+from xfw.run import parity as run_parity
 from xfw.run.recipe import load_recipe
 
 
@@ -43,11 +44,11 @@ def test_a_short_run_fails_even_when_every_step_it_has_agrees():
 
 
 def test_parity_forces_fp32_one_process_no_warmup_and_the_shared_weights():
-    forced = parity.forced_overrides(10, "out/weights")
+    forced = run_parity.forced_overrides(10, "out/weights")
     for setting in ("precision.dtype=fp32", "precision.amp_level=O0", "parallel.nproc_per_node=1",
                     "measure.warmup_steps=0", "measure.steps=10", "model.weights=out/weights"):
         assert setting in forced
-    assert not any(s.startswith("model.weights") for s in parity.forced_overrides(10))
+    assert not any(s.startswith("model.weights") for s in run_parity.forced_overrides(10))
 
 
 def test_the_first_module_whose_output_differs_is_named_in_forward_order():
@@ -91,25 +92,25 @@ def test_the_report_shows_gradient_norms_and_the_worst_differences(tmp_path):
 
 
 def test_parity_asks_every_backend_for_gradient_norms():
-    forced = parity.forced_overrides(3, None, ("torch", "paddle"))
+    forced = run_parity.forced_overrides(3, None, ("torch", "paddle"))
     assert "backends.torch.grad_norm=true" in forced and "backends.paddle.grad_norm=true" in forced
 
 
 def test_a_compare_finds_the_parity_run_of_the_same_recipe_by_fingerprint(write_recipe, tmp_path):
     recipe = load_recipe(write_recipe(), [])
-    assert parity.recipe_fingerprint(recipe) == parity.recipe_fingerprint(
-        load_recipe(write_recipe(), parity.forced_overrides(10, "w", ("torch",))))  # what parity forces is ignored
+    assert run_parity.recipe_fingerprint(recipe) == run_parity.recipe_fingerprint(
+        load_recipe(write_recipe(), run_parity.forced_overrides(10, "w", ("torch",))))  # what parity forces is ignored
     other = load_recipe(write_recipe(), ["batch.micro=4"])
-    assert parity.recipe_fingerprint(other) != parity.recipe_fingerprint(recipe)
-    assert parity.find_parity(recipe, [tmp_path]) == {"status": "none", "path": None, "note": ""}
+    assert run_parity.recipe_fingerprint(other) != run_parity.recipe_fingerprint(recipe)
+    assert run_parity.find_parity(recipe, [tmp_path]) == {"status": "none", "path": None, "note": ""}
 
     r = report([3.1, 2.5])
-    r.recipe, r.recipe_fingerprint = recipe.name, parity.recipe_fingerprint(recipe)
+    r.recipe, r.recipe_fingerprint = recipe.name, run_parity.recipe_fingerprint(recipe)
     (tmp_path / "parity-tiny").mkdir()
     r.save(tmp_path / "parity-tiny")
-    found = parity.find_parity(recipe, [tmp_path])  # one level below a search directory
+    found = run_parity.find_parity(recipe, [tmp_path])  # one level below a search directory
     assert found["status"] == "failed" and found["num_steps"] == 2 and found["first_failing_step"] == 0
     assert found["path"] == str((tmp_path / "parity-tiny" / "parity.json").resolve())
     assert found["worst"]["loss_step"] == 0
-    elsewhere = parity.find_parity(other, [tmp_path / "parity-tiny"])
+    elsewhere = run_parity.find_parity(other, [tmp_path / "parity-tiny"])
     assert elsewhere["status"] == "none" and "is for another configuration of tiny-test" in elsewhere["note"]

@@ -64,15 +64,16 @@ def test_a_corrupt_file_gives_one_line_naming_the_file(tmp_path, content):
 
 def test_a_missing_file_names_the_key_and_the_directory(tmp_path):
     with pytest.raises(weights.WeightsError, match=r"model\.weights: .* holds no model\.safetensors"):
-        weights.weights_file(tmp_path)
+        weights.Checkpoint(tmp_path, family="llava")
 
 
 def test_a_strict_check_names_missing_extra_and_misshapen_tensors(tmp_path):
     path = tmp_path / "model.safetensors"
     weights.save_file({"a": np.zeros((2, 3), np.float32), "b": np.zeros(2, np.float32)}, path)
-    weights.check_against({"a": (2, 3), "b": (2,)}, path)
+    listed = {n: shape for n, (_, shape) in weights.list_tensors(path).items()}
+    weights.check_shapes({"a": (2, 3), "b": (2,)}, listed, path)
     with pytest.raises(weights.WeightsError) as err:
-        weights.check_against({"a": (3, 2), "c": (1,)}, path)
+        weights.check_shapes({"a": (3, 2), "c": (1,)}, listed, path)
     message = str(err.value)
     assert "1 parameters missing (e.g. c)" in message and "1 unexpected tensors (e.g. b)" in message
     assert "a: model [3, 2], file [2, 3]" in message

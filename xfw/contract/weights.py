@@ -136,23 +136,10 @@ def load_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return out
 
 
-def weights_file(directory: str | os.PathLike) -> Path:
-    """The ``model.safetensors`` a recipe's ``model.weights`` directory must hold."""
-    path = Path(directory) / WEIGHTS_FILE
-    if not path.is_file():
-        raise WeightsError(f"model.weights: {directory} holds no {WEIGHTS_FILE}")
-    return path
-
-
-def check_against(names_shapes: dict[str, tuple[int, ...]], path: str | os.PathLike) -> None:
-    """Strict match of a model's ``{canonical name: shape}`` against a file's header: every name
-    present, none extra, shapes equal. Raises one WeightsError summarising every mismatch."""
-    check_shapes(names_shapes, {n: shape for n, (_, shape) in list_tensors(path).items()}, path)
-
-
 def check_shapes(names_shapes: dict[str, tuple[int, ...]], listed: dict[str, tuple[int, ...]],
                  path: str | os.PathLike) -> None:
-    """:func:`check_against` over ``{name: shape}`` already read (``path`` names it in the error)."""
+    """Strict match of a model's ``{canonical name: shape}`` against a file's ``{name: shape}``: every name
+    present, none extra, shapes equal. Raises one WeightsError summarising every mismatch (``path`` names the file)."""
     listed = {n: ("", tuple(s)) for n, s in listed.items()}
     missing = sorted(set(names_shapes) - set(listed))
     extra = sorted(set(listed) - set(names_shapes))

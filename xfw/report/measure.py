@@ -7,7 +7,8 @@ memory are computed identically for every framework::
     >>> m.ips, m.step_time_median_s, m.mem_alloc_peak_bytes
 
 Throughput is global: each rank's samples in its measured window divided by that window's
-time, summed over ranks (seed 003's "ips"). Warm-up steps never enter any statistic.
+time, summed over ranks (seed 003's "ips"). Warm-up steps never enter a statistic of speed or
+memory; ``loss_first`` is the first recorded loss, warm-up included (the loss a run started from).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Measurement:
     mem_reserved_peak_bytes: int | None
     mem_source: str | None
     loss_first: float | None
+    """Rank 0's first recorded loss (a warm-up step when there is one)."""
     loss_last: float | None
     per_rank: list[dict] = field(default_factory=list)
 

@@ -19,10 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xfw.report.table import Bullets, Page, Strong, Table
 from xfw.run import launcher
 from xfw.run.jobs import Job, run_jobs
 from xfw.run.recipe import Recipe, load_recipe
 
+GIB = 1024**3
 DEFAULT_MAX_MICRO = 4096
 """Where a doubling search gives up looking for an OOM."""
 
@@ -147,19 +149,17 @@ def search(path: str, backend: launcher.Backend, description: dict, out_dir: Pat
     return runner.doubling(max_micro)
 
 
-def to_markdown(results: list[MaxBatch]) -> str:
-    gib = 1024**3
-    lines = ["| Recipe | Backend | Micro-batch | Status | ips | Memory alloc / reserved (GiB) |",
-             "|---|---|---:|---|---:|---|"]
+def to_page(results: list[MaxBatch]) -> Page:
+    """Every probe, largest first, then one line per (recipe, backend) naming the edge."""
+    cells, records, lines = [], [], []
     for res in results:
         for p in sorted(res.probes, key=lambda p: -p.micro):
             ok = p.status == "ok" and p.ips is not None
-            mem = (f"{p.mem_alloc_peak_bytes / gib:.2f} / {p.mem_reserved_peak_bytes / gib:.2f}"
+            mem = (f"{p.mem_alloc_peak_bytes / GIB:.2f} / {p.mem_reserved_peak_bytes / GIB:.2f}"
                    if p.mem_alloc_peak_bytes is not None and p.mem_reserved_peak_bytes is not None else "–")
-            lines.append(f"| {res.recipe} | {res.backend} | {p.micro} | {'ok' if ok else f'**{p.status}**'} | "
-                         f"{f'{p.ips:,.2f}' if ok else '–'} | {mem} |")
-    lines.append("")
-    for res in results:
+            cells.append([res.recipe, res.backend, str(p.micro), "ok" if ok else Strong(p.status),
+                          f"{p.ips:,.2f}" if ok else "–", mem])
+            records.append({"recipe": res.recipe, "backend": res.backend, **vars(p)})
         edge, oom = res.edge, res.oom_above
         text = (f"{res.recipe} on {res.backend}: largest micro-batch that fits: {edge.micro} "
                 f"({edge.ips:,.2f} samples/s)" if edge else f"{res.recipe} on {res.backend}: nothing fits")
@@ -167,6 +167,7 @@ def to_markdown(results: list[MaxBatch]) -> str:
             text += f"; {oom.micro} runs out of memory"
         if res.stopped:
             text += f" (search stopped: {res.stopped})"
-        lines.append(f"- {text}")
-    return "\n".join(lines) + "\n"
-
+        lines.append(text)
+    table = Table(header=["Recipe", "Backend", "Micro-batch", "Status", "ips", "Memory alloc / reserved (GiB)"],
+                  cells=cells, records=records, numeric=(2, 4))
+    return Page(title="Largest micro-batch that fits", blocks=[table, Bullets(lines)])
