@@ -1,7 +1,7 @@
 """`xfw estimate`'s SD1.5 activation count against what a real diffusers UNet saves for backward.
 
-The estimate walks the UNet block by block with no framework (xfw/report/estimate.py); here a real
-diffusers UNet2DConditionModel of reduced width trains one forward on CPU in fp32, and every
+The estimate walks the UNet block by block with no framework (xfw.contract.families.sd15.activations);
+here a real diffusers UNet2DConditionModel of reduced width trains one forward on CPU in fp32, and every
 tensor autograd saves for the backward (parameters excluded) is counted by storage. The two must
 agree: this is what the H100 comparison in results/h100/README.md rests on, checked here where
 it can be checked exactly."""
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from xfw.report import estimate as est
+from xfw.contract.families.sd15 import activations
 
 pytestmark = pytest.mark.contract
 torch = pytest.importorskip("torch")
@@ -58,5 +58,5 @@ def saved_for_backward_bytes(arch: dict, batch: int) -> int:
 def test_unet_activation_estimate_matches_what_autograd_saves(channels, latent_side, layers):
     arch = unet_arch(channels, latent_side, layers)
     measured = saved_for_backward_bytes(arch, batch=2)
-    estimated = est.unet_activation_bytes(arch, 2, act=4, autocast=False, recompute=False)
+    estimated = activations.unet_activation_bytes(arch, 2, act=4, autocast=False, recompute=False)
     assert abs(estimated - measured) / measured < 0.05, (estimated, measured)

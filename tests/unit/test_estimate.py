@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from xfw import cli
+from xfw.contract.families.sd15 import activations as sd15
 from xfw.report import estimate as est
 from xfw.run.recipe import load_recipe, resolve_spec
 from xfw.report.results import RunResult
@@ -41,11 +42,14 @@ def test_each_zero_stage_divides_what_it_shards_by_the_process_count(stage, shar
     assert {k for k in full if split[k] == full[k]} == set(full) - sharded
 
 
-def test_trainable_split_matches_what_the_adapter_reported_on_the_gpu():
-    spec = json.loads((H100 / "llava7b-lora" / "micro16" / "torch" / "spec.json").read_text())
-    assert est.trainable_params(spec)[:2] == (340_799_488, 7_383_246_848)
-    spec = json.loads((H100 / "qwen2vl2b-sft" / "micro8" / "torch" / "spec.json").read_text())
-    assert est.trainable_params(spec)[:2] == (1_577_802_240, 2_208_985_600)
+@pytest.mark.parametrize("run, counts", [("llava7b-lora/micro16", (340_799_488, 7_383_246_848)),
+                                         ("qwen2vl2b-sft/micro8", (1_577_802_240, 2_208_985_600)),
+                                         ("sd15-lora/micro96", (797_184, 1_067_032_491)),  # UNet attention LoRA
+                                         ("sd3-lora/micro32", (1_179_648, 2_113_327_331))])  # MMDiT attention LoRA
+def test_trainable_split_matches_what_the_adapter_reported_on_the_gpu(run, counts):
+    spec = json.loads((H100 / run / "torch" / "spec.json").read_text())
+    applied = RunResult.load(H100 / run / "torch").applied
+    assert est.trainable_params(spec) == counts == (applied["num_params_trainable"], applied["num_params_total"])
 
 
 def test_recompute_shrinks_activations_and_fp32_doubles_them(write_recipe):
@@ -70,34 +74,34 @@ def test_the_estimate_is_within_20_percent_of_the_h100_peak_allocated(run):
 
 def test_sd15_blocks_count_what_diffusers_keeps_for_backward():
     # ResnetBlock2D, same width, bf16 autocast: per side GroupNorm input (fp32), SiLU input (fp32), conv input
-    assert est._resnet_per_px(320, 320, 2, True) == 2 * (4 + 4 + 2) * 320
+    assert sd15.resnet_per_px(320, 320, 2, True) == 2 * (4 + 4 + 2) * 320
     # a width change adds the 1x1 shortcut's bf16 input; in fp32 that input is the norm's and is not copied
-    assert est._resnet_per_px(320, 640, 2, True) == 10 * 960 + 2 * 320
-    assert est._resnet_per_px(320, 640, 4, False) == 12 * 960
+    assert sd15.resnet_per_px(320, 640, 2, True) == 10 * 960 + 2 * 320
+    assert sd15.resnet_per_px(320, 640, 4, False) == 12 * 960
     # BasicTransformerBlock: 3 fp32 LayerNorm inputs + 29 bf16 tensors of width d (q/k/v inputs cast 3 times)
-    assert est._attention_block_per_token(320, 2, True) == 70 * 320
-    assert est._attention_block_per_token(320, 4, False) == 120 * 320
+    assert sd15.attention_block_per_token(320, 2, True) == 70 * 320
+    assert sd15.attention_block_per_token(320, 4, False) == 120 * 320
 
 
 def test_sd15_activations_scale_with_batch_and_pixels_and_recompute_keeps_only_block_inputs():
     arch = spec_of(ROOT / "recipes" / "sd15_pretrain.yaml")["model"]["arch"]
     small = {**arch, "data": {**arch["data"], "image_size": 256}}
-    for fn in (lambda a, b: est.unet_activation_bytes(a, b, act=2, autocast=True, recompute=True),
-               lambda a, b: est.unet_activation_bytes(a, b, act=2, autocast=True, recompute=False),
-               lambda a, b: est.vae_encoder_bytes(a, b, act=2, autocast=True)):
+    for fn in (lambda a, b: sd15.unet_activation_bytes(a, b, act=2, autocast=True, recompute=True),
+               lambda a, b: sd15.unet_activation_bytes(a, b, act=2, autocast=True, recompute=False),
+               lambda a, b: sd15.vae_encoder_bytes(a, b, act=2, autocast=True)):
         assert fn(arch, 8) == 8 * fn(arch, 1)
         assert fn(arch, 1) == pytest.approx(4 * fn(small, 1))  # every level has 4x the pixels at 512 px
-    full = est.unet_activation_bytes(arch, 1, act=2, autocast=True, recompute=False)
-    assert full > 4 * est.unet_activation_bytes(arch, 1, act=2, autocast=True, recompute=True)
-    assert est.unet_activation_bytes(arch, 1, act=4, autocast=False, recompute=False) > full  # fp32 tensors
+    full = sd15.unet_activation_bytes(arch, 1, act=2, autocast=True, recompute=False)
+    assert full > 4 * sd15.unet_activation_bytes(arch, 1, act=2, autocast=True, recompute=True)
+    assert sd15.unet_activation_bytes(arch, 1, act=4, autocast=False, recompute=False) > full  # fp32 tensors
 
 
 def test_sd15_peak_is_the_vae_encoder_with_recompute_and_the_unet_without(write_recipe):
     spec = spec_of(ROOT / "recipes" / "sd15_pretrain.yaml")
     arch, b = spec["model"]["arch"], spec["batch"]["micro"]
-    vae = est.vae_encoder_bytes(arch, b, act=2, autocast=True)
+    vae = sd15.vae_encoder_bytes(arch, b, act=2, autocast=True)
     assert spec["recompute"] and est.activation_bytes(spec, recompute=True) == vae
-    assert est.activation_bytes(spec, recompute=False) == est.unet_activation_bytes(arch, b, act=2, autocast=True,
+    assert est.activation_bytes(spec, recompute=False) == sd15.unet_activation_bytes(arch, b, act=2, autocast=True,
                                                                                    recompute=False) > vae
     tiny = est.estimate(spec_of(ROOT / "recipes" / "tiny" / "sd15_pretrain.yaml"))  # fp32, one resnet per block
     assert tiny.activations > 0 and not any("no activation estimate" in n for n in tiny.notes)

@@ -1,9 +1,10 @@
-"""MFU: analytic FLOPs cross-checked against the parameter count, datasheet peaks by device."""
+"""MFU: analytic FLOPs (each family's) cross-checked against the parameter count, datasheet peaks by device."""
 
 import pytest
 
+from xfw.contract import families, presets
+from xfw.contract.families.decoder import decoder_forward_flops
 from xfw.report import mfu
-from xfw.contract import presets
 
 
 def arch(name):
@@ -18,19 +19,19 @@ def test_language_model_flops_are_six_n_t_plus_attention_for_sft():
     norms = (2 * t["num_layers"] + 1) * t["hidden_size"]
     matmul_params = counts["text"] - t["vocab_size"] * t["hidden_size"] - norms
     expected_lm = 6 * matmul_params * seq + 3 * 4 * t["num_layers"] * seq * seq * t["hidden_size"]
-    lm = 3 * mfu._decoder_forward(t, seq)
+    lm = 3 * decoder_forward_flops(t, seq)
     assert lm == expected_lm
 
 
 def test_stages_that_freeze_the_language_model_cost_less():
     a = arch("llava-1.6-vicuna-7b")
-    sft, lora, pretrain = (mfu.flops_per_sample(a, s) for s in ("sft", "lora", "pretrain"))
+    sft, lora, pretrain = (families.flops_per_sample(a, s) for s in ("sft", "lora", "pretrain"))
     assert pretrain == lora < sft
     assert 0.6 < lora / sft < 0.7  # 2x instead of 3x on the dominant LM term
 
 
 def test_llava_7b_sft_is_about_a_hundred_teraflops_per_sample():
-    flops = mfu.flops_per_sample(arch("llava-1.6-vicuna-7b"), "sft")
+    flops = families.flops_per_sample(arch("llava-1.6-vicuna-7b"), "sft")
     assert 8e13 < flops < 1.2e14
 
 
@@ -44,7 +45,7 @@ def test_peaks_come_from_the_datasheet_table():
 
 def test_mfu_divides_achieved_by_peak_over_all_devices():
     a = arch("qwen2-vl-2b")
-    flops = mfu.flops_per_sample(a, "sft")
+    flops = families.flops_per_sample(a, "sft")
     value = mfu.mfu(arch=a, stage="sft", ips=10.0, device_name="NVIDIA H100 80GB HBM3", compute_dtype="bfloat16",
                     tf32=False, num_devices=2)
     assert value == pytest.approx(flops * 10.0 / (2 * 989.4e12))
@@ -54,4 +55,4 @@ def test_no_mfu_on_cpu_or_for_families_without_a_count():
     a = arch("tiny-llava")
     assert mfu.mfu(arch=a, stage="sft", ips=10.0, device_name="AMD EPYC", compute_dtype="float32", tf32=False,
                    num_devices=1) is None
-    assert mfu.flops_per_sample({"family": "sd15"}, "pretrain") is None
+    assert families.flops_per_sample({"family": "sd15"}, "pretrain") is None

@@ -18,7 +18,8 @@ def test_tiny_llava_parameter_count_matches_a_hand_count():
     projector = 32 * 64 + 64 + 64 * 64 + 64
     text = 512 * 64 + 2 * (2 * 64 * 64 + 2 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64 + 512 * 64
     counts = presets.count_params(presets.resolve_arch("tiny-llava", {}, None, None))
-    assert counts == {"vision": vision, "projector": projector, "text": text, "total": vision + projector + text}
+    assert counts == {"vision": vision, "projector": projector, "newline": 0, "text": text,
+                      "total": vision + projector + text}  # no AnyRes, so no image newline
 
 
 def test_llava_7b_parameter_count_is_about_seven_billion():

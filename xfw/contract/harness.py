@@ -167,9 +167,40 @@ def _export(export_weights: Callable[[dict, str], None] | None, spec: dict, dire
     return EXIT_OK
 
 
+def _count(count_params: Callable[[dict], dict] | None, spec_paths: list[str], path: str) -> int:
+    """``--count-params FILE``: every spec's model counted in this one process (the framework is
+    imported once), the results written to FILE together; a spec that fails is recorded as
+    failed and the others are still counted. Exit code: 0, or the first failure's."""
+    from xfw.contract.atomic import write_json_atomic
+
+    if count_params is None:
+        print("this backend does not offer this", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    results, status = [], EXIT_OK
+    for spec_path in spec_paths:
+        with open(spec_path, encoding="utf-8") as f:
+            spec = json.load(f)
+        try:
+            results.append({"spec": spec_path, **count_params(spec)})
+            continue
+        except Unsupported as err:
+            code, failure = EXIT_UNSUPPORTED, {"status": "unsupported", "message": str(err)}
+        except InvalidSpec as err:
+            code, failure = EXIT_INVALID, {"status": "invalid", "message": str(err)}
+        except Exception as err:  # noqa: BLE001 - record it, print the trace, count the other specs
+            traceback.print_exc(file=sys.stderr)
+            code, failure = 1, {"status": "crashed", "message": f"{type(err).__name__}: {err}"[:500]}
+        print(f"{spec_path}: {failure['status']}: {failure['message']}", file=sys.stderr)
+        results.append({"spec": spec_path, **failure})
+        status = status or code
+    write_json_atomic(path, {"counts": results})
+    return status
+
+
 def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
          argv: list[str] | None = None, *, export_weights: Callable[[dict, str], None] | None = None,
-         probe_modules: Callable[[dict, str], None] | None = None) -> int:
+         probe_modules: Callable[[dict, str], None] | None = None,
+         count_params: Callable[[dict], dict] | None = None) -> int:
     """Entry point for ``python -m xfw_<backend>``: spec in, records out, status as exit code.
 
     ``--describe`` prints one JSON object (framework, versions, device, multi-process launcher)
@@ -178,30 +209,48 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
     ``--probe-modules FILE --spec spec.json`` its optional ``probe_modules``: one forward pass on
     the first synthetic batch, every parameter-owning module's output norm written to FILE as
     ``{"modules": [{"name": canonical module name, "norm": float}, ...]}`` in call order.
+
+    ``--count-params FILE --spec a.json [--spec b.json ...]`` calls the adapter's optional
+    ``count_params(spec) -> dict`` once per spec: the model a run would start from (stage
+    freezing and LoRA adapters applied), built without allocating its weights, counted by part
+    (``xfw.contract.families.tally``). FILE, written atomically, holds one entry per spec in order::
+
+        {"counts": [{"spec": "a.json", "total": N, "trainable": M, "parts": {part: n, ...},
+                     "trainable_parts": {part: m, ...}},
+                    {"spec": "b.json", "status": "unsupported", "message": "..."}]}
     """
     parser = argparse.ArgumentParser(description="Run one xfw spec and append records.")
     parser.add_argument("--describe", action="store_true", help="print this backend's description as JSON")
-    parser.add_argument("--spec", help="resolved spec.json written by the core")
+    parser.add_argument("--spec", action="append", help="resolved spec.json written by the core "
+                                                        "(several only with --count-params)")
     parser.add_argument("--records", help="steps.jsonl to append records to")
     parser.add_argument("--rank", type=int, default=None, help="this process's rank (default: from the launcher)")
     parser.add_argument("--export-weights", metavar="DIR",
                         help="write the spec's initial model to DIR/model.safetensors and exit (no training)")
     parser.add_argument("--probe-modules", metavar="FILE",
                         help="write per-module output norms of one forward pass to FILE (JSON) and exit")
+    parser.add_argument("--count-params", metavar="FILE",
+                        help="write each --spec's parameter counts, built without weights, to FILE (JSON) and exit")
     args = parser.parse_args(argv)
     if args.describe:
         print(json.dumps(describe()))
         return EXIT_OK
+    if args.count_params:
+        if not args.spec:
+            parser.error("--count-params needs --spec")
+        return _count(count_params, args.spec, args.count_params)
+    if args.spec and len(args.spec) > 1:
+        parser.error("one --spec only (several are for --count-params)")
     for flag, target, hook in (("--export-weights", args.export_weights, export_weights),
                                ("--probe-modules", args.probe_modules, probe_modules)):
         if target:
             if not args.spec:
                 parser.error(f"{flag} needs --spec")
-            with open(args.spec, encoding="utf-8") as f:
+            with open(args.spec[0], encoding="utf-8") as f:
                 return _export(hook, json.load(f), target)
     if not args.spec or not args.records:
         parser.error("--spec and --records are required")
-    with open(args.spec, encoding="utf-8") as f:
+    with open(args.spec[0], encoding="utf-8") as f:
         spec = json.load(f)
     rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "0"))
     writer = rec.RecordWriter(args.records, rank)

@@ -18,21 +18,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from xfw.contract.families import family_module
+from xfw.contract.families import FAMILIES, ArchError, family_module  # noqa: F401 - ArchError: presets.ArchError
 
-
-class ArchError(ValueError):
-    def __init__(self, key: str, message: str):
-        super().__init__(message)
-        self.key = key
-
-
-FAMILY_STAGES = {
-    "llava": ("pretrain", "sft", "lora"),
-    "qwen2vl": ("sft", "lora"),
-    "sd15": ("pretrain", "lora"),
-    "sd3": ("dreambooth", "lora"),
-}
+# The stages each family supports: the stages its family module says what they train.
+FAMILY_STAGES = {name: tuple(family_module(name).STAGE_PARTS) for name in FAMILIES}
 
 _CLIP_L_336 = {  # openai/clip-vit-large-patch14-336, the LLaVA-1.5/1.6 vision tower
     "hidden_size": 1024, "intermediate_size": 4096, "num_layers": 24, "num_heads": 16,

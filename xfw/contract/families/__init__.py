@@ -1,18 +1,43 @@
-"""Model families: what the core knows about each architecture, framework-free.
+"""Model families: what the core knows about each architecture, framework-free, one module each.
 
 A family module (``xfw.contract.families.llava`` ...) owns, for its neutral architecture fields:
 
-* ``check(arch)``: validation, raising ``xfw.contract.presets.ArchError(key, message)``;
+* ``check(arch)``: validation, raising :class:`ArchError` ``(key, message)``;
 * ``make_batch(arch, micro, rng)``: one synthetic micro-batch of numpy arrays;
-* ``count_params(arch)`` (optional): analytic parameter counts both adapters must match.
+* ``PARTS``: the model's named parts, each a tuple of prefixes of canonical parameter names
+  (transformers' / diffusers' own, ``xfw.contract.weights``);
+* ``count_params(arch)``: the analytic parameter count of each part (its keys are the part names,
+  plus ``total``), which both adapters must match;
+* ``STAGE_PARTS``: the stages the family supports and the parts each trains; stage ``lora``
+  adds adapters on top;
+* ``LORA_MODULE``: the canonical name of the module LoRA adapters go into; ``LORA_TARGETS``: the
+  module names a recipe's ``lora.targets`` may use; ``lora_linears(arch)``: (in, out) of every
+  linear under ``LORA_MODULE`` each of those names matches;
+* ``flops_per_sample(arch, stage)``: model training FLOPs of one sample, None where not counted;
+* ``activation_bytes(arch, micro, *, dtype, recompute)``: stored activations at the peak, and
+  optionally ``activation_note(...)``, a sentence for the estimate's report.
 
-Families are imported on first use, so a recipe only pays for its own.
+The functions below ask those facts for any architecture; both adapters select what trains with
+them, and ``xfw.report.estimate`` / ``xfw.report.mfu`` count with them. For LLaVA-1.6 pretraining::
+
+    >>> arch = xfw.contract.presets.resolve_arch("tiny-llava-next", {}, None, None)
+    >>> trainable_parts(arch, "pretrain")
+    ('projector', 'newline')
+    >>> trains(arch, ("projector", "newline"), "model.image_newline")
+    True
+    >>> analytic_counts(arch, "pretrain")["trainable_parts"]
+    {'projector': 6272, 'newline': 64}
+
+Family modules import numpy and this package only, so ``xfw.contract.presets`` can read them all.
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Iterable
+
+from xfw.contract.hf_names import is_lora
 
 FAMILIES = {
     "llava": "xfw.contract.families.llava",
@@ -20,9 +45,109 @@ FAMILIES = {
     "sd15": "xfw.contract.families.sd15",
     "sd3": "xfw.contract.families.sd3",
 }
+LORA = "lora"
+"""The part LoRA adapters are counted under (they sit inside ``LORA_MODULE`` but belong to no base part)."""
+
+
+class ArchError(ValueError):
+    """An architecture a family cannot build; ``key`` is the recipe key to change."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
 
 
 def family_module(name: str) -> ModuleType:
     if name not in FAMILIES:
         raise KeyError(f"unknown model family {name!r}")
     return importlib.import_module(FAMILIES[name])
+
+
+def _facts(arch: dict) -> ModuleType:
+    return family_module(arch["family"])
+
+
+def part_of(arch: dict, name: str) -> str:
+    """The part a canonical parameter name belongs to (:data:`LORA` for LoRA adapters); a name in
+    no part is an error: the model has a parameter its family does not know about."""
+    if is_lora(name):
+        return LORA
+    for part, prefixes in _facts(arch).PARTS.items():
+        if name.startswith(prefixes):
+            return part
+    raise KeyError(f"parameter {name!r} is in no part of the {arch['family']} model "
+                   f"(parts: {', '.join(_facts(arch).PARTS)})")
+
+
+def trainable_parts(arch: dict, stage: str) -> tuple[str, ...]:
+    """The parts ``stage`` trains, besides the LoRA adapters of stage lora."""
+    table = _facts(arch).STAGE_PARTS
+    if stage not in table:
+        raise KeyError(f"stage {stage!r} for the {arch['family']} family (known: {', '.join(table)})")
+    return table[stage]
+
+
+def trains(arch: dict, parts: Iterable[str], name: str) -> bool:
+    """Whether the parameter with this canonical name trains when ``parts`` do. LoRA adapters
+    always train: they exist only to."""
+    part = part_of(arch, name)
+    return part == LORA or part in tuple(parts)
+
+
+def lora_module(arch: dict) -> str:
+    """The canonical name of the module stage lora injects adapters into, e.g. ``model.language_model``."""
+    return _facts(arch).LORA_MODULE
+
+
+def count_lora_params(arch: dict, lora: dict) -> int:
+    """Parameters LoRA adds: r x (in + out) for every linear a target names (``lora_linears``)."""
+    linears = _facts(arch).lora_linears(arch)
+    return sum(lora["r"] * (n_in + n_out) for target in lora["targets"] for n_in, n_out in linears[target])
+
+
+def analytic_counts(arch: dict, stage: str, lora: dict | None = None) -> dict:
+    """What a model built for ``stage`` must hold, from the architecture alone::
+
+        {"total": N, "trainable": M, "parts": {part: N_part, ..., "lora": N_lora},
+         "trainable_parts": {part: M_part, ...}}        # parts that train, none empty
+
+    ``lora`` (the spec's lora section) only for stage lora; the same shape as :func:`tally`."""
+    parts = {part: n for part, n in _facts(arch).count_params(arch).items() if part != "total"}
+    trained = trainable_parts(arch, stage)
+    if stage == "lora":
+        parts[LORA] = count_lora_params(arch, lora)
+        trained = (*trained, LORA)
+    return {"total": sum(parts.values()), "trainable": sum(parts[p] for p in trained), "parts": parts,
+            "trainable_parts": {p: parts[p] for p in trained if parts[p]}}
+
+
+def tally(arch: dict, params: Iterable[tuple[str, int, bool]]) -> dict:
+    """The same counts from a built model: ``(canonical name, size, trainable?)`` per parameter."""
+    parts = {part: 0 for part in _facts(arch).PARTS}
+    trainable: dict[str, int] = {}
+    for name, size, trainable_now in params:
+        part = part_of(arch, name)
+        parts[part] = parts.get(part, 0) + size
+        if trainable_now:
+            trainable[part] = trainable.get(part, 0) + size
+    return {"total": sum(parts.values()), "trainable": sum(trainable.values()), "parts": parts,
+            "trainable_parts": trainable}
+
+
+def flops_per_sample(arch: dict, stage: str) -> float | None:
+    """Model training FLOPs of one sample (``xfw.report.mfu``); None where the family has no count yet."""
+    count = getattr(_facts(arch), "flops_per_sample", None)
+    return count(arch, stage) if count else None
+
+
+def activation_bytes(arch: dict, micro: int, *, dtype: str, recompute: bool) -> float | None:
+    """Stored activations at the peak for one micro-batch on one GPU (``xfw.report.estimate``);
+    None where the family has no count."""
+    count = getattr(_facts(arch), "activation_bytes", None)
+    return count(arch, micro, dtype=dtype, recompute=recompute) if count else None
+
+
+def activation_note(arch: dict, micro: int, *, dtype: str, recompute: bool) -> str | None:
+    """A sentence on how the family's activation count was reached, where it has one to say."""
+    note = getattr(_facts(arch), "activation_note", None)
+    return note(arch, micro, dtype=dtype, recompute=recompute) if note else None

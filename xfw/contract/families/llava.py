@@ -1,21 +1,44 @@
-"""LLaVA (CLIP ViT vision tower + 2-layer projector + Llama): checks, data, parameter count.
+"""LLaVA (CLIP ViT vision tower + 2-layer projector + Llama): checks, data, and the model's facts.
+
+The facts both adapters and the report layer read (see ``xfw.contract.families``): the parts by
+transformers' parameter names, what each stage trains, where LoRA goes, parameter counts,
+FLOPs and activation bytes::
 
     >>> arch = xfw.contract.presets.resolve_arch("tiny-llava", {}, None, None)
-    >>> num_image_tokens(arch, 56), count_params(arch)["total"]
-    (16, 190656)
+    >>> num_image_tokens(arch, 56), count_params(arch)["total"], STAGE_PARTS["pretrain"]
+    (16, 190656, ('projector', 'newline'))
+
+With AnyRes (LLaVA-1.6) the learned ``image_newline`` vector, which joins the projected image
+features, trains with the projector in every stage, pretrain included.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from xfw.contract.presets import ArchError
+from xfw.contract.families import decoder
+from xfw.contract.families import ArchError
 
 IGNORE_INDEX = -100
 BOS_ID = 1
-# Module names stage lora may target: the decoder's linears (what count_lora_params counts).
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FIRST_TEXT_ID = 2  # ids 0 and 1 are pad and BOS
+
+# Parts by prefix of transformers' parameter names (LlavaForConditionalGeneration and
+# LlavaNextForConditionalGeneration, transformers >= 4.52 layout); "newline" exists with AnyRes only.
+PARTS = {
+    "vision": ("model.vision_tower.",),
+    "projector": ("model.multi_modal_projector.",),
+    "newline": ("model.image_newline",),
+    "text": ("model.language_model.", "lm_head."),
+}
+# What each stage trains; the vision tower is always frozen. Stage lora adds adapters on LORA_MODULE.
+STAGE_PARTS = {
+    "pretrain": ("projector", "newline"),
+    "sft": ("projector", "newline", "text"),
+    "lora": ("projector", "newline"),
+}
+LORA_MODULE = "model.language_model"  # the decoder, without lm_head
+LORA_TARGETS = decoder.DECODER_LINEARS
 
 
 def num_tiles(arch: dict) -> int:
@@ -102,7 +125,7 @@ def make_batch(arch: dict, micro: int, rng: np.random.Generator) -> dict[str, np
 
 
 def count_params(arch: dict) -> dict[str, int]:
-    """Analytic parameter counts per component (transformers' LlavaForConditionalGeneration layout)."""
+    """Analytic parameter counts per part (transformers' LlavaForConditionalGeneration layout)."""
     v, t = arch["vision"], arch["text"]
     h, f = v["hidden_size"], v["intermediate_size"]
     num_positions = (v["image_size"] // v["patch_size"]) ** 2 + 1
@@ -118,21 +141,33 @@ def count_params(arch: dict) -> dict[str, int]:
             + (0 if t["tie_word_embeddings"] else t["vocab_size"] * th))
     projector = h * th + th + th * th + th
     newline = th if arch.get("anyres") and arch["anyres"].get("image_newline") else 0
-    return {"vision": vision, "projector": projector + newline, "text": text,
+    return {"vision": vision, "projector": projector, "newline": newline, "text": text,
             "total": vision + projector + newline + text}
 
 
 
-def decoder_linear_shapes(text: dict) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each linear in a Llama/Qwen2 decoder layer, by module name."""
-    h, f = text["hidden_size"], text["intermediate_size"]
-    kv = h // text["num_heads"] * text["num_kv_heads"]
-    return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
-            "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+def lora_linears(arch: dict) -> dict[str, list[tuple[int, int]]]:
+    """(in, out) of every linear under LORA_MODULE that each LoRA target name matches."""
+    return decoder.decoder_lora_linears(arch["text"])
 
 
-def count_lora_params(arch: dict, lora: dict) -> int:
-    """Parameters LoRA adds to the language model: r x (in + out) per targeted linear."""
-    shapes = decoder_linear_shapes(arch["text"])
-    per_layer = sum(lora["r"] * sum(shapes[name]) for name in lora["targets"] if name in shapes)
-    return per_layer * arch["text"]["num_layers"]
+def flops_per_sample(arch: dict, stage: str) -> float:
+    """Model training FLOPs of one sample (``decoder``'s docstring): every tile through the
+    vision tower and projector, then the language model over the whole sequence."""
+    v, t = arch["vision"], arch["text"]
+    trained = STAGE_PARTS[stage]
+    patches = (v["image_size"] // v["patch_size"]) ** 2
+    tiles = num_tiles(arch)
+    vision = tiles * (decoder.vit_forward_flops(patches + 1, v["hidden_size"], v["intermediate_size"], v["num_layers"])
+                      + 2 * patches * 3 * v["patch_size"] ** 2 * v["hidden_size"])
+    projector = tiles * 2 * patches * (v["hidden_size"] * t["hidden_size"] + t["hidden_size"] ** 2)
+    lm = decoder.decoder_forward_flops(t, arch["data"]["seq_len"])
+    return (decoder.train_multiplier("vision" in trained, False) * vision
+            + decoder.train_multiplier("projector" in trained, "vision" in trained) * projector
+            + decoder.train_multiplier("text" in trained, "projector" in trained) * lm)
+
+
+def activation_bytes(arch: dict, micro: int, *, dtype: str, recompute: bool) -> float:
+    """Stored activations at the peak: the language model's (``decoder``'s docstring)."""
+    return decoder.decoder_activation_bytes(arch["text"], arch["data"]["seq_len"], micro, dtype=dtype,
+                                            recompute=recompute)

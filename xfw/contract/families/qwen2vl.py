@@ -6,18 +6,33 @@ and the 3-D M-RoPE position ids (temporal, height, width) that transformers woul
 recompute on the host at every step::
 
     [<vision_start>, <image_pad> x (h/2)(w/2), <vision_end>, text ...]   loss on the text only
+
+It also owns the model's facts (see ``xfw.contract.families``): parts by transformers' parameter
+names, e.g. ``model.visual.merger.mlp.0.weight`` is part ``merger``, which trains in every stage
+while the rest of the vision tower stays frozen; parameter counts, FLOPs and activation bytes.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from xfw.contract.families.llava import LORA_TARGETS, count_lora_params  # noqa: F401 - the same decoder linears
-from xfw.contract.presets import ArchError
+from xfw.contract.families import decoder
+from xfw.contract.families import ArchError
 
 IGNORE_INDEX = -100
 FIRST_TEXT_ID = 2
 BATCH_AXES = {"position_ids": 1}  # [3, batch, seq]: samples stack on axis 1
+
+# Parts by prefix of transformers' Qwen2VLForConditionalGeneration parameter names (lm_head only
+# when the embeddings are untied).
+PARTS = {
+    "vision": ("model.visual.patch_embed.", "model.visual.blocks."),
+    "merger": ("model.visual.merger.",),
+    "text": ("model.language_model.", "lm_head."),
+}
+STAGE_PARTS = {"sft": ("merger", "text"), "lora": ("merger",)}  # stage lora adds adapters on LORA_MODULE
+LORA_MODULE = "model.language_model"  # the decoder, without lm_head
+LORA_TARGETS = decoder.DECODER_LINEARS
 
 
 def grid(arch: dict) -> tuple[int, int, int]:
@@ -118,4 +133,32 @@ def count_params(arch: dict) -> dict[str, int]:
     layer = (th * th + th) + 2 * (th * kv + kv) + th * th + 3 * th * tf + 2 * th  # q/k/v have biases
     text = t["vocab_size"] * th + t["num_layers"] * layer + th
     head = 0 if t["tie_word_embeddings"] else t["vocab_size"] * th
-    return {"vision": vision, "projector": merger, "text": text + head, "total": vision + merger + text + head}
+    return {"vision": vision, "merger": merger, "text": text + head, "total": vision + merger + text + head}
+
+
+def lora_linears(arch: dict) -> dict[str, list[tuple[int, int]]]:
+    """(in, out) of every linear under LORA_MODULE that each LoRA target name matches."""
+    return decoder.decoder_lora_linears(arch["text"])
+
+
+def flops_per_sample(arch: dict, stage: str) -> float:
+    """Model training FLOPs of one sample (``decoder``'s docstring): patch embedding and vision
+    blocks, the 2x2 merger, then the language model over the whole sequence."""
+    v, t = arch["vision"], arch["text"]
+    trained = STAGE_PARTS[stage]
+    d, side = v["embed_dim"], arch["data"]["image_size"] // v["patch_size"]
+    patches, merge = side * side, v["spatial_merge_size"] ** 2
+    vision = decoder.vit_forward_flops(patches, d, d * v["mlp_ratio"], v["depth"])
+    vision += 2 * patches * 3 * v["temporal_patch_size"] * v["patch_size"] ** 2 * d
+    merged = d * merge
+    merger = 2 * (patches // merge) * (merged * merged + merged * v["merger_out"])
+    lm = decoder.decoder_forward_flops(t, arch["data"]["seq_len"])
+    return (decoder.train_multiplier("vision" in trained, False) * vision
+            + decoder.train_multiplier("merger" in trained, "vision" in trained) * merger
+            + decoder.train_multiplier("text" in trained, "merger" in trained) * lm)
+
+
+def activation_bytes(arch: dict, micro: int, *, dtype: str, recompute: bool) -> float:
+    """Stored activations at the peak: the language model's (``decoder``'s docstring)."""
+    return decoder.decoder_activation_bytes(arch["text"], arch["data"]["seq_len"], micro, dtype=dtype,
+                                            recompute=recompute)

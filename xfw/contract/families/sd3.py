@@ -11,18 +11,30 @@ noisy latents::
      'noise': (2, 16, 16, 16), 'sigmas': (2,)}
 
 The step: x0 = (VAE mean − shift) × scale; x_σ = (1 − σ)·x0 + σ·noise; the transformer at
-timestep σ·num_train_timesteps predicts noise − x0; plain MSE. :func:`count_params` counts
-diffusers' layout exactly (SD3-medium: MMDiT 2,028,328,000, VAE 83,819,683).
+timestep σ·num_train_timesteps predicts noise − x0; plain MSE.
+
+The model's facts (see ``xfw.contract.families``): parts by diffusers' parameter names (the
+MMDiT trains in stage dreambooth; stage lora trains only adapters on its attention linears),
+:func:`count_params` (diffusers' layout exactly, SD3-medium: MMDiT 2,028,328,000, VAE
+83,819,683), :func:`lora_linears` and :func:`activation_bytes`. No FLOPs count yet.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from xfw.contract.families.sd15 import check_vae, count_vae, latent_shape, make_pixels
-from xfw.contract.presets import ArchError
+from xfw.contract.families.sd15 import check_vae, count_vae, latent_shape, make_pixels, vae_scale_factor
+from xfw.contract.families import ArchError
 
 TIMESTEP_SAMPLINGS = ("logit_normal", "uniform")
+
+# Parts by prefix of parameter names in the trained system (diffusers' SD3Transformer2DModel and
+# AutoencoderKL, held as transformer / vae); the text encoders' outputs are precomputed.
+PARTS = {"transformer": ("transformer.",), "vae": ("vae.",)}
+STAGE_PARTS = {"dreambooth": ("transformer",), "lora": ()}  # stage lora: only the adapters on LORA_MODULE
+LORA_MODULE = "transformer"
+# The joint attention's linears: the image stream's (to_*) and the text stream's (add_*, to_add_out).
+LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
 
 
 def sample_sigmas(scheduler: dict, micro: int, rng: np.random.Generator) -> np.ndarray:
@@ -116,9 +128,38 @@ def count_transformer(t: dict) -> int:
 
 
 def count_params(arch: dict) -> dict[str, int]:
-    """Analytic parameter counts per component; text embeddings are precomputed, so no text encoders."""
+    """Analytic parameter counts per part; text embeddings are precomputed, so no text encoders."""
     counts = {"transformer": count_transformer(arch["transformer"]), "vae": count_vae(arch["vae"])}
     return {**counts, "total": sum(counts.values())}
+
+
+def lora_linears(arch: dict) -> dict[str, list[tuple[int, int]]]:
+    """(in, out) of every MMDiT linear each LoRA target name matches: each joint block's attention
+    has q, k, v and out (d -> d) for the image stream and q, k, v for the text stream, plus the
+    text stream's out except in the last block (``context_pre_only``, as :func:`count_transformer`)."""
+    t = arch["transformer"]
+    d, layers = t["num_heads"] * t["head_dim"], t["num_layers"]
+    every = [(d, d)] * layers
+    return {**{name: every for name in LORA_TARGETS[:-1]}, "to_add_out": [(d, d)] * (layers - 1)}
+
+
+def flops_per_sample(arch: dict, stage: str) -> None:
+    """No analytic FLOPs count for SD3 yet."""
+    return None
+
+
+def activation_bytes(arch: dict, micro: int, *, dtype: str, recompute: bool) -> float:
+    """Stored activations at the peak, for one micro-batch: each joint block counted as two GPT
+    layers, one per stream, over the image and text tokens (34sbh each: Korthikanti et al. 2022,
+    "Reducing Activation Recomputation in Large Transformer Models", Eq. 1, without the score
+    term, which fused SDPA does not keep). Recompute keeps each block's input (2sbh) plus one
+    block's full activations while it is recomputed. Counted for 16-bit activations, x2 in fp32."""
+    t, b = arch["transformer"], micro
+    s = (arch["data"]["image_size"] // vae_scale_factor(arch["vae"]) // t["patch_size"]) ** 2 + arch["text"]["seq_len"]
+    d = t["num_heads"] * t["head_dim"]
+    per_block = 2 * s * b * d if recompute else 34 * s * b * d
+    scale = 2 if dtype == "fp32" else 1
+    return scale * (t["num_layers"] * per_block + (34 * s * b * d if recompute else 0))
 
 
 def transformer_kwargs(t: dict) -> dict:

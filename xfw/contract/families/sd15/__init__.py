@@ -1,7 +1,7 @@
-"""Stable Diffusion 1.5 (VAE + CLIP text encoder + UNet, epsilon prediction): checks and data.
+"""Stable Diffusion 1.5 (VAE + CLIP text encoder + UNet, epsilon prediction): checks, data, facts.
 
-Every random draw of a training step is in the batch (DESIGN.md §4), so both frameworks add
-the same noise at the same timesteps to the same images::
+Every random draw of a training step is in the batch, so both frameworks add the same noise at
+the same timesteps to the same images::
 
     >>> arch = xfw.contract.presets.resolve_arch("tiny-sd15", {}, None, None)
     >>> {k: v.shape for k, v in make_batch(arch, 2, np.random.default_rng(0)).items()}
@@ -9,19 +9,37 @@ the same noise at the same timesteps to the same images::
 
 The DDPM noise schedule is computed here once (:func:`alphas_cumprod`) and handed to both
 adapters, so the two sides cannot disagree on it. The VAE helpers are shared with SD3.
-:func:`count_params` counts diffusers' layout exactly (SD1.5: UNet 859,520,964, VAE
-83,653,863, CLIP text 123,060,480); ppdiffusers' classes on the Paddle side must match it.
+
+The model's facts (see ``xfw.contract.families``): parts by diffusers' parameter names (the
+UNet trains in stage pretrain; stage lora trains only adapters on the UNet's attention
+linears), parameter counts and LoRA linears (:mod:`.params`: diffusers' layout exactly,
+SD1.5: UNet 859,520,964, VAE 83,653,863, CLIP text 123,060,480; ppdiffusers' classes on the
+Paddle side must match it), and activation bytes (:mod:`.activations`). No FLOPs count yet.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from xfw.contract.presets import ArchError
+from xfw.contract.families.sd15.activations import activation_bytes, activation_note  # noqa: F401 - facts
+from xfw.contract.families.sd15.params import count_params, count_vae, lora_linears  # noqa: F401 - facts
+from xfw.contract.families import ArchError
 
 DOWN_BLOCKS = ("CrossAttnDownBlock2D", "DownBlock2D")
 UP_BLOCKS = ("CrossAttnUpBlock2D", "UpBlock2D")
 BETA_SCHEDULES = ("scaled_linear", "linear")
+
+# Parts by prefix of parameter names in the trained system (diffusers' UNet2DConditionModel and
+# AutoencoderKL, transformers' CLIPTextModel, held as unet / vae / text_encoder).
+PARTS = {"unet": ("unet.",), "vae": ("vae.",), "text_encoder": ("text_encoder.",)}
+STAGE_PARTS = {"pretrain": ("unet",), "lora": ()}  # stage lora: only the adapters on LORA_MODULE
+LORA_MODULE = "unet"
+LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")  # the attention linears (params.lora_linears)
+
+
+def flops_per_sample(arch: dict, stage: str) -> None:
+    """No analytic FLOPs count for SD1.5 yet."""
+    return None
 
 
 # -- shared with SD3: the VAE that turns pixels into latents ----------------------------------
@@ -52,36 +70,6 @@ def check_vae(arch: dict) -> None:
 def make_pixels(micro: int, image_size: int, rng: np.random.Generator) -> np.ndarray:
     """Images as the training scripts hand them to the VAE: float32 in [-1, 1)."""
     return rng.random((micro, 3, image_size, image_size), dtype=np.float32) * 2 - 1
-
-
-def _conv(cin: int, cout: int, k: int = 3) -> int:
-    return k * k * cin * cout + cout
-
-
-def _resnet(cin: int, cout: int, temb: int = 0) -> int:
-    """ResnetBlock2D: two GroupNorm + 3x3 conv, a time projection if temb, a 1x1 shortcut if widths differ."""
-    time = temb * cout + cout if temb else 0
-    shortcut = _conv(cin, cout, 1) if cin != cout else 0
-    return 2 * cin + _conv(cin, cout) + time + 2 * cout + _conv(cout, cout) + shortcut
-
-
-def count_vae(vae: dict) -> int:
-    """AutoencoderKL: encoder (DownEncoderBlock2D per level), decoder, optional quant convs."""
-    c, n, z = vae["block_out_channels"], vae["layers_per_block"], vae["latent_channels"]
-    mid = 2 * _resnet(c[-1], c[-1]) + 2 * c[-1] + 4 * (c[-1] * c[-1] + c[-1])  # resnets + self-attention
-    encoder = _conv(3, c[0]) + mid + 2 * c[-1] + _conv(c[-1], 2 * z)
-    for i, out in enumerate(c):
-        cin = c[max(i - 1, 0)]
-        encoder += sum(_resnet(cin if j == 0 else out, out) for j in range(n))
-        encoder += _conv(out, out) if i < len(c) - 1 else 0
-    rev = c[::-1]
-    decoder = _conv(z, c[-1]) + mid + 2 * c[0] + _conv(c[0], 3)
-    for i, out in enumerate(rev):
-        cin = rev[max(i - 1, 0)]
-        decoder += sum(_resnet(cin if j == 0 else out, out) for j in range(n + 1))
-        decoder += _conv(out, out) if i < len(c) - 1 else 0
-    quant = _conv(2 * z, 2 * z, 1) + _conv(z, z, 1) if vae["use_quant_conv"] else 0
-    return encoder + decoder + quant
 
 
 # -- SD1.5 ------------------------------------------------------------------------------------
@@ -159,48 +147,6 @@ def make_batch(arch: dict, micro: int, rng: np.random.Generator) -> dict[str, np
     # Uniform over the training timesteps, as diffusers' and PaddleMIX's SD training scripts draw them.
     timesteps = rng.integers(0, arch["scheduler"]["num_train_timesteps"], size=micro, dtype=np.int64)
     return {"pixel_values": pixel_values, "input_ids": input_ids, "noise": noise, "timesteps": timesteps}
-
-
-def _transformer_2d(ch: int, cross: int) -> int:
-    """Transformer2DModel, one BasicTransformerBlock: 1x1 conv projections, self- and cross-attention, GEGLU."""
-    attn1 = 3 * ch * ch + ch * ch + ch
-    attn2 = ch * ch + 2 * cross * ch + ch * ch + ch
-    ff = (ch * 8 * ch + 8 * ch) + (4 * ch * ch + ch)
-    return 2 * ch + 2 * _conv(ch, ch, 1) + 3 * 2 * ch + attn1 + attn2 + ff
-
-
-def count_unet(arch: dict) -> int:
-    """UNet2DConditionModel with SD's options (cross-attention mid block, conv projections)."""
-    u, z = arch["unet"], arch["vae"]["latent_channels"]
-    c, n, cross, temb = u["block_out_channels"], u["layers_per_block"], u["cross_attention_dim"], 4 * u["block_out_channels"][0]
-    total = _conv(z, c[0]) + (c[0] * temb + temb) + (temb * temb + temb) + 2 * c[0] + _conv(c[0], z)
-    total += 2 * _resnet(c[-1], c[-1], temb) + _transformer_2d(c[-1], cross)
-    for i, (kind, out) in enumerate(zip(u["down_block_types"], c)):
-        cin = c[max(i - 1, 0)]
-        total += sum(_resnet(cin if j == 0 else out, out, temb) for j in range(n))
-        total += n * _transformer_2d(out, cross) if kind.startswith("CrossAttn") else 0
-        total += _conv(out, out) if i < len(c) - 1 else 0
-    rev = c[::-1]
-    for i, (kind, out) in enumerate(zip(u["up_block_types"], rev)):
-        prev, skip_last = rev[max(i - 1, 0)], rev[min(i + 1, len(c) - 1)]
-        for j in range(n + 1):  # each resnet also takes the matching down-path skip connection
-            total += _resnet((prev if j == 0 else out) + (skip_last if j == n else out), out, temb)
-        total += (n + 1) * _transformer_2d(out, cross) if kind.startswith("CrossAttn") else 0
-        total += _conv(out, out) if i < len(c) - 1 else 0
-    return total
-
-
-def count_text(text: dict) -> int:
-    """CLIPTextModel: token and position embeddings, pre-LN blocks, final LayerNorm."""
-    h, f = text["hidden_size"], text["intermediate_size"]
-    block = 2 * 2 * h + 4 * (h * h + h) + (h * f + f) + (f * h + h)
-    return (text["vocab_size"] + text["max_length"]) * h + text["num_layers"] * block + 2 * h
-
-
-def count_params(arch: dict) -> dict[str, int]:
-    """Analytic parameter counts per component; the UNet trains, the VAE and text encoder are frozen."""
-    counts = {"unet": count_unet(arch), "vae": count_vae(arch["vae"]), "text_encoder": count_text(arch["text"])}
-    return {**counts, "total": sum(counts.values())}
 
 
 # -- constructor arguments ------------------------------------------------------------------------
