@@ -47,13 +47,13 @@ def torch_model(arch: dict, lora: dict | None = None):
     so that no zero-initialised layer can hide a mismatch."""
     torch = pytest.importorskip("torch")
     from xfw_torch.families import family_module
-    from xfw_torch.session import apply_lora
+    from xfw_torch.session import apply_lora, lora_target
 
     family = family_module(arch["family"])
     torch.manual_seed(0)
     model = family.build(arch)
     if lora:
-        apply_lora(family.lora_target(model), lora)
+        apply_lora(lora_target(arch, model), lora)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -95,6 +95,7 @@ PADDLE_FORWARD = """
     from paddlenlp.peft.lora.lora_layers import LoRALinear
     from xfw_paddle.families import family_module
     from xfw_paddle.families._sd_common import load_diffusers_state
+    from xfw_paddle.session import lora_target
 
     arch, lora = json.loads(sys.argv[1]), json.loads(sys.argv[2])
     weights, batch = np.load(sys.argv[3]), np.load(sys.argv[4])
@@ -105,7 +106,7 @@ PADDLE_FORWARD = """
         for p in model.parameters():
             p.stop_gradient = True
         if lora:
-            family.apply_lora(family.lora_target(model), lora)
+            family.apply_lora(lora_target(arch, model), lora)
         load_diffusers_state(model, weights)
         model.train()
         tensors = {k: paddle.to_tensor(v) for k, v in batch.items()}
@@ -117,7 +118,7 @@ PADDLE_FORWARD = """
     params = list(model.parameters())
     out["total"] = sum(int(p.size) for p in params)
     out["trainable"] = sum(int(p.size) for p in params if not p.stop_gradient)
-    out["lora_layers"] = sorted(n for n, m in family.lora_target(model).named_sublayers() if isinstance(m, LoRALinear))
+    out["lora_layers"] = sorted(n for n, m in lora_target(arch, model).named_sublayers() if isinstance(m, LoRALinear))
     print(json.dumps(out))
 """
 
@@ -167,13 +168,12 @@ def runs(tmp_path_factory):
 
 def torch_trainable(name: str) -> int:
     torch = pytest.importorskip("torch")
-    from xfw_torch.families import family_module
+    from xfw_torch.session import start_model
 
     spec = resolve_spec(recipe_from_dict(recipe(name)), backend="torch", run_id="t")
-    family = family_module(spec["model"]["family"])
     with torch.device("meta"):
-        model = family.build(spec["model"]["arch"])
-    return sum(p.numel() for part in family.trainable_parts(model, spec["stage"]) for p in part.parameters())
+        model = start_model(spec, torch.device("meta"), "sdpa")
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 @pytest.mark.parametrize("name, total", [("sd15_pretrain", 1_501_003), ("sd3_dreambooth", 759_811)])

@@ -9,8 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from xfw.contract import presets
-from xfw.contract.families.llava import count_lora_params
+from xfw.contract import families, presets
 
 from conftest import TINY_RECIPE, applied, losses, run_adapter, spread_weights
 from test_paddle_adapter import run_in_paddle
@@ -21,10 +20,11 @@ ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 
 def counts(**sections) -> dict:
+    """(the family's analytic counts for the recipe, its spec)."""
     from xfw.run.recipe import recipe_from_dict, resolve_spec
 
     spec = resolve_spec(recipe_from_dict({**TINY_RECIPE, **sections}), backend="paddle", run_id="t")
-    return presets.count_params(spec["model"]["arch"]), spec
+    return families.analytic_counts(spec["model"]["arch"], spec["stage"], spec["lora"]), spec
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_qwen2vl_sft_counts_match_the_neutral_architecture_and_it_learns(qwen_sf
     expected, _ = counts(**QWEN)
     a = applied(qwen_sft_run)
     assert a["num_params_total"] == expected["total"] == 186624
-    assert a["num_params_trainable"] == expected["projector"] + expected["text"]  # vision (bar merger) frozen
+    assert a["num_params_trainable"] == expected["trainable"] == expected["parts"]["merger"] + expected["parts"]["text"]
     first, last = losses(qwen_sft_run)[:2], losses(qwen_sft_run)[-2:]
     assert sum(last) / 2 < sum(first) / 2 - 0.1  # lr 1e-3, 8 steps on a fixed pool: it must learn
 
@@ -64,9 +64,9 @@ def test_lora_adds_the_adapters_peft_adds_and_trains_them_with_the_projector(tmp
                                         measure={"warmup_steps": 0, "steps": 2})
     assert code == 0, stderr[-3000:]
     a = applied(records)
-    adapters = count_lora_params(spec["model"]["arch"], spec["lora"])
-    assert a["num_params_total"] == expected["total"] + adapters
-    assert a["num_params_trainable"] == expected["projector"] + adapters  # projector includes image_newline
+    assert a["num_params_total"] == expected["total"]  # adapters included
+    assert a["num_params_trainable"] == expected["trainable"]  # adapters + projector (+ image newline) or merger
+    assert "text" not in expected["trainable_parts"]
 
 
 def test_llava_next_sft_counts_match_and_the_image_newline_trains(tmp_path):
@@ -76,7 +76,8 @@ def test_llava_next_sft_counts_match_and_the_image_newline_trains(tmp_path):
     assert code == 0, stderr[-3000:]
     a = applied(records)
     assert a["num_params_total"] == expected["total"] == 190336
-    assert a["num_params_trainable"] == expected["projector"] + expected["text"]
+    assert a["num_params_trainable"] == expected["trainable"]
+    assert expected["trainable_parts"]["newline"] == 64
 
 
 SAME_WEIGHTS_QWEN = """
@@ -163,13 +164,13 @@ SAME_WEIGHTS_LORA = """
     import importlib, json, sys
     import numpy as np
     import paddle
-    from xfw_paddle.session import apply_lora
+    from xfw_paddle.session import apply_lora, lora_target
 
     family = importlib.import_module("xfw_paddle.families." + sys.argv[1])
     arch, lora, weights, batch, out = (json.loads(sys.argv[2]), json.loads(sys.argv[3]), np.load(sys.argv[4]),
                                        np.load(sys.argv[5]), sys.argv[6])
     model = family.build(arch, use_sdpa=True, recompute=False)
-    apply_lora(family.lora_target(model), lora)
+    apply_lora(lora_target(arch, model), lora)
     model.eval()
     family.load_hf_state(model, dict(weights))
     b = {k: paddle.to_tensor(batch[k]) for k in batch.files}

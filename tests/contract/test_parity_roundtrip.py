@@ -29,7 +29,7 @@ def spec_for(backend: str, recipe: str, weights_dir) -> dict:
 
 def export_torch(recipe: str, weights_dir, out_dir) -> dict:
     pytest.importorskip("torch")
-    from xfw_torch.session import export_weights
+    from xfw_torch.side_tasks import export_weights
 
     export_weights(spec_for("torch", recipe, weights_dir), str(out_dir))
     return weights.load_file(out_dir / weights.WEIGHTS_FILE)

@@ -31,17 +31,21 @@ def spec_of(name: str, **changes) -> dict:
 
 
 def expected_trainable(spec: dict) -> int:
-    """Counted independently of peft: the trained network's size, or r x (in + out) per targeted Linear."""
+    """Counted independently of peft: the trained parts' size (the family's facts), or r x (in + out)
+    per Linear a target names in the LoRA module."""
     torch = pytest.importorskip("torch")
+    from xfw.contract import families
     from xfw_torch.families import family_module
+    from xfw_torch.session import lora_target
 
-    family = family_module(spec["model"]["family"])
+    arch = spec["model"]["arch"]
     with torch.device("meta"):
-        model = family.build(spec["model"]["arch"])
+        model = family_module(spec["model"]["family"]).build(arch)
     if spec["stage"] != "lora":
-        return sum(p.numel() for part in family.trainable_parts(model, spec["stage"]) for p in part.parameters())
+        parts = families.trainable_parts(arch, spec["stage"])
+        return sum(p.numel() for name, p in model.named_parameters() if families.trains(arch, parts, name))
     lora = spec["lora"]
-    return sum(lora["r"] * (m.in_features + m.out_features) for name, m in family.lora_target(model).named_modules()
+    return sum(lora["r"] * (m.in_features + m.out_features) for name, m in lora_target(arch, model).named_modules()
                if isinstance(m, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in lora["targets"]))
 
 

@@ -9,8 +9,11 @@ Neutral settings map to Paddle's native mechanisms (DESIGN.md §5):
   in ``notes``.
 * recompute: ``fleet.utils.recompute`` per decoder block (paddlenlp's for LLaVA's Llama, the
   family's own for Qwen2-VL).
-* LoRA: ``paddlenlp.peft`` adapters on the family's ``lora_target`` (the decoder), on exactly
-  the linears peft adapts on the PyTorch side, scaling alpha / r (:func:`lora_config_for`).
+* what trains: the stage's parts, selected per parameter by its canonical name
+  (:func:`select_trainable`, the family's facts in ``xfw.contract.families``).
+* LoRA: ``paddlenlp.peft`` adapters in the family's LoRA module (:func:`lora_target`, e.g. the
+  decoder), on exactly the linears peft adapts on the PyTorch side, scaling alpha / r
+  (:func:`lora_config_for`).
 
 Timestamps are CUDA events on GPU and ``perf_counter`` on CPU (Paddle executes CPU kernels
 synchronously); losses leave the GPU through pinned memory so reading them never syncs.
@@ -30,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from xfw.contract import hf_names
+from xfw.contract import families, hf_names
 from xfw.contract import weights as neutral
 from xfw.contract.env import cpu_model, package_versions
 from xfw.contract.harness import GRAD_NORM_KNOB, InvalidSpec, Unsupported, wants_grad_norm
@@ -173,13 +176,13 @@ def _weights_dir(spec: dict) -> str | None:
     return None if weights == "random" else weights
 
 
-def build_model(spec: dict, *, use_sdpa: bool) -> paddle.nn.Layer:
+def build_model(spec: dict, *, use_sdpa: bool, weights: bool = True) -> paddle.nn.Layer:
     """The family's model as a run starts from: seeded random init, then ``model.weights`` if
-    it names a directory (converted on the fly). Base weights only (LoRA: :func:`add_lora`)."""
+    it names a directory (and ``weights``), converted on the fly. Base weights only (LoRA: :func:`add_lora`)."""
     family = family_module(spec["model"]["family"])
     paddle.seed(spec["measure"]["seed"])
     model = family.build(spec["model"]["arch"], use_sdpa=use_sdpa, recompute=bool(spec["recompute"]))
-    directory = _weights_dir(spec)
+    directory = _weights_dir(spec) if weights else None
     if directory is not None:
         load_weights(model, canonical_names(family, model), directory, family=spec["model"]["family"])
         try:
@@ -189,78 +192,52 @@ def build_model(spec: dict, *, use_sdpa: bool) -> paddle.nn.Layer:
     return model
 
 
-def add_lora(model: paddle.nn.Layer, spec: dict) -> None:
-    """Stage ``lora``: paddlenlp.peft adapters on the family's target, then the adapters of
+def select_trainable(model: paddle.nn.Layer, spec: dict) -> None:
+    """``stop_gradient`` per parameter from its canonical name (the family's ``canonical_names``):
+    the parts the spec's stage trains (``xfw.contract.families``; the PyTorch adapter selects by
+    the same facts)."""
+    arch = spec["model"]["arch"]
+    try:
+        parts = families.trainable_parts(arch, spec["stage"])
+    except KeyError as err:
+        raise Unsupported(str(err)) from None
+    names = canonical_names(family_module(spec["model"]["family"]), model)
+    for ours, param in model.named_parameters():
+        param.stop_gradient = not families.trains(arch, parts, names[ours][0])
+
+
+def lora_target(arch: dict, model: paddle.nn.Layer) -> paddle.nn.Layer:
+    """The layer stage lora's adapters go into: the outermost one holding exactly the parameters
+    whose canonical names are under the family's ``LORA_MODULE`` (e.g. LLaVA's
+    ``model.language_model`` is paddlenlp's ``language_model.llama``: the decoder without ``lm_head``)."""
+    module = families.lora_module(arch)
+    inside = {ours for ours, (canon, _) in family_module(arch["family"]).canonical_names(model).items()
+              if canon.startswith(f"{module}.")}
+    for path, layer in model.named_sublayers(include_self=True):
+        if {f"{path}.{n}".lstrip(".") for n, _ in layer.named_parameters()} == inside:
+            return layer
+    raise Unsupported(f"no layer of the {arch['family']} model holds exactly {module}")
+
+
+def add_lora(model: paddle.nn.Layer, spec: dict, *, weights: bool = True) -> None:
+    """Stage ``lora``: paddlenlp.peft adapters on the family's LoRA module, then the adapters of
     ``model.weights`` when it holds any (else paddlenlp's seeded ones)."""
     family = family_module(spec["model"]["family"])
     # A family may bring its own (ppdiffusers models need a holder for paddlenlp.peft).
-    getattr(family, "apply_lora", apply_lora)(family.lora_target(model), spec["lora"])
-    directory = _weights_dir(spec)
+    getattr(family, "apply_lora", apply_lora)(lora_target(spec["model"]["arch"], model), spec["lora"])
+    directory = _weights_dir(spec) if weights else None
     if directory is not None and neutral.Checkpoint(directory, family=spec["model"]["family"]).names(lora=True):
         load_weights(model, canonical_names(family, model), directory, family=spec["model"]["family"], lora=True)
 
 
-def start_model(spec: dict, *, use_sdpa: bool) -> paddle.nn.Layer:
-    """The whole starting model, LoRA adapters included: what export and probe look at."""
-    model = build_model(spec, use_sdpa=use_sdpa)
+def start_model(spec: dict, *, use_sdpa: bool, weights: bool = True) -> paddle.nn.Layer:
+    """The model a run of this spec starts from: built, the stage's parts trainable and the rest
+    frozen, LoRA adapters injected; ``weights=False`` leaves ``model.weights`` unread."""
+    model = build_model(spec, use_sdpa=use_sdpa, weights=weights)
+    select_trainable(model, spec)
     if spec["stage"] == "lora":
-        add_lora(model, spec)
+        add_lora(model, spec, weights=weights)
     return model
-
-
-def export_weights(spec: dict, directory: str) -> None:
-    """``python -m xfw_paddle --export-weights DIR --spec spec.json``: the model a run of this
-    spec starts from, LoRA adapters included, written to ``DIR/model.safetensors`` under the
-    canonical names and torch layouts (Linear weights and adapters transposed back to [out, in])."""
-    check_spec(spec)
-    paddle.set_device("cpu")
-    model = start_model(spec, use_sdpa=spec["backend_knobs"].get("attn_implementation", "sdpa") == "sdpa")
-    params = dict(model.named_parameters())
-    names = canonical_names(family_module(spec["model"]["family"]), model)
-    tensors = {canon: np.ascontiguousarray(params[ours].numpy().T if transposed else params[ours].numpy())
-               for ours, (canon, transposed) in names.items()}
-    neutral.save_file(tensors, f"{directory}/{neutral.WEIGHTS_FILE}", metadata={"format": "paddle"})
-
-
-def _first_tensor(output):
-    if isinstance(output, paddle.Tensor):
-        return output
-    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
-    return next((t for t in (_first_tensor(v) for v in values) if t is not None), None)
-
-
-def probe_modules(spec: dict, path: str) -> None:
-    """``--probe-modules FILE``: as the PyTorch adapter's, with each layer named by the
-    canonical name of the module its parameters map to (the family's ``canonical_names``)."""
-    from xfw.contract.atomic import write_json_atomic
-    from xfw.contract.synthetic import make_pool
-
-    check_spec(spec)
-    paddle.set_device("cpu")
-    family = family_module(spec["model"]["family"])
-    model = start_model(spec, use_sdpa=spec["backend_knobs"].get("attn_implementation", "sdpa") == "sdpa")
-    model.train()
-    names = canonical_names(family, model)
-    found: list[dict] = []
-    seen: set[str] = set()
-
-    def hook(name):
-        def record(_layer, _inputs, output):
-            tensor = _first_tensor(output)
-            if name not in seen and tensor is not None and tensor.dtype in (paddle.float32, paddle.float64):
-                seen.add(name)
-                found.append({"name": name, "norm": float(paddle.linalg.norm(tensor.detach().astype("float64")))})
-        return record
-
-    for name, layer in model.named_sublayers():
-        own = next(iter(layer.named_parameters(include_sublayers=False)), None)
-        if own is not None and f"{name}.{own[0]}" in names:
-            canon = names[f"{name}.{own[0]}"][0].removesuffix(f".{own[0]}")
-            layer.register_forward_post_hook(hook(canon))
-    batch = {k: paddle.to_tensor(v) for k, v in make_pool(spec, 0)[0].items()}
-    with paddle.no_grad():
-        family.loss_fn(model, batch, contextlib.nullcontext)
-    write_json_atomic(path, {"modules": found})
 
 
 def _majority_dtype(params: list) -> str:
@@ -282,14 +259,7 @@ class PaddleSession:
         self.attn = spec["backend_knobs"].get("attn_implementation", "sdpa")
         self.precision = plan_precision(spec["precision"]["dtype"], spec["precision"]["amp_level"], self.gpu)
 
-        model = build_model(spec, use_sdpa=self.attn == "sdpa")
-        for p in model.parameters():
-            p.stop_gradient = True
-        for part in family.trainable_parts(model, spec["stage"]):
-            for p in part.parameters() if isinstance(part, paddle.nn.Layer) else [part]:
-                p.stop_gradient = False
-        if spec["stage"] == "lora":
-            add_lora(model, spec)
+        model = start_model(spec, use_sdpa=self.attn == "sdpa")
         model.train()
         trainable = [p for p in model.parameters() if not p.stop_gradient]
         self.trainable = trainable

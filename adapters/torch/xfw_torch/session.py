@@ -7,6 +7,9 @@ Neutral settings map to PyTorch's native mechanisms (DESIGN.md §5):
   losses), and fp32 master copies of the trainable weights owned by the optimizer
   (:class:`MasterWeights`) — what Paddle's ``decorate(level='O2', master_weight=True)`` does.
 * fp16 adds a ``GradScaler``. Recompute is transformers' per-layer activation checkpointing.
+* What trains: the stage's parts, selected per parameter by its canonical name
+  (:func:`select_trainable`, the family's facts in ``xfw.contract.families``); LoRA adapters go
+  into the family's LoRA module (:func:`lora_target`).
 
 Timestamps are CUDA events on GPU and ``perf_counter`` on CPU (where execution is
 synchronous); losses leave the GPU through pinned memory so reading them never syncs.
@@ -20,7 +23,7 @@ import time
 
 import torch
 
-from xfw.contract import hf_names
+from xfw.contract import families, hf_names
 from xfw.contract import weights as neutral
 from xfw.contract.env import cpu_model, package_versions
 from xfw.contract.harness import GRAD_NORM_KNOB, InvalidSpec, Unsupported, wants_grad_norm
@@ -84,13 +87,14 @@ def _weights_dir(spec: dict) -> str | None:
     return None if weights == "random" else weights
 
 
-def build_model(spec: dict, device: torch.device, attn: str) -> torch.nn.Module:
+def build_model(spec: dict, device: torch.device, attn: str, *, weights: bool = True) -> torch.nn.Module:
     """The family's model as a run starts from: seeded random init, then ``model.weights`` if
-    it names a directory. Base weights only (LoRA comes after the stage's freezing: :func:`add_lora`)."""
+    it names a directory (and ``weights``). Base weights only (LoRA comes after the stage's
+    freezing: :func:`add_lora`)."""
     torch.manual_seed(spec["measure"]["seed"])  # the same initial weights on every rank
     with device:  # initialise on the device: a 7B model built on the host takes minutes
         model = family_module(spec["model"]["family"]).build(spec["model"]["arch"], attn_implementation=attn)
-    directory = _weights_dir(spec)
+    directory = _weights_dir(spec) if weights else None
     if directory is not None:
         load_weights(model, directory, family=spec["model"]["family"])
         try:
@@ -100,66 +104,41 @@ def build_model(spec: dict, device: torch.device, attn: str) -> torch.nn.Module:
     return model
 
 
-def add_lora(model: torch.nn.Module, spec: dict) -> None:
-    """Stage ``lora``: peft adapters on the family's target, seeded (the RNG continues from the
-    model's init), then the adapters of ``model.weights`` when it holds any (else the seeded ones)."""
-    apply_lora(family_module(spec["model"]["family"]).lora_target(model), spec["lora"])
-    directory = _weights_dir(spec)
+def select_trainable(model: torch.nn.Module, spec: dict) -> None:
+    """``requires_grad`` per parameter from its canonical name: the parts the spec's stage trains
+    (``xfw.contract.families``; the Paddle adapter selects by the same facts)."""
+    arch = spec["model"]["arch"]
+    try:
+        parts = families.trainable_parts(arch, spec["stage"])
+    except KeyError as err:
+        raise Unsupported(str(err)) from None
+    for name, param in model.named_parameters():
+        param.requires_grad_(families.trains(arch, parts, hf_names.peft_to_canonical(name)))
+
+
+def lora_target(arch: dict, model: torch.nn.Module) -> torch.nn.Module:
+    """The module stage lora's adapters go into: the family's ``LORA_MODULE`` (a canonical name,
+    which is this model's own module name)."""
+    return model.get_submodule(families.lora_module(arch))
+
+
+def add_lora(model: torch.nn.Module, spec: dict, *, weights: bool = True) -> None:
+    """Stage ``lora``: peft adapters on the family's LoRA module, seeded (the RNG continues from
+    the model's init), then the adapters of ``model.weights`` when it holds any (else the seeded ones)."""
+    apply_lora(lora_target(spec["model"]["arch"], model), spec["lora"])
+    directory = _weights_dir(spec) if weights else None
     if directory is not None and neutral.Checkpoint(directory, family=spec["model"]["family"]).names(lora=True):
         load_weights(model, directory, family=spec["model"]["family"], lora=True)
 
 
-def start_model(spec: dict, device: torch.device, attn: str) -> torch.nn.Module:
-    """The whole starting model, LoRA adapters included: what export and probe look at."""
-    model = build_model(spec, device, attn)
+def start_model(spec: dict, device: torch.device, attn: str, *, weights: bool = True) -> torch.nn.Module:
+    """The model a run of this spec starts from: built, the stage's parts trainable and the rest
+    frozen, LoRA adapters injected; ``weights=False`` leaves ``model.weights`` unread."""
+    model = build_model(spec, device, attn, weights=weights)
+    select_trainable(model, spec)
     if spec["stage"] == "lora":
-        add_lora(model, spec)
+        add_lora(model, spec, weights=weights)
     return model
-
-
-def export_weights(spec: dict, directory: str) -> None:
-    """``python -m xfw_torch --export-weights DIR --spec spec.json``: the model a run of this
-    spec starts from, LoRA adapters included, written to ``DIR/model.safetensors`` under the
-    canonical names."""
-    model = start_model(spec, torch.device("cpu"), spec["backend_knobs"].get("attn_implementation", "sdpa"))
-    tensors = {hf_names.peft_to_canonical(n): p.detach().float().cpu().numpy() for n, p in model.named_parameters()}
-    neutral.save_file(tensors, f"{directory}/{neutral.WEIGHTS_FILE}", metadata={"format": "pt"})
-
-
-def _first_tensor(output):
-    if isinstance(output, torch.Tensor):
-        return output
-    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
-    return next((t for t in (_first_tensor(v) for v in values) if t is not None), None)
-
-
-def probe_modules(spec: dict, path: str) -> None:
-    """``--probe-modules FILE``: one forward pass of the spec's starting model on the first
-    synthetic batch; the output norm of every module that owns a parameter, in call order
-    (first call only), under its canonical name (this model's own)."""
-    from xfw.contract.atomic import write_json_atomic
-    from xfw.contract.synthetic import make_pool
-
-    model = start_model(spec, torch.device("cpu"), spec["backend_knobs"].get("attn_implementation", "sdpa"))
-    model.train()  # as a run's first step computes it
-    found: list[dict] = []
-    seen: set[str] = set()
-
-    def hook(name):
-        def record(_module, _inputs, output):
-            tensor = _first_tensor(output)
-            if name not in seen and tensor is not None and tensor.is_floating_point():
-                seen.add(name)
-                found.append({"name": name, "norm": float(tensor.detach().double().norm())})
-        return record
-
-    for name, module in model.named_modules():
-        if next(module.parameters(recurse=False), None) is not None:  # peft's q_proj.base_layer is q_proj
-            module.register_forward_hook(hook(hf_names.peft_to_canonical(f"{name}.").removesuffix(".")))
-    batch = {k: torch.from_numpy(v) for k, v in make_pool(spec, 0)[0].items()}
-    with torch.no_grad():
-        family_module(spec["model"]["family"]).loss_fn(model, batch)
-    write_json_atomic(path, {"modules": found})
 
 
 class MasterWeights:
@@ -194,12 +173,7 @@ class TorchSession:
                               f"the launcher started {self.num_ranks}")
         self.cuda = self.device.type == "cuda"
         attn = knobs.get("attn_implementation", "sdpa")
-        model = build_model(spec, self.device, attn)
-        model.requires_grad_(False)
-        for part in family.trainable_parts(model, spec["stage"]):
-            part.requires_grad_(True)
-        if spec["stage"] == "lora":
-            add_lora(model, spec)
+        model = start_model(spec, self.device, attn)
         if spec["recompute"]:
             family.enable_recompute(model)
         # A debugging switch people leave on by accident (every op records its traceback and every

@@ -1,11 +1,13 @@
 """Paddle builders, one module per model family (the same names as ``xfw.contract.families``).
 
-A family module provides:
+A family module provides the framework objects; what each stage trains and where LoRA goes are
+the family's facts in ``xfw.contract.families``, applied by ``xfw_paddle.session`` through the
+canonical names. A family module provides:
 
 * ``build(arch, *, use_sdpa, recompute) -> paddle.nn.Layer``: the whole trained system,
   randomly initialised in fp32, frozen encoders included;
-* ``trainable_parts(model, stage) -> list[Layer]``: what the stage trains besides LoRA;
-* ``lora_target(model) -> Layer``: where LoRA adapters go for stage ``lora``;
+* ``canonical_names(model) -> {our name: (canonical name, transposed?)}``: the name map through
+  which weights are read and written and ``xfw_paddle.session`` selects what trains;
 * ``loss_fn(model, batch, autocast) -> Tensor``: the loss of one micro-batch; ``autocast()``
   is the AMP context to run the forward in.
 """

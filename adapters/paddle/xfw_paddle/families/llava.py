@@ -324,23 +324,6 @@ def build(arch: dict, *, use_sdpa: bool, recompute: bool) -> LlavaForConditional
     return LlavaForConditionalGeneration(arch, use_sdpa=use_sdpa, recompute=recompute)
 
 
-def trainable_parts(model: LlavaForConditionalGeneration, stage: str) -> list[nn.Layer]:
-    """What a stage trains (DESIGN.md §4); the vision tower is always frozen."""
-    if stage == "pretrain":
-        return [model.multi_modal_projector]
-    newline = [model.image_newline] if model.anyres_grid else []
-    if stage in ("pretrain", "lora"):  # lora: plus the adapters, added on lora_target
-        return [model.multi_modal_projector, *newline]
-    if stage == "sft":
-        return [model.multi_modal_projector, *newline, model.language_model]
-    raise Unsupported(f"stage {stage!r} for LLaVA is not built by this adapter")
-
-
-def lora_target(model: LlavaForConditionalGeneration) -> nn.Layer:
-    """The decoder without lm_head, as the PyTorch side's ``model.model.language_model``."""
-    return model.language_model.llama
-
-
 _HF_PREFIXES = (
     ("vision_tower.", "model.vision_tower."),
     ("multi_modal_projector.", "model.multi_modal_projector."),

@@ -324,20 +324,6 @@ def build(arch: dict, *, use_sdpa: bool, recompute: bool) -> Qwen2VLForCondition
     return Qwen2VLForConditionalGeneration(arch, use_sdpa=use_sdpa, recompute=recompute)
 
 
-def trainable_parts(model: Qwen2VLForConditionalGeneration, stage: str) -> list[nn.Layer]:
-    """What a stage trains (DESIGN.md §4); the vision tower (merger aside) is always frozen."""
-    if stage == "lora":  # plus the adapters, added on lora_target
-        return [model.visual.merger]
-    if stage == "sft":  # lm_head, when untied, trains too (transformers' model.lm_head)
-        return [model.visual.merger, model.language_model, *([] if model.tied else [model.lm_head])]
-    raise Unsupported(f"stage {stage!r} for Qwen2-VL is not built by this adapter")
-
-
-def lora_target(model: Qwen2VLForConditionalGeneration) -> nn.Layer:
-    """The decoder without lm_head, as the PyTorch side's ``model.model.language_model``."""
-    return model.language_model
-
-
 def hf_name(name: str) -> str:
     """The transformers parameter name for one of this model's parameter names."""
     if name.startswith(("visual.", "language_model.")):

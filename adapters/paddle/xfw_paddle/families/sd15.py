@@ -4,14 +4,14 @@
 PyTorch side (``xfw_torch.families.sd15``), with the same parameter names and counts. The CLIP
 text encoder is ``ppdiffusers.transformers.CLIPTextModel`` (what ppdiffusers' SD pipelines
 load): a port of transformers' CLIPTextModel with its module names, unlike paddlenlp's. The
-step is the PyTorch side's, its randomness from the batch (DESIGN.md §4)::
+step is the PyTorch side's, its randomness from the batch::
 
     latents = VAE mean(pixels) x scaling_factor          # frozen, no grad
     text    = CLIP text(input_ids).last_hidden_state      # frozen, no grad
     noisy   = sqrt(ᾱ_t)·latents + sqrt(1 − ᾱ_t)·noise     # ᾱ from xfw.contract.families.sd15
     loss    = MSE(UNet(noisy, t, text), noise)            # epsilon prediction
 
-Stages: pretrain = the whole UNet; lora = paddlenlp.peft LoRA on the UNet only
+What each stage trains is ``xfw.contract.families.sd15.STAGE_PARTS``; LoRA is paddlenlp.peft's
 (:func:`apply_lora`). Recompute is ppdiffusers' gradient checkpointing (each resnet and each
 Transformer2D, as diffusers). One difference remains under LoRA: ppdiffusers checkpoints a layer
 only when its input needs a gradient, diffusers whenever grad is enabled, so with LoRA the first
@@ -26,10 +26,9 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from xfw.contract.families import sd15 as core
-from xfw.contract.harness import Unsupported
 from xfw_paddle.families._sd_common import apply_lora, build_vae, canonical_names, encode_latents, use_attention
 
-__all__ = ["apply_lora", "canonical_names", "build", "trainable_parts", "lora_target", "prediction", "loss_fn"]
+__all__ = ["apply_lora", "canonical_names", "build", "prediction", "loss_fn"]
 
 
 class StableDiffusion15(nn.Layer):
@@ -66,18 +65,6 @@ def build(arch: dict, *, use_sdpa: bool = True, recompute: bool = False) -> Stab
     if recompute:
         model.unet.enable_gradient_checkpointing()
     return model
-
-
-def trainable_parts(model: StableDiffusion15, stage: str) -> list[nn.Layer]:
-    if stage == "pretrain":
-        return [model.unet]
-    if stage == "lora":
-        return []  # only the adapters injected into lora_target(model)
-    raise Unsupported(f"stage {stage!r} for SD1.5")
-
-
-def lora_target(model: StableDiffusion15) -> nn.Layer:
-    return model.unet
 
 
 def prediction(model: StableDiffusion15, batch: dict) -> tuple[paddle.Tensor, paddle.Tensor]:

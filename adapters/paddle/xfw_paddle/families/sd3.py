@@ -16,7 +16,7 @@ Two places where ppdiffusers 0.29.0 differs from diffusers 0.42, corrected in :f
   and so fails on the second block; :func:`_checkpointed_blocks` runs each joint block under
   ``paddle.distributed.fleet.utils.recompute`` (non-reentrant), as diffusers does per block.
 
-Stages: dreambooth = the whole transformer; lora = paddlenlp.peft LoRA on the transformer only.
+What each stage trains is ``xfw.contract.families.sd3.STAGE_PARTS``; LoRA is paddlenlp.peft's.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from xfw.contract.families.sd3 import transformer_kwargs
 from xfw.contract.harness import InvalidSpec, Unsupported
 from xfw_paddle.families._sd_common import apply_lora, build_vae, canonical_names, encode_latents, use_attention
 
-__all__ = ["apply_lora", "canonical_names", "build", "trainable_parts", "lora_target", "prediction", "loss_fn"]
+__all__ = ["apply_lora", "canonical_names", "build", "prediction", "loss_fn"]
 
 
 class StableDiffusion3(nn.Layer):
@@ -86,18 +86,6 @@ def build(arch: dict, *, use_sdpa: bool = True, recompute: bool = False) -> Stab
     model = StableDiffusion3(arch, transformer, build_vae(arch["vae"]))
     use_attention(model.vae, use_sdpa)  # the transformer keeps its JointAttnProcessor2_5 (SDPA)
     return model
-
-
-def trainable_parts(model: StableDiffusion3, stage: str) -> list[nn.Layer]:
-    if stage == "dreambooth":
-        return [model.transformer]
-    if stage == "lora":
-        return []  # only the adapters injected into lora_target(model)
-    raise Unsupported(f"stage {stage!r} for SD3")
-
-
-def lora_target(model: StableDiffusion3) -> nn.Layer:
-    return model.transformer
 
 
 def prediction(model: StableDiffusion3, batch: dict) -> tuple[paddle.Tensor, paddle.Tensor]:

@@ -1,12 +1,12 @@
 """PyTorch builders, one module per model family (the same names as ``xfw.contract.families``).
 
-A family module provides:
+A family module provides the framework objects; what each stage trains and where LoRA goes are
+the family's facts in ``xfw.contract.families``, applied by ``xfw_torch.session`` by parameter
+name. A family module provides:
 
 * ``build(arch, *, attn_implementation) -> torch.nn.Module``: the whole trained system, randomly
   initialised in fp32 (frozen encoders included: their parameters count and their cost is
   part of the step);
-* ``trainable_parts(model, stage) -> list[Module]``: what the stage trains besides LoRA;
-* ``lora_target(model) -> Module``: where LoRA adapters go for stage ``lora``;
 * ``loss_fn(model, batch) -> Tensor``: the training loss for one micro-batch (dict of tensors);
 * ``enable_recompute(model)``: activation checkpointing per block.
 """

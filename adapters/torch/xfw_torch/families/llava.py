@@ -3,8 +3,8 @@
 ``build(arch)`` maps the fields of ``xfw.contract.presets`` (family ``llava``) one-to-one onto
 ``CLIPVisionConfig`` + ``LlamaConfig`` and a ``LlavaConfig`` (single tile, LLaVA-1.5 style)
 or ``LlavaNextConfig`` (AnyRes tiles + image newline, LLaVA-1.6), randomly initialised.
-Stages (DESIGN.md §4): pretrain = projector; sft = projector + LM; lora = LoRA on the LM +
-full projector. The vision tower is always frozen.
+What each stage trains is ``xfw.contract.families.llava.STAGE_PARTS`` (the vision tower is
+always frozen; with AnyRes the image newline trains with the projector).
 """
 
 from __future__ import annotations
@@ -55,20 +55,6 @@ def build(arch: dict, *, attn_implementation: str = "sdpa") -> torch.nn.Module:
         cls = LlavaForConditionalGeneration
     config._attn_implementation = attn_implementation
     return cls(config)
-
-
-def trainable_parts(model: torch.nn.Module, stage: str) -> list:
-    inner = model.model
-    newline = [inner.image_newline] if getattr(inner, "image_newline", None) is not None else []
-    if stage in ("pretrain", "lora"):
-        return [inner.multi_modal_projector, *newline]
-    if stage == "sft":
-        return [inner.multi_modal_projector, *newline, inner.language_model, model.lm_head]
-    raise Unsupported(f"stage {stage!r} for LLaVA")
-
-
-def lora_target(model: torch.nn.Module) -> torch.nn.Module:
-    return model.model.language_model
 
 
 def loss_fn(model: torch.nn.Module, batch: dict) -> torch.Tensor:

@@ -1,15 +1,14 @@
 """Qwen2-VL from the neutral architecture with transformers' Qwen2VLForConditionalGeneration.
 
 The batch brings the M-RoPE position ids (computed by the core, see xfw.contract.families.qwen2vl),
-so transformers does not rebuild them on the host inside the timed step. Stages (DESIGN.md
-§4): sft = LM + merger (vision frozen); lora = LoRA on the LM + full merger.
+so transformers does not rebuild them on the host inside the timed step. What each
+stage trains is ``xfw.contract.families.qwen2vl.STAGE_PARTS``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from xfw.contract.harness import Unsupported
 from xfw_torch.families.llava import compile_units, enable_recompute, loss_fn  # noqa: F401 - same LM step
 
 
@@ -38,19 +37,6 @@ def build(arch: dict, *, attn_implementation: str = "sdpa") -> torch.nn.Module:
     )
     config._attn_implementation = attn_implementation
     return Qwen2VLForConditionalGeneration(config)
-
-
-def trainable_parts(model: torch.nn.Module, stage: str) -> list:
-    inner = model.model
-    if stage == "lora":
-        return [inner.visual.merger]
-    if stage == "sft":
-        return [inner.visual.merger, inner.language_model, model.lm_head]
-    raise Unsupported(f"stage {stage!r} for Qwen2-VL")
-
-
-def lora_target(model: torch.nn.Module) -> torch.nn.Module:
-    return model.model.language_model
 
 
 def shard_units(model: torch.nn.Module) -> list:

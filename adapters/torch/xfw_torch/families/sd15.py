@@ -3,7 +3,7 @@
 ``build(arch)`` maps ``xfw.contract.presets`` (family ``sd15``) onto ``UNet2DConditionModel``,
 ``AutoencoderKL`` and ``CLIPTextModel``, randomly initialised, inside one module the session
 moves, casts and counts. The step is diffusers' train_text_to_image.py with its randomness
-taken from the batch (DESIGN.md §4)::
+taken from the batch::
 
     latents = VAE mean(pixels) x scaling_factor          # frozen, no grad
     text    = CLIP text(input_ids).last_hidden_state      # frozen, no grad
@@ -12,7 +12,7 @@ taken from the batch (DESIGN.md §4)::
 
 The VAE posterior's mean (``latent_dist.mode()``) replaces ``.sample()``: sampling would
 draw from the framework's RNG, and the two frameworks' draws could never match. The cost is
-the same. Stages: pretrain = the whole UNet; lora = LoRA on the UNet only.
+the same. What each stage trains is ``xfw.contract.families.sd15.STAGE_PARTS``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from xfw.contract.families import sd15 as core
-from xfw.contract.harness import InvalidSpec, Unsupported
+from xfw.contract.harness import InvalidSpec
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
@@ -71,18 +71,6 @@ def build(arch: dict, *, attn_implementation: str = "sdpa") -> torch.nn.Module:
         model.unet.set_attn_processor(AttnProcessor())
         model.vae.set_attn_processor(AttnProcessor())
     return model
-
-
-def trainable_parts(model: StableDiffusion15, stage: str) -> list:
-    if stage == "pretrain":
-        return [model.unet]
-    if stage == "lora":
-        return []  # only the adapters injected into lora_target(model)
-    raise Unsupported(f"stage {stage!r} for SD1.5")
-
-
-def lora_target(model: StableDiffusion15) -> torch.nn.Module:
-    return model.unet
 
 
 def loss_fn(model: StableDiffusion15, batch: dict) -> torch.Tensor:

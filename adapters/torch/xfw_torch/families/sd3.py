@@ -9,7 +9,7 @@ is rectified flow matching as in diffusers' train_dreambooth_sd3.py, with σ fro
     loss  = MSE(transformer(noisy, σ·1000, text, pooled), noise − x0)
 
 As for SD1.5, the VAE posterior's mean replaces ``.sample()`` to keep framework RNGs out of
-the step. Stages: dreambooth = the whole transformer; lora = LoRA on the transformer only.
+the step. What each stage trains is ``xfw.contract.families.sd3.STAGE_PARTS``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from xfw.contract.families.sd3 import transformer_kwargs
-from xfw.contract.harness import InvalidSpec, Unsupported
+from xfw.contract.harness import InvalidSpec
 from xfw_torch.families.sd15 import build_vae, encode_latents
 
 
@@ -37,18 +37,6 @@ def build(arch: dict, *, attn_implementation: str = "sdpa") -> torch.nn.Module:
         raise InvalidSpec(f"backends.torch.attn_implementation: {attn_implementation!r} for SD3 (only 'sdpa')")
     transformer = SD3Transformer2DModel(**transformer_kwargs(arch["transformer"]))
     return StableDiffusion3(arch, transformer, build_vae(arch["vae"]))
-
-
-def trainable_parts(model: StableDiffusion3, stage: str) -> list:
-    if stage == "dreambooth":
-        return [model.transformer]
-    if stage == "lora":
-        return []  # only the adapters injected into lora_target(model)
-    raise Unsupported(f"stage {stage!r} for SD3")
-
-
-def lora_target(model: StableDiffusion3) -> torch.nn.Module:
-    return model.transformer
 
 
 def loss_fn(model: StableDiffusion3, batch: dict) -> torch.Tensor:
