@@ -8,7 +8,7 @@ these fields to its framework's classes, so both sides build the same network, a
     >>> arch["text"]["hidden_size"], arch["data"]["seq_len"]
     (64, 64)
 
-Published sizes are the ones in shared/DESIGN.md §4, taken from the model cards' config.json
+Published sizes are taken from the model cards' config.json
 (llava-hf/llava-v1.6-vicuna-7b-hf and -13b-hf, Qwen/Qwen2-VL-2B-Instruct and -7B-Instruct,
 runwayml/stable-diffusion-v1-5, stabilityai/stable-diffusion-3-medium-diffusers).
 """

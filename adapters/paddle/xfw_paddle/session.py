@@ -1,6 +1,6 @@
 """The Paddle side of the harness protocol: build, apply settings, step, time, report.
 
-Neutral settings map to Paddle's native mechanisms (DESIGN.md §5):
+Neutral settings map to Paddle's native mechanisms:
 
 * O1: ``paddle.amp.auto_cast(level='O1')`` over fp32 weights.
 * O2: ``paddle.amp.decorate(level='O2', master_weight=True, master_grad=True)`` +
@@ -18,7 +18,7 @@ Neutral settings map to Paddle's native mechanisms (DESIGN.md §5):
 Timestamps are CUDA events on GPU and ``perf_counter`` on CPU (Paddle executes CPU kernels
 synchronously); losses leave the GPU through pinned memory so reading them never syncs.
 The GPU paths are written to Paddle's documentation and have not run here (no Paddle GPU build
-fits this environment, DESIGN.md §7)::
+fits this environment)::
 
     python -m xfw_paddle --spec run/spec.json --records run/steps.jsonl
 """

@@ -1,6 +1,6 @@
 """The PyTorch side of the harness protocol: build, apply settings, step, time, report.
 
-Neutral settings map to PyTorch's native mechanisms (DESIGN.md §5):
+Neutral settings map to PyTorch's native mechanisms:
 
 * O1: ``torch.autocast`` over fp32 weights.
 * O2: weights cast to the low-precision dtype, autocast kept for its fp32 islands (softmax,
