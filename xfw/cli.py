@@ -30,7 +30,13 @@ from xfw.report.layouts import LAYOUTS
 from xfw.run import launcher
 
 
+def _printable(text: str) -> str:
+    """Control characters a user typed (or a file held) shown escaped: an error is one line per problem."""
+    return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text)
+
+
 def _fail(message: str) -> None:
+    message = _printable(message)
     click.echo(f"error: {message}" if "\n" not in message else
                "error:\n" + "\n".join(f"  {m}" for m in message.splitlines()), err=True)
     sys.exit(2)
@@ -89,6 +95,9 @@ python_option = click.option("--python", "pythons", multiple=True, metavar="NAME
 repeat_option = click.option("--repeat", type=click.IntRange(min=1), default=None, metavar="K",
                              help="Run each backend K times (same as --set measure.repeat=K); the report shows "
                                   "the median and the spread, and flags a contrast within the noise.")
+force_option = click.option("--force", is_flag=True,
+                            help="Replace runs of other settings (or other recipes) already in the output directory "
+                                 "instead of refusing.")
 out_option = click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
                           help="Directory for run directories and the report (default: runs/<time>-<recipe>).")
 
@@ -138,15 +147,16 @@ def validate(recipes, overrides, print_spec) -> None:
 @python_option
 @out_option
 @rendezvous_options
+@force_option
 @click.option("--print-command", is_flag=True,
               help="Print the exact launch command and environment (and write spec.json) without running.")
-def run(recipe, backend, overrides, repeat, pythons, out_dir, node_rank, master_addr, master_port,
+def run(recipe, backend, overrides, repeat, pythons, out_dir, node_rank, master_addr, master_port, force,
         print_command) -> None:
     """Run one recipe on one backend and report it."""
     _finish(lambda: workflow.compare(
         [recipe], [backend], overrides=_with_repeat(overrides, repeat), interpreters=_interpreters(pythons),
         out_dir=out_dir, rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port),
-        print_command=print_command, progress=None if print_command else _progress(), log=_log))
+        print_command=print_command, force=force, progress=None if print_command else _progress(), log=_log))
 
 
 @main.command()
@@ -161,8 +171,9 @@ def run(recipe, backend, overrides, repeat, pythons, out_dir, node_rank, master_
 @click.option("--parity", "parity_dirs", multiple=True, type=click.Path(path_type=Path), metavar="DIR",
               help="Where to look for a parity run of the recipe (xfw parity's --out); repeatable. Also searched: "
                    "--out (and one level below) and runs/parity-<recipe>.")
+@force_option
 def compare(recipes, backends, overrides, repeat, pythons, out_dir, node_rank, master_addr, master_port,
-            parity_dirs) -> None:
+            parity_dirs, force) -> None:
     """Run recipes on several backends, one at a time, and print the contrast table. The settings
     section shows each recipe's parity status: the newest parity.json with the same recipe
     fingerprint in --parity DIR, in --out (or one level below) or in runs/parity-<recipe>."""
@@ -170,7 +181,7 @@ def compare(recipes, backends, overrides, repeat, pythons, out_dir, node_rank, m
         list(recipes), _backend_list(backends), overrides=_with_repeat(overrides, repeat),
         interpreters=_interpreters(pythons), out_dir=out_dir,
         rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port), parity_dirs=list(parity_dirs),
-        progress=_progress(), log=_log))
+        force=force, progress=_progress(), log=_log))
 
 
 @main.command()
@@ -184,11 +195,12 @@ def compare(recipes, backends, overrides, repeat, pythons, out_dir, node_rank, m
 @python_option
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Sweep directory (default: runs/sweep-<recipe>); the same --out resumes, skipping finished runs.")
-def sweep(recipe, axes, backends, repeat, pythons, out_dir) -> None:
+@force_option
+def sweep(recipe, axes, backends, repeat, pythons, out_dir, force) -> None:
     """Run a recipe at every combination of --set values, one run at a time; resumable."""
     _finish(lambda: workflow.sweep(
         recipe, list(axes), _backend_list(backends), fixed=_with_repeat((), repeat),
-        interpreters=_interpreters(pythons), out_dir=out_dir, progress=_progress(), log=_log))
+        interpreters=_interpreters(pythons), out_dir=out_dir, force=force, progress=_progress(), log=_log))
 
 
 @main.command()
@@ -205,11 +217,12 @@ def sweep(recipe, axes, backends, repeat, pythons, out_dir) -> None:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Directory for the probes' run directories (default: runs/maxbatch-<recipe>); the same --out "
                    "resumes, keeping settled probes.")
-def maxbatch(recipe, backends, candidates, max_micro, overrides, pythons, out_dir) -> None:
+@force_option
+def maxbatch(recipe, backends, candidates, max_micro, overrides, pythons, out_dir, force) -> None:
     """Find the largest micro-batch that fits, per backend; each probe a separate process."""
     _finish(lambda: workflow.maxbatch(
         recipe, _backend_list(backends), overrides=list(overrides), candidates=candidates, max_micro=max_micro,
-        interpreters=_interpreters(pythons), out_dir=out_dir, progress=_progress(), log=_log))
+        interpreters=_interpreters(pythons), out_dir=out_dir, force=force, progress=_progress(), log=_log))
 
 
 @main.command()
@@ -247,11 +260,12 @@ def report(run_dirs, backends, out_dir, layout, price_per_gpu_hour) -> None:
 @python_option
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Directory for the weights, both runs and parity.json (default: runs/parity-<recipe>).")
-def parity(recipe, backends, steps, overrides, pythons, out_dir) -> None:
+@force_option
+def parity(recipe, backends, steps, overrides, pythons, out_dir, force) -> None:
     """Train both backends from the same weights on the same batches (fp32, CPU-exact) and
     compare the loss per step; exit 1 when a step is outside tolerance."""
     _finish(lambda: workflow.parity(recipe, _backend_list(backends), steps=steps, overrides=list(overrides),
-                                    interpreters=_interpreters(pythons), out_dir=out_dir))
+                                    interpreters=_interpreters(pythons), out_dir=out_dir, force=force))
 
 
 @main.command()

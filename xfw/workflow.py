@@ -16,22 +16,23 @@ result with a status; it never stops the others.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import shlex
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from xfw.contract.atomic import write_json_atomic, write_text_atomic
+from xfw.contract.atomic import UnreadableFile, write_json_atomic, write_text_atomic
 from xfw.report import compare as cmp
 from xfw.report import contrast, layouts, table
 from xfw.report import estimate as est
 from xfw.report.plot import plot_comparison
 from xfw.report.results import RunResult, load_runs
 from xfw.report.table import Page
-from xfw.run import jobs, launcher
+from xfw.run import jobs, launcher, lock
 from xfw.run import maxbatch as mb
 from xfw.run import sweep as sw
 from xfw.run.recipe import Recipe, RecipeError, load_recipe, resolve_spec
@@ -80,6 +81,10 @@ def prepare_backends(names: list[str], interpreters: dict[str, str]) -> jobs.Bac
     """Resolve and describe each backend (fails fast, before any launch)."""
     if not names:
         raise UsageError("no backends given")
+    stray = sorted(set(interpreters) - set(names))
+    if stray:
+        raise UsageError(f"--python {stray[0]}=...: {stray[0]!r} is not a backend of this command "
+                         f"(it runs {', '.join(names)})")
     out, problems = {}, []
     for name in names:
         try:
@@ -102,13 +107,20 @@ def _recipe_error(fn, *args):
 # --- writing reports ------------------------------------------------------------------------------
 
 def write_page(page: Page, out_dir: Path, stem: str = "report") -> Outcome:
-    """``stem``.md, .csv and .html in ``out_dir`` from one page; the terminal gets it without images."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"markdown": out_dir / f"{stem}.md", "csv": out_dir / f"{stem}.csv", "html": out_dir / f"{stem}.html"}
-    write_text_atomic(paths["markdown"], table.to_markdown(page))
-    write_text_atomic(paths["csv"], table.to_csv(page))
-    write_text_atomic(paths["html"], table.to_html(page))
-    return Outcome(text=table.to_markdown(page, images=False), paths=paths)
+    """``stem``.md, .csv and .html in ``out_dir`` from one page; the terminal gets it without images.
+    A file that cannot be written (a full disk) is named in the notes, with exit code 1."""
+    outcome = Outcome(text=table.to_markdown(page, images=False))
+    renderers = {"markdown": (f"{stem}.md", table.to_markdown), "csv": (f"{stem}.csv", table.to_csv),
+                 "html": (f"{stem}.html", table.to_html)}
+    for kind, (name, render) in renderers.items():
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(out_dir / name, render(page))
+            outcome.paths[kind] = out_dir / name
+        except OSError as err:
+            outcome.notes.append(f"could not write {out_dir / name}: {err.strerror or err} (the report is printed above)")
+            outcome.exit_code = 1
+    return outcome
 
 
 def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *, chart: bool = True,
@@ -116,14 +128,55 @@ def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *
     """report.md/csv/html and chart.png; ``parity`` (recipe name -> status) adds the parity lines.
     Exit code 1 when any run is not ok."""
     rows = cmp.compare_runs(results, backends, parity=parity)
-    chart_path = plot_comparison(rows, backends, out_dir / "chart.png") if chart else None
+    try:
+        chart_path = plot_comparison(rows, backends, out_dir / "chart.png") if chart else None
+    except OSError as err:
+        chart_path, problem = None, f"could not write {out_dir / 'chart.png'}: {err.strerror or err}"
+    else:
+        problem = ""
     outcome = write_page(contrast.contrast_page(rows, backends, chart=chart_path), out_dir)
     if chart_path is not None:
         outcome.paths["chart"] = chart_path
+    if problem:
+        outcome.notes.append(problem)
+        outcome.exit_code = 1
+    return _judge_runs(outcome, results)
+
+
+def _judge_runs(outcome: Outcome, results: list[RunResult]) -> Outcome:
+    """Exit code 1 (and a note) when any run is not ok: failed, unreadable or incomplete."""
     failed = [r for r in results if not r.ok]
     if failed:
         outcome.notes.append(f"{len(failed)} of {len(results)} runs did not succeed (see 'Failed runs' above)")
         outcome.exit_code = 1
+    return outcome
+
+
+@contextlib.contextmanager
+def _guarded(out_dir: Path) -> Iterator[None]:
+    """While a command runs jobs: its output directory locked, SIGTERM handled as Ctrl-C (the running
+    adapter is stopped and recorded as cut off), and a refused job reported as bad input."""
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        with lock.hold(out_dir):
+            yield
+    except (lock.LockedError, jobs.JobError) as err:
+        raise UsageError(str(err)) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _refuse_foreign(out_dir: Path, recipes: list[Recipe], force: bool) -> None:
+    others = [] if force else jobs.foreign_recipes(out_dir, [r.name for r in recipes])
+    if others:
+        raise UsageError(f"{out_dir} already holds runs of {others[0]}"
+                         + (f" and {len(others) - 1} other recipe(s)" if len(others) > 1 else "")
+                         + "; choose another --out, or pass --force (its report will then show only this command's runs)")
+
+
+def _interrupted(outcome: Outcome) -> Outcome:
+    outcome.notes.append("interrupted: finished runs are kept; the report above shows them")
+    outcome.exit_code = 130
     return outcome
 
 
@@ -171,7 +224,8 @@ def parity_statuses(recipes: list[Recipe], out_dir: Path, extra: list[Path] = ()
 def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: list[str],
             interpreters: dict[str, str], out_dir: Path | None = None,
             rendezvous: launcher.Rendezvous = launcher.Rendezvous(), parity_dirs: list[Path] | None = None,
-            print_command: bool = False, progress: launcher.Progress | None = None, log: Log = _silent) -> Outcome:
+            print_command: bool = False, force: bool = False, progress: launcher.Progress | None = None,
+            log: Log = _silent) -> Outcome:
     """``xfw run`` (one backend) and ``xfw compare``: run every recipe on every backend and report.
     ``parity_dirs`` (a list, possibly empty): look up and show each recipe's parity status."""
     recipes = load_all(recipe_paths, overrides)
@@ -179,30 +233,43 @@ def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: lis
     out_dir = out_dir or default_out_dir(recipes)
     if print_command:
         return Outcome(text="\n".join(launch_commands(recipes, backends, out_dir, rendezvous)))
-    log(f"runs in {out_dir}")
-    results, _ = jobs.run_jobs(_jobs(recipes, list(backends), out_dir), backends, resume=False,
-                               progress=progress, rendezvous=rendezvous, log=_silent)
-    parity = None if parity_dirs is None else parity_statuses(recipes, out_dir, parity_dirs)
-    return write_report(results, backend_names, out_dir, parity=parity)
+    with _guarded(out_dir):
+        _refuse_foreign(out_dir, recipes, force)
+        todo = _jobs(recipes, list(backends), out_dir)
+        jobs.check_jobs(todo, force=force)
+        log(f"runs in {out_dir}")
+        try:
+            results, _ = jobs.run_jobs(todo, backends, resume=False, force=force, progress=progress,
+                                       rendezvous=rendezvous, log=_silent)
+        except jobs.JobsInterrupted as stop:
+            return _interrupted(write_report(stop.results, backend_names, out_dir))
+        parity = None if parity_dirs is None else parity_statuses(recipes, out_dir, parity_dirs)
+        return write_report(results, backend_names, out_dir, parity=parity)
 
 
 # --- studies --------------------------------------------------------------------------------------
 
 def sweep(recipe_path: str, axes: list[str], backend_names: list[str], *, fixed: list[str],
-          interpreters: dict[str, str], out_dir: Path | None = None, progress: launcher.Progress | None = None,
-          log: Log = _silent) -> Outcome:
+          interpreters: dict[str, str], out_dir: Path | None = None, force: bool = False,
+          progress: launcher.Progress | None = None, log: Log = _silent) -> Outcome:
     """Every combination of the axes' values, one run at a time; the same ``out_dir`` resumes.
     ``fixed`` overrides (``--repeat``) apply to every point without being part of its variant."""
     points = _recipe_error(sw.plan, recipe_path, axes, fixed)
     backends = prepare_backends(backend_names, interpreters)
     out_dir = out_dir or Path("runs") / f"sweep-{points[0].recipe.name}"  # no timestamp: a rerun resumes
-    log(f"sweep of {len(points)} points x {len(backends)} backends in {out_dir}")
-    results = sw.run_sweep(points, backends, out_dir, progress, log)
-    return write_report(results, list(backends), out_dir)
+    with _guarded(out_dir):
+        _refuse_foreign(out_dir, [points[0].recipe], force)
+        jobs.check_jobs(sw.sweep_jobs(points, list(backends), out_dir), force=force)
+        log(f"sweep of {len(points)} points x {len(backends)} backends in {out_dir}")
+        try:
+            results = sw.run_sweep(points, backends, out_dir, progress, log, force=force)
+        except jobs.JobsInterrupted as stop:
+            return _interrupted(write_report(stop.results, list(backends), out_dir))
+        return write_report(results, list(backends), out_dir)
 
 
 def maxbatch(recipe_path: str, backend_names: list[str], *, overrides: list[str], candidates: str | None,
-             max_micro: int, interpreters: dict[str, str], out_dir: Path | None = None,
+             max_micro: int, interpreters: dict[str, str], out_dir: Path | None = None, force: bool = False,
              progress: launcher.Progress | None = None, log: Log = _silent) -> Outcome:
     """The largest micro-batch that fits, per backend; writes maxbatch.json and maxbatch.md/.csv/.html.
     Exit code 1 unless every search found its edge through ok and OOM probes only."""
@@ -212,10 +279,16 @@ def maxbatch(recipe_path: str, backend_names: list[str], *, overrides: list[str]
         _recipe_error(mb.probe_recipe, recipe_path, micro, overrides)
     backends = prepare_backends(backend_names, interpreters)
     out_dir = out_dir or Path("runs") / f"maxbatch-{recipe.name}"  # no timestamp: a rerun keeps settled probes
-    log(f"probes in {out_dir}")
-    found = [mb.search(recipe_path, backend, description, out_dir, candidates=values, overrides=overrides,
-                       max_micro=max_micro, progress=progress, log=log)
-             for backend, description in backends.values()]
+    with _guarded(out_dir):
+        _refuse_foreign(out_dir, [recipe], force)
+        log(f"probes in {out_dir}")
+        try:
+            found = [mb.search(recipe_path, backend, description, out_dir, candidates=values, overrides=overrides,
+                               max_micro=max_micro, progress=progress, log=log, force=force)
+                     for backend, description in backends.values()]
+        except jobs.JobsInterrupted:
+            return Outcome(notes=["interrupted: settled probes are kept; the same command resumes the search"],
+                           exit_code=130)
     outcome = write_page(mb.to_page(found), out_dir, "maxbatch")
     outcome.paths["json"] = out_dir / "maxbatch.json"
     write_json_atomic(outcome.paths["json"], [f.to_dict() for f in found])
@@ -266,15 +339,14 @@ def report(paths: list[str], backend_names: list[str] | None, out_dir: Path | No
         raise UsageError(f"--backends {unknown[0]}: no run of that backend in the given directories")
     target = out_dir or Path(paths[0])
     if layout == "contrast" and price_per_gpu_hour is None:
-        outcome = write_report(results, names, target)
-        outcome.exit_code, outcome.notes = 0, []  # reading failed runs is not a failure of this command
-        return outcome
+        return write_report(results, names, target)
     try:
         tables = layouts.build(layout, [r for r in results if r.backend in names],
                                price_per_gpu_hour=price_per_gpu_hour)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    return write_page(Page(title=layouts.LAYOUTS[layout][0], blocks=tables), target, f"report-{layout}")
+    return _judge_runs(write_page(Page(title=layouts.LAYOUTS[layout][0], blocks=tables), target, f"report-{layout}"),
+                       results)
 
 
 def describe_backends(backend_names: list[str], interpreters: dict[str, str]) -> Outcome:
@@ -297,7 +369,7 @@ def describe_backends(backend_names: list[str], interpreters: dict[str, str]) ->
 # --- parity and the nightly job ----------------------------------------------------------------------
 
 def parity(recipe_path: str, backend_names: list[str], *, steps: int, overrides: list[str],
-           interpreters: dict[str, str], out_dir: Path | None = None) -> Outcome:
+           interpreters: dict[str, str], out_dir: Path | None = None, force: bool = False) -> Outcome:
     """Both backends from one start on the same batches; parity.json/.md/.html; exit 1 if a step fails."""
     from xfw.run import parity as par
 
@@ -305,11 +377,14 @@ def parity(recipe_path: str, backend_names: list[str], *, steps: int, overrides:
         raise UsageError(f"--backends {','.join(backend_names)!r}: parity compares exactly two backends")
     (recipe,) = load_all([recipe_path], overrides)
     out_dir = out_dir or Path("runs") / f"parity-{recipe.name}"
-    try:
-        result = par.run_parity(recipe_path, overrides, steps, out_dir, interpreters,
-                                backends=(backend_names[0], backend_names[1]))
-    except par.ParityError as err:
-        raise UsageError(str(err)) from None
+    with _guarded(out_dir):
+        try:
+            result = par.run_parity(recipe_path, overrides, steps, out_dir, interpreters,
+                                    backends=(backend_names[0], backend_names[1]), force=force)
+        except par.ParityError as err:
+            raise UsageError(str(err)) from None
+        except jobs.JobsInterrupted:
+            return Outcome(notes=["interrupted: parity did not finish"], exit_code=130)
     outcome = write_page(result.page(), out_dir, "parity")
     outcome.paths["json"] = out_dir / "parity.json"
     outcome.exit_code = 0 if result.passed else 1
@@ -333,8 +408,10 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
 
     try:
         suite = load_suite(suite_path, overrides)
-    except SuiteError as err:
-        raise UsageError(str(err)) from None
+        History(history_dir).rows()  # a corrupt history is found now, not after the first run has trained
+    except (SuiteError, UnreadableFile) as err:
+        raise UsageError(f"{err}" if isinstance(err, SuiteError) else
+                         f"{err}; the history cannot be read (move the file aside to start a new one)") from None
     if report_only:
         night = night or (History(history_dir).nights() or [None])[-1]
         if night is None or not (history_dir / NIGHTS_DIR / night / VERDICTS_FILE).exists():
@@ -350,15 +427,15 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
                              f"(it runs {', '.join(suite.backends)})")
         names = only_backends
     backends = prepare_backends(names, interpreters)
-    # A scheduler's polite stop (cron's `timeout`, Slurm's time limit) arrives as SIGTERM: stop the
-    # running adapter the way Ctrl-C does, so it is recorded as cut off and rerun on resume.
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    try:
-        result = nt.run_night(suite, backends, history_dir, night=night, overrides=overrides, progress=progress,
-                              log=log)
-    except KeyboardInterrupt:
-        return Outcome(notes=["interrupted: finished runs are kept; the same command resumes this night"],
-                       exit_code=130)
+    # A scheduler's polite stop (cron's `timeout`, Slurm's time limit) arrives as SIGTERM: the
+    # running adapter is stopped the way Ctrl-C stops it, recorded as cut off and rerun on resume.
+    with _guarded(history_dir):
+        try:
+            result = nt.run_night(suite, backends, history_dir, night=night, overrides=overrides,
+                                  progress=progress, log=log)
+        except KeyboardInterrupt:
+            return Outcome(notes=["interrupted: finished runs are kept; the same command resumes this night"],
+                           exit_code=130)
     report_path = write_night_report(history_dir, result.night, suite_name=suite.name)
     nt.finish_night(result)
     flagged = result.regressions

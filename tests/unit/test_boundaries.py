@@ -89,17 +89,17 @@ def test_cli_commands_and_options_are_frozen():
     # Changing the CLI breaks users' nightly scripts: update this test deliberately.
     commands = {name: sorted(p.name for p in cmd.params) for name, cmd in cli.main.commands.items()}
     assert commands == {
-        "compare": ["backends", "master_addr", "master_port", "node_rank", "out_dir", "overrides", "parity_dirs",
-                    "pythons", "recipes", "repeat"],
+        "compare": ["backends", "force", "master_addr", "master_port", "node_rank", "out_dir", "overrides",
+                    "parity_dirs", "pythons", "recipes", "repeat"],
         "env": ["backends", "pythons"],
-        "parity": ["backends", "out_dir", "overrides", "pythons", "recipe", "steps"],
+        "parity": ["backends", "force", "out_dir", "overrides", "pythons", "recipe", "steps"],
         "estimate": ["overrides", "recipe", "run_dir"],
-        "maxbatch": ["backends", "candidates", "max_micro", "out_dir", "overrides", "pythons", "recipe"],
+        "maxbatch": ["backends", "candidates", "force", "max_micro", "out_dir", "overrides", "pythons", "recipe"],
         "nightly": ["history_dir", "night", "only_backends", "overrides", "pythons", "report_only", "suite"],
         "report": ["backends", "layout", "out_dir", "price_per_gpu_hour", "run_dirs"],
-        "run": ["backend", "master_addr", "master_port", "node_rank", "out_dir", "overrides", "print_command",
-                "pythons", "recipe", "repeat"],
-        "sweep": ["axes", "backends", "out_dir", "pythons", "recipe", "repeat"],
+        "run": ["backend", "force", "master_addr", "master_port", "node_rank", "out_dir", "overrides",
+                "print_command", "pythons", "recipe", "repeat"],
+        "sweep": ["axes", "backends", "force", "out_dir", "pythons", "recipe", "repeat"],
         "validate": ["overrides", "print_spec", "recipes"],
     }
 

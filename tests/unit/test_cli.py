@@ -37,7 +37,7 @@ def test_compare_with_an_invalid_recipe_launches_nothing(write_recipe, tmp_path,
 
 def test_compare_with_an_unavailable_backend_launches_nothing(write_recipe, tmp_path, fake_backend):
     result = invoke("compare", write_recipe(), "--backends", "fake,nosuch", "--out", tmp_path / "out",
-                    *python_args(fake_backend))
+                    "--python", f"fake={fake_backend['fake']}")
     assert result.exit_code == 2 and "backend 'nosuch'" in result.output
     assert not (tmp_path / "out").exists()
 

@@ -79,7 +79,7 @@ def test_a_bad_override_from_the_command_line_names_the_entry(tmp_path):
 
 def test_suite_that_is_not_yaml_says_where(tmp_path):
     path = write_suite(tmp_path, "name: s\nentries: [unclosed\n")
-    with pytest.raises(SuiteError, match=r"not valid YAML \(line \d+\)"):
+    with pytest.raises(SuiteError, match=r"line \d+: invalid YAML"):
         load_suite(path)
 
 

@@ -17,7 +17,7 @@ def invoke(*args):
 
 
 def python_args(fake_backend):
-    return [x for name, path in fake_backend.items() for x in ("--python", f"{name}={path}")]
+    return ["--python", f"fake={fake_backend['fake']}"]  # the sweeps here run the fake backend only
 
 
 def test_values_split_only_at_top_level_commas():
@@ -63,7 +63,7 @@ def test_sweep_runs_every_point_records_its_variant_and_reports_a_row_per_point(
     recipe = write_recipe(backends={"fake": {"ips": 120}, "fake2": {"ips": 100}})
     out = tmp_path / "sweep"
     result = invoke("sweep", recipe, "--set", "batch.micro=1,2", "--backends", "fake,fake2", "--out", out,
-                    *python_args(fake_backend))
+                    *python_args(fake_backend), "--python", f"fake2={fake_backend['fake2']}")
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "tiny-test" / "batch.micro-2" / "fake" / "summary.json").read_text())
     assert summary["variant"] == {"batch.micro": 2} and summary["status"] == "ok"
@@ -89,12 +89,14 @@ def test_an_interrupted_sweep_resumes_and_reruns_only_unfinished_runs(write_reci
     assert json.loads((killed / "summary.json").read_text())["status"] == "ok"
 
 
-def test_a_changed_recipe_reruns_the_point_instead_of_keeping_a_stale_result(write_recipe, tmp_path,
-                                                                             fake_backend):
+def test_a_changed_recipe_is_refused_and_with_force_reruns_the_point(write_recipe, tmp_path, fake_backend):
     out = tmp_path / "sweep"
     base = ["--set", "batch.micro=1", "--backends", "fake", "--out", out, *python_args(fake_backend)]
     invoke("sweep", write_recipe(backends={"fake": {"ips": 120}}), *base)
-    again = invoke("sweep", write_recipe(backends={"fake": {"ips": 60}}), *base)
+    refused = invoke("sweep", write_recipe(backends={"fake": {"ips": 60}}), *base)
+    assert refused.exit_code == 2 and "holds a run of other settings" in refused.output and "--force" in refused.output
+    assert load_runs([out])[0].measurement.ips == pytest.approx(120.0)  # nothing replaced
+    again = invoke("sweep", write_recipe(backends={"fake": {"ips": 60}}), *base, "--force")
     assert "kept from an earlier run" not in again.output
     (run,) = load_runs([out])
     assert run.measurement.ips == pytest.approx(60.0)

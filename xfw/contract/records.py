@@ -17,6 +17,7 @@ The core tails the file for live progress and computes every statistic from it
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -50,6 +51,7 @@ FIELDS: dict[str, dict[str, tuple]] = {
 # asks for it; reading it is a host sync every step, so measured runs never carry it).
 OPTIONAL: dict[str, dict[str, tuple]] = {"step": {"grad_norm_l2": _NUM + _NONE}}
 PHASES = ("warmup", "measure")
+_MAY_DIVERGE = ("loss", "grad_norm_l2")
 ERROR_STATUSES = ("unsupported", "invalid", "oom", "crashed")
 MEM_SOURCES = ("cuda_allocator", "host_allocator", "peak_rss")
 
@@ -89,6 +91,12 @@ def validate_record(record: Any) -> list[str]:
         problems.append(f"error: status must be one of {ERROR_STATUSES}, got {record.get('status')!r}")
     if kind == "applied" and record.get("mem_source") not in MEM_SOURCES:
         problems.append(f"applied: mem_source must be one of {MEM_SOURCES}, got {record.get('mem_source')!r}")
+    for key, value in record.items():  # a loss or gradient norm may diverge; a time or a count may not
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in _MAY_DIVERGE:
+            if not math.isfinite(value) or value < 0:
+                problems.append(f"{kind}: {key!r} must be a finite number >= 0, got {value!r}")
+    if kind == "window" and record.get("window_time_s") == 0:
+        problems.append("window: 'window_time_s' must be positive, got 0")
     return problems
 
 
@@ -128,11 +136,38 @@ def parse_lines(lines: Iterable[str]) -> list[dict]:
 
 
 def load_records(path: str | os.PathLike) -> list[dict]:
+    """Every record that parses (lenient: for live progress and for classifying a run that just ended)."""
     path = Path(path)
     if not path.exists():
         return []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         return parse_lines(f)
+
+
+def read_records(path: str | os.PathLike) -> tuple[list[dict], str]:
+    """Every record of a finished run, checked against the schema: (records, problem). ``problem``
+    names the file and the first bad line ("" when all are good); only a torn last line (a process
+    killed mid-write) is forgiven."""
+    path = Path(path)
+    try:
+        lines = path.read_bytes().decode("utf-8").split("\n") if path.exists() else []
+    except (OSError, UnicodeDecodeError) as err:
+        return [], f"{path}: cannot read ({getattr(err, 'strerror', None) or err})"
+    records, last = [], max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if i == last:
+                continue
+            return records, f"{path}: line {i + 1} is not JSON"
+        problems = validate_record(record)
+        if problems:
+            return records, f"{path}: line {i + 1}: {problems[0]}"
+        records.append(record)
+    return records, ""
 
 
 class RecordTail:
@@ -146,7 +181,7 @@ class RecordTail:
     def poll(self) -> list[dict]:
         if not self.path.exists():
             return []
-        with open(self.path, encoding="utf-8") as f:
+        with open(self.path, encoding="utf-8", errors="replace") as f:
             f.seek(self._offset)
             chunk = f.read()
             self._offset = f.tell()

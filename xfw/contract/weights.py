@@ -39,6 +39,9 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024  # the reference implementation's limit
 DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
           "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
 _NAMES = {np.dtype(v).str: k for k, v in DTYPES.items() if k != "BF16"}
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+"""What a parameter may be stored as: any float converts to the model's dtype by value; an integer
+type would be bytes reinterpreted (F32 bits read as I32 load as numbers like 1e9)."""
 
 
 class WeightsError(ValueError):
@@ -99,9 +102,15 @@ def _read_header(f, path: Path) -> tuple[dict, int]:
     header.pop("__metadata__", None)
     for name, entry in header.items():
         if (not isinstance(entry, dict) or entry.get("dtype") not in DTYPES
-                or not isinstance(entry.get("shape"), list) or len(entry.get("data_offsets", ())) != 2):
-            raise WeightsError(f"{path}: tensor {name!r} has a malformed header entry {entry!r}")
+                or not _naturals(entry.get("shape")) or not _naturals(entry.get("data_offsets"), length=2)):
+            raise WeightsError(f"{path}: tensor {name!r} has a malformed header entry {str(entry)[:200]}")
     return header, 8 + size
+
+
+def _naturals(value, length: int | None = None) -> bool:
+    """A list of non-negative integers (``length`` long when given); bools and strings are not."""
+    return (isinstance(value, list) and (length is None or len(value) == length)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
 
 
 def list_tensors(path: str | os.PathLike) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -211,8 +220,16 @@ class Checkpoint:
         return {n: self._header[n][1] for n in self.names(lora=lora)}
 
     def check(self, names_shapes: dict[str, tuple[int, ...]], *, lora: bool) -> None:
-        """Strict match of the model's base (or LoRA) parameters against the directory's."""
+        """Strict match of the model's base (or LoRA) parameters against the directory's: the same
+        names and shapes, and every tensor stored as a float type (:data:`FLOAT_DTYPES`)."""
         check_shapes(names_shapes, self.shapes(lora=lora), self.directory)
+        wrong = [n for n in names_shapes if self._header[n][0] not in FLOAT_DTYPES]
+        if wrong:
+            path = self._where[wrong[0]][0]
+            more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+            raise WeightsError(f"model.weights: {path}: tensor {wrong[0]!r}{more} is stored as "
+                               f"{self._header[wrong[0]][0]}, the model's parameter is floating point "
+                               f"(expected one of {', '.join(FLOAT_DTYPES)})")
 
     def load(self, names) -> dict[str, np.ndarray]:
         """``{canonical name: array}`` for ``names`` (each file read once)."""

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from xfw.report.results import RunResult
-from xfw.contract.atomic import write_text_atomic
+from xfw.contract.atomic import UnreadableFile, write_text_atomic
 
 HISTORY_SCHEMA = 1
 HISTORY_FILE = "history.jsonl"
@@ -87,9 +87,11 @@ class History:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{self.path}:{number}: not a JSON object ({err.msg})") from None
-            if not isinstance(row, dict) or any(k not in row for k in KEY):
-                raise ValueError(f"{self.path}:{number}: a history row needs {', '.join(KEY)}")
+                raise UnreadableFile(f"{self.path}:{number}: not a JSON object ({err.msg})") from None
+            if not isinstance(row, dict) or any(k not in row for k in KEY) or \
+                    not all(isinstance(row[k], str) for k in KEY[:3]) or not isinstance(row[KEY[3]], int):
+                raise UnreadableFile(f"{self.path}:{number}: a history row needs {', '.join(KEY)} "
+                                     "(three strings and an integer)")
             rows.append(row)
         return rows
 

@@ -92,7 +92,8 @@ def trend_plot(rows: list[dict], entry: str, nights: list[str], flagged: set[tup
         ax.set_ylim(bottom=0)
         ax.spines[["top", "right"]].set_visible(False)
         ax.grid(axis="y", alpha=0.3)
-    ax_ips.legend(fontsize=8)
+    if ax_ips.get_legend_handles_labels()[0]:  # no line at all when every run failed
+        ax_ips.legend(fontsize=8)
     fig.suptitle(f"{entry}: throughput and peak memory per night", fontsize=11)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")

@@ -12,6 +12,10 @@ One backend's run of one recipe lives in a directory::
 Every JSON file is written atomically (temp file + rename), so a run killed at any moment
 leaves either the old file or the new one, never half of one. Statistics are recomputed
 from ``steps.jsonl`` when a run is loaded; ``summary.json`` is never the source of truth.
+
+Loading never raises for what is inside a run directory: a file that cannot be read or does not
+follow its format makes the run ``unreadable``, and a run whose summary says ok but whose records
+lack a measured window for every rank is ``incomplete``; the reason names the file.
 """
 
 from __future__ import annotations
@@ -24,20 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from xfw.contract import records as rec
-from xfw.contract.atomic import write_json_atomic
+from xfw.contract.atomic import UnreadableFile, read_json_object, write_json_atomic
 from xfw.report.measure import Measurement, summarize
 from xfw.report.mfu import mfu
 
-STATUSES = ("ok", "oom", "timeout", "crashed", "unsupported", "invalid")
+STATUSES = ("ok", "oom", "timeout", "crashed", "unsupported", "invalid", "unreadable", "incomplete")
+"""What a run ended as. The last two are found when reading a run directory, never by the launcher."""
 SUMMARY_SCHEMA = 1
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return {}
+# summary.json keys a loaded run takes, with the types they must have.
+_SUMMARY_TYPES = {"backend": str, "recipe": str, "preset": str, "stage": str, "status": str, "reason": str,
+                  "exit_code": (int, type(None)), "wall_time_s": (int, float, type(None)), "repeat_index": int,
+                  "variant": dict}
 
 
 @dataclass(kw_only=True)
@@ -89,49 +90,80 @@ class RunResult:
 
     @classmethod
     def load(cls, run_dir: str | os.PathLike) -> "RunResult":
-        """Load a run directory, recomputing statistics from its raw records."""
+        """Load a run directory, recomputing statistics from its raw records (module docstring)."""
         run_dir = Path(run_dir)
-        summary = _read_json(run_dir / "summary.json")
-        spec = _read_json(run_dir / "spec.json")
-        if not summary and not spec:
+        problems = []
+
+        def read(name: str) -> dict:
+            try:
+                return read_json_object(run_dir / name)
+            except UnreadableFile as err:
+                problems.append(str(err))
+                return {}
+
+        summary, spec, env = read("summary.json"), read("spec.json"), read("env.json")
+        if not summary and not spec and not problems:
             raise FileNotFoundError(f"{run_dir}: not a run directory (no summary.json or spec.json)")
-        records = rec.load_records(run_dir / "steps.jsonl")
+        bad = next((k for k, kind in _SUMMARY_TYPES.items() if k in summary and not isinstance(summary[k], kind)), None)
+        if bad:
+            problems.append(f"{run_dir / 'summary.json'}: {bad!r} has type {type(summary[bad]).__name__}")
+            summary = {}
+        records, problem = rec.read_records(run_dir / "steps.jsonl")
+        if problem:
+            problems.append(problem)
         applied = next((r for r in records if r.get("kind") == "applied" and r.get("rank") == 0), {})
         applied = {k: v for k, v in applied.items() if k not in ("schema", "kind", "rank")}
         measurement = summarize(records)
+        status = summary.get("status", "crashed")
+        reason = summary.get("reason", "no summary.json: the run did not finish")
+        expected = _num_processes(spec)
+        if problems:
+            status, reason = "unreadable", problems[0]
+        elif status not in STATUSES:
+            status, reason = "unreadable", f"{run_dir / 'summary.json'}: unknown status {status!r}"
+        elif status == "ok" and (measurement.ips is None or measurement.num_ranks < expected):
+            status, reason = "incomplete", (f"{run_dir / 'steps.jsonl'}: a measured window for "
+                                            f"{measurement.num_ranks} of {expected} ranks (truncated or removed?)")
+        try:
+            mfu_value = compute_mfu(spec, measurement, applied)
+        except (KeyError, TypeError, ValueError):
+            mfu_value = None
         return cls(
             backend=summary.get("backend", spec.get("backend", run_dir.name)),
             recipe=summary.get("recipe", spec.get("name", "?")),
-            preset=summary.get("preset", spec.get("model", {}).get("preset", "?")),
+            preset=summary.get("preset", _get(spec, "model", "preset") or "?"),
             stage=summary.get("stage", spec.get("stage", "?")),
-            status=summary.get("status", "crashed"),
-            reason=summary.get("reason", "no summary.json: the run did not finish"),
-            measurement=measurement,
-            applied=applied,
-            mfu=compute_mfu(spec, measurement, applied),
-            env=_read_json(run_dir / "env.json"),
-            exit_code=summary.get("exit_code"),
-            wall_time_s=summary.get("wall_time_s"),
-            repeat_index=summary.get("repeat_index", 0),
-            run_dir=str(run_dir),
-            variant=summary.get("variant", {}),
+            status=status, reason=reason, measurement=measurement, applied=applied, mfu=mfu_value, env=env,
+            exit_code=summary.get("exit_code"), wall_time_s=summary.get("wall_time_s"),
+            repeat_index=summary.get("repeat_index", 0), run_dir=str(run_dir), variant=summary.get("variant", {}),
             setup=setup_from_spec(spec),
         )
+
+
+def _get(data: dict, *keys: str):
+    """``data[k1][k2]...`` or None where a level is missing or not a mapping."""
+    for key in keys:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
+
+
+def _num_processes(spec: dict) -> int:
+    value = _get(spec, "derived", "num_processes")
+    return value if isinstance(value, int) and value > 0 else 1
 
 
 def setup_from_spec(spec: dict) -> dict:
     """What the layouts need from a resolved spec.json, flat; {} without a spec."""
     if not spec:
         return {}
-    parallel, batch, precision = spec.get("parallel", {}), spec.get("batch", {}), spec.get("precision", {})
-    derived = spec.get("derived", {})
-    num_processes = derived.get("num_processes", parallel.get("nproc_per_node", 1) * parallel.get("nnodes", 1))
-    return {"num_processes": num_processes,
+    parallel, batch, precision = (spec.get(k) if isinstance(spec.get(k), dict) else {}
+                                  for k in ("parallel", "batch", "precision"))
+    return {"num_processes": _num_processes(spec),
             "global_batch": batch.get("global"), "micro_batch": batch.get("micro"),
-            "grad_accum_steps": derived.get("grad_accum_steps"), "sharding": parallel.get("sharding", "none"),
+            "grad_accum_steps": _get(spec, "derived", "grad_accum_steps"), "sharding": parallel.get("sharding", "none"),
             "dtype": precision.get("dtype"), "amp_level": precision.get("amp_level"),
-            "recompute": spec.get("recompute"), "measure_steps": spec.get("measure", {}).get("steps"),
-            "knobs": dict(spec.get("backend_knobs", {}))}
+            "recompute": spec.get("recompute"), "measure_steps": _get(spec, "measure", "steps"),
+            "knobs": dict(spec.get("backend_knobs") or {}) if isinstance(spec.get("backend_knobs") or {}, dict) else {}}
 
 
 def compute_mfu(spec: dict, measurement: Measurement, applied: dict) -> float | None:

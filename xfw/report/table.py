@@ -103,13 +103,19 @@ def plain(cell: str) -> str:
 
 # --- markdown -------------------------------------------------------------------------------------
 
+def _md_text(text: str) -> str:
+    """Text as markdown shows it, never as markup: ``<`` and ``>`` escaped (a recipe name or a
+    crash message like ``<img onerror=...>`` must not become HTML in a markdown viewer)."""
+    return str(text).replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _md_cell(cell: str) -> str:
-    text = str(cell).replace("|", "\\|").replace("\n", " ")
+    text = _md_text(cell).replace("|", "\\|").replace("\n", " ")
     return f"**{text}**" if isinstance(cell, Strong) and text else text
 
 
 def markdown_table(table: Table) -> str:
-    lines = ["| " + " | ".join(table.header) + " |",
+    lines = ["| " + " | ".join(_md_cell(h) for h in table.header) + " |",
              "|" + "|".join("---:" if i in table.numeric else "---" for i in range(len(table.header))) + "|"]
     lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.cells]
     return "\n".join(lines)
@@ -117,13 +123,15 @@ def markdown_table(table: Table) -> str:
 
 def _md_block(block: Block, images: bool) -> list[str]:
     if isinstance(block, Table):
-        return ([block.title] if block.title else []) + [markdown_table(block)] + list(block.notes)
+        return ([_md_text(block.title)] if block.title else []) + [markdown_table(block)] + \
+            [_md_text(n) for n in block.notes]
     if isinstance(block, Heading):
-        return [f"{'#' * block.level} {block.text}"]
+        return [f"{'#' * block.level} {_md_text(block.text)}"]
     if isinstance(block, Paragraph):
-        return [block.text]
+        return [_md_text(block.text)]
     if isinstance(block, Bullets):
-        return ([f"**{block.title}**"] if block.title else []) + ["\n".join(f"- {i}" for i in block.items)]
+        return ([f"**{_md_text(block.title)}**"] if block.title else []) + \
+            (["\n".join(f"- {_md_text(i)}" for i in block.items)] if block.items else [])
     if isinstance(block, Image):
         return [f"![{block.alt}]({block.path.name})"] if images else []
     raise TypeError(f"not a page block: {block!r}")
@@ -131,10 +139,10 @@ def _md_block(block: Block, images: bool) -> list[str]:
 
 def to_markdown(page: Page, *, images: bool = True) -> str:
     """The page as markdown; ``images=False`` leaves out image links (for a terminal)."""
-    parts = [f"{'#' * page.level} {page.title}"] + ([page.subtitle] if page.subtitle else [])
+    parts = [f"{'#' * page.level} {_md_text(page.title)}"] + ([_md_text(page.subtitle)] if page.subtitle else [])
     for block in page.blocks:
         parts += _md_block(block, images)
-    parts += [page.footer] if page.footer else []
+    parts += [_md_text(page.footer)] if page.footer else []
     return "\n\n".join(parts) + "\n"
 
 

@@ -7,17 +7,23 @@ measures (a sweep point, a max-batch probe, a nightly entry)::
     OUT/<recipe>/[<group>/...]<backend>[-r<k>]/{spec.json, env.json, steps.jsonl, summary.json, *.log}
 
 With ``resume=True`` a directory whose ``summary.json`` records a settled outcome (:data:`SETTLED`)
-for the very same spec is kept and not launched again; a run without a summary (killed mid-run),
-one that ``crashed`` (Ctrl-C included), or one whose spec changed, runs again. The launcher writes
-``summary.json`` once, with the job's variant in it.
+for the very same spec is kept and not launched again; a run without a summary (killed mid-run) or
+one that ``crashed`` (Ctrl-C included) runs again. The launcher writes ``summary.json`` once, with
+the job's variant in it.
+
+Nothing is overwritten by surprise: before anything launches, :func:`check_jobs` refuses a job
+whose directory holds a run of another spec (unless ``force``), and a directory where an adapter of
+an earlier command is still alive (an orphan of a killed xfw, ended by its lifeline within seconds).
 """
 
 from __future__ import annotations
 
-import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from xfw.contract.atomic import UnreadableFile, read_json_object
 
 from xfw.report.results import RunResult
 from xfw.run import launcher
@@ -61,26 +67,88 @@ def jobs_for(recipe: Recipe, backends: list[str], root: Path, groups: tuple[str,
             for k in range(repeats) for name in backends]
 
 
+class JobError(ValueError):
+    """A job cannot start without losing something; one line naming the directory."""
+
+
+class JobsInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM: ``results`` holds every run that finished, the cut-off one last."""
+
+    def __init__(self, results: list[RunResult]):
+        super().__init__()
+        self.results = results
+
+
+ORPHAN_WAIT_S = 15.0
+"""How long a check waits for an earlier command's adapter to end (its lifeline ends it within ~6 s)."""
+
+
+def _same_spec(old: dict, new: dict) -> bool:
+    return {k: v for k, v in old.items() if k != "run_id"} == {k: v for k, v in new.items() if k != "run_id"}
+
+
+def _old_spec(run_dir: Path) -> dict:
+    try:
+        return read_json_object(run_dir / "spec.json")
+    except UnreadableFile:
+        return {"unreadable": True}
+
+
+def check_jobs(jobs: list[Job], *, force: bool) -> None:
+    """Refuse (JobError) before anything launches: a job whose directory holds a run of another spec
+    (unless ``force``), or one where an earlier command's adapter still runs after ORPHAN_WAIT_S."""
+    different = [job.run_dir for job in jobs
+                 if not force and (old := _old_spec(job.run_dir)) and
+                 not _same_spec(old, launcher.spec_for(job.recipe, job.backend, job.run_dir))]
+    if different:
+        more = f" (and {len(different) - 1} more)" if len(different) > 1 else ""
+        raise JobError(f"{different[0]}{more} holds a run of other settings; choose another --out, or pass "
+                       "--force to replace it")
+    deadline = time.monotonic() + ORPHAN_WAIT_S
+    for job in jobs:
+        while (adapter := launcher.running_adapter(job.run_dir)) is not None:
+            if time.monotonic() > deadline:
+                raise JobError(f"{job.run_dir}: an adapter of an earlier command is still running there "
+                               f"({adapter['process'].split(':')[0]}: {' '.join(adapter['command'][:4])} ...); "
+                               "stop it first")
+            time.sleep(0.5)
+
+
+def foreign_recipes(out_dir: Path, names: list[str]) -> list[str]:
+    """Recipes other than ``names`` with run directories under ``out_dir`` (an earlier command's)."""
+    found = set()
+    for spec_path in out_dir.rglob("spec.json") if out_dir.is_dir() else ():
+        try:
+            name = read_json_object(spec_path).get("name")
+        except UnreadableFile:
+            name = str(spec_path.parent)
+        if name not in names:
+            found.add(str(name))
+    return sorted(found)
+
+
 def settled_result(run_dir: Path, spec: dict) -> RunResult | None:
     """The run in ``run_dir`` if it settled for this very spec, else None (run it again)."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-        old_spec = json.loads((run_dir / "spec.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        summary = read_json_object(run_dir / "summary.json")
+        old_spec = read_json_object(run_dir / "spec.json")
+    except UnreadableFile:
         return None
-    if not isinstance(summary, dict) or not isinstance(old_spec, dict) or summary.get("status") not in SETTLED:
+    if summary.get("status") not in SETTLED or not old_spec or not _same_spec(old_spec, spec):
         return None
-    if {k: v for k, v in old_spec.items() if k != "run_id"} != {k: v for k, v in spec.items() if k != "run_id"}:
-        return None
-    return RunResult.load(run_dir)
+    result = RunResult.load(run_dir)
+    return result if result.status in SETTLED else None
 
 
-def run_jobs(jobs: list[Job], backends: Backends, *, resume: bool, progress: launcher.Progress | None = None,
-             rendezvous: launcher.Rendezvous = launcher.Rendezvous(), log: Callable[[str], None] = print,
+def run_jobs(jobs: list[Job], backends: Backends, *, resume: bool, force: bool = False,
+             progress: launcher.Progress | None = None, rendezvous: launcher.Rendezvous = launcher.Rendezvous(),
+             log: Callable[[str], None] = print,
              on_result: Callable[[Job, RunResult], None] | None = None) -> tuple[list[RunResult], int]:
-    """Run the jobs one at a time (never side by side: they would share the machine); returns every
-    result in job order and how many were kept from an earlier attempt. ``on_result`` is called
-    after each job (the nightly history is written there, so a kill loses nothing finished)."""
+    """Check the jobs (:func:`check_jobs`), then run them one at a time (never side by side: they
+    would share the machine); returns every result in job order and how many were kept from an
+    earlier attempt. ``on_result`` is called after each job (the nightly history is written there,
+    so a kill loses nothing finished). Ctrl-C or SIGTERM raises :class:`JobsInterrupted`."""
+    check_jobs(jobs, force=force)
     results, kept = [], 0
     for i, job in enumerate(jobs, 1):
         where = f"[{i}/{len(jobs)}] {job.name}" if len(jobs) > 1 else job.name
@@ -95,8 +163,14 @@ def run_jobs(jobs: list[Job], backends: Backends, *, resume: bool, progress: lau
                 result.save(job.run_dir)
         else:
             log(where)
-            result = launcher.launch(job.recipe, backend, job.run_dir, description=description, progress=progress,
-                                     repeat_index=job.repeat_index, rendezvous=rendezvous, variant=job.variant)
+            try:
+                result = launcher.launch(job.recipe, backend, job.run_dir, description=description,
+                                         progress=progress, repeat_index=job.repeat_index, rendezvous=rendezvous,
+                                         variant=job.variant)
+            except launcher.Interrupted as stop:
+                if on_result is not None:
+                    on_result(job, stop.result)
+                raise JobsInterrupted([*results, stop.result]) from None
         results.append(result)
         if on_result is not None:
             on_result(job, result)

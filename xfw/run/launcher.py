@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from xfw.contract import env as host
-from xfw.contract import harness
+from xfw.contract import lifeline
 from xfw.contract import records as rec
 from xfw.report.measure import summarize
 from xfw.run.recipe import Recipe, resolve_spec
@@ -78,6 +78,8 @@ def resolve_backend(name: str, interpreters: dict[str, str], root: Path = PROJEC
         python = Path(interpreters[name])
         if not python.exists():
             raise BackendError(f"--python {name}={python}: no such interpreter")
+        if not python.is_file() or not os.access(python, os.X_OK):
+            raise BackendError(f"--python {name}={python}: not an executable file")
         return Backend(name, str(python))
     python = root / ".venv" / name / "bin" / "python"
     if not python.exists():
@@ -156,7 +158,7 @@ def _tail(path: Path, num_bytes: int = 8192) -> str:
 
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
+    return "".join(c if c.isprintable() else " " for c in lines[-1][:300]) if lines else ""
 
 
 def classify(*, exit_code: int | None, timed_out: bool, records: list[dict], num_processes: int,
@@ -173,15 +175,15 @@ def classify(*, exit_code: int | None, timed_out: bool, records: list[dict], num
         # Seen with FSDP on gloo: every rank wrote all its records, then the process aborted at exit.
         note = "" if exit_code == 0 else f"finished, then exited with code {exit_code} (records complete)"
         return "ok", note
-    by_code = {harness.EXIT_INVALID: "invalid", harness.EXIT_UNSUPPORTED: "unsupported", harness.EXIT_OOM: "oom"}
-    if exit_code in by_code:
-        return by_code[exit_code], _last_line(stderr_tail) or f"exit code {exit_code}"
-    if _OOM_PATTERNS.search(stderr_tail):
-        return "oom", _last_line(stderr_tail)
+    # unsupported / invalid / oom only with the adapter's error record (above): an exit code alone
+    # could come from anything (a wrapper script, an interpreter failing to start).
     if exit_code is not None and exit_code < 0:
         name = signal.Signals(-exit_code).name if -exit_code in signal.valid_signals() else str(-exit_code)
         return "crashed", f"killed by {name}" + (" (the kernel's OOM killer?)" if name == "SIGKILL" else "")
-    return "crashed", _last_line(stderr_tail) or f"exit code {exit_code} with no records of an error"
+    last = _last_line(stderr_tail)
+    hint = " (out of memory?)" if _OOM_PATTERNS.search(stderr_tail) and not _OOM_PATTERNS.search(last) else ""
+    return "crashed", (f"{last}{hint} (exit code {exit_code})" if last
+                       else f"exit code {exit_code} with no records of an error")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -203,17 +205,65 @@ def spec_for(recipe: Recipe, backend: str, run_dir: Path) -> dict:
     return resolve_spec(recipe, backend=backend, run_id=f"{run_dir.parent.name}/{run_dir.name}")
 
 
+ADAPTER_FILE = "adapter.json"
+"""In a run directory while its adapter runs: pid and start time of the adapter's process group."""
+
+
+def running_adapter(run_dir: Path) -> dict | None:
+    """The adapter an earlier command started in ``run_dir`` if it is still alive, else None."""
+    try:
+        data = json.loads((run_dir / ADAPTER_FILE).read_text(encoding="utf-8"))
+        return data if lifeline.is_alive(data["process"]) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM while an adapter ran; ``result`` is that run, recorded as cut off."""
+
+    def __init__(self, result: "RunResult"):
+        super().__init__()
+        self.result = result
+
+
 def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict,
            progress: Progress | None = None, repeat_index: int = 0,
            rendezvous: Rendezvous = Rendezvous(), variant: dict | None = None) -> RunResult:
     """Run one backend on one recipe in ``run_dir``; always returns a RunResult, saved with
-    ``variant`` (what the run measures beyond its recipe) in summary.json."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    ``variant`` (what the run measures beyond its recipe) in summary.json. An I/O error in the run
+    directory (a full disk) makes the run ``crashed`` with the error as its reason, never an
+    exception: the other runs go on. Ctrl-C or SIGTERM stops the adapter, records the run as cut
+    off and raises :class:`Interrupted`."""
     spec = spec_for(recipe, backend.name, run_dir)
+    base = dict(backend=backend.name, recipe=recipe.name, preset=recipe.model.preset, stage=recipe.stage,
+                repeat_index=repeat_index, run_dir=str(run_dir), variant=dict(variant or {}),
+                setup=setup_from_spec(spec))
+    t0, interrupted = time.monotonic(), False
+    try:
+        result, interrupted = _run(recipe, backend, run_dir, spec, description, progress, rendezvous, base)
+    except OSError as err:
+        where = err.filename or run_dir
+        result = RunResult(**base, status="crashed", measurement=summarize([]),
+                           reason=f"I/O error at {where}: {err.strerror or err}; this run's files may be incomplete",
+                           wall_time_s=round(time.monotonic() - t0, 3))
+        try:
+            result.save(run_dir)
+        except OSError:
+            pass  # the summary is lost with the disk; the report still shows this run
+    if progress:
+        progress.finished(result)
+    if interrupted:
+        raise Interrupted(result)
+    return result
+
+
+def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, description: dict,
+         progress: Progress | None, rendezvous: Rendezvous, base: dict) -> tuple[RunResult, bool]:
+    run_dir.mkdir(parents=True, exist_ok=True)
     spec_path, records_path = run_dir / "spec.json", run_dir / "steps.jsonl"
     write_json_atomic(spec_path, spec)
-    write_json_atomic(run_dir / "env.json", {**host.host_env(), "interpreter": backend.python,
-                                             "backend": description})
+    env = {**host.host_env(), "interpreter": backend.python, "backend": description}
+    write_json_atomic(run_dir / "env.json", env)
     records_path.unlink(missing_ok=True)  # a rerun into the same directory starts clean
     cmd = build_command(backend, description, recipe, spec_path, records_path, rendezvous)
     timeout_s = recipe.measure.timeout_s
@@ -225,8 +275,9 @@ def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict
     t0 = time.monotonic()
     with open(run_dir / "stdout.log", "wb") as out, open(run_dir / "stderr.log", "wb") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, **run_env(recipe)})
+                                env={**os.environ, **run_env(recipe), lifeline.ENV: lifeline.identity()})
         try:
+            write_json_atomic(run_dir / ADAPTER_FILE, {"process": lifeline.identity(proc.pid), "command": cmd})
             while proc.poll() is None:
                 if time.monotonic() - t0 > timeout_s:
                     timed_out = True
@@ -238,6 +289,11 @@ def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict
         except KeyboardInterrupt:
             interrupted = True
             _stop(proc)
+        except BaseException:
+            _stop(proc)  # an I/O error in this loop must not leave the adapter running
+            raise
+        finally:
+            (run_dir / ADAPTER_FILE).unlink(missing_ok=True)
     if progress:
         progress.update(backend.name, tail.poll())
     wall = time.monotonic() - t0
@@ -246,21 +302,12 @@ def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict
                               num_processes=recipe.num_processes, stderr_tail=_tail(run_dir / "stderr.log"),
                               timeout_s=timeout_s)
     if interrupted:
-        status, reason = "crashed", "interrupted (Ctrl-C, or SIGTERM during xfw nightly)"
+        status, reason = "crashed", "interrupted (Ctrl-C or SIGTERM); the same command runs it again"
     applied = next((r for r in records if r.get("kind") == "applied" and r.get("rank") == 0), {})
     applied = {k: v for k, v in applied.items() if k not in ("schema", "kind", "rank")}
     measurement = summarize(records)
-    result = RunResult(
-        backend=backend.name, recipe=recipe.name, preset=recipe.model.preset, stage=recipe.stage,
-        status=status, reason=reason, measurement=measurement, applied=applied,
-        mfu=compute_mfu(spec, measurement, applied),
-        env=json.loads((run_dir / "env.json").read_text()), exit_code=proc.returncode,
-        wall_time_s=round(wall, 3), repeat_index=repeat_index, run_dir=str(run_dir), variant=dict(variant or {}),
-        setup=setup_from_spec(spec),
-    )
+    result = RunResult(**base, status=status, reason=reason, measurement=measurement, applied=applied,
+                       mfu=compute_mfu(spec, measurement, applied), env=env, exit_code=proc.returncode,
+                       wall_time_s=round(wall, 3))
     result.save(run_dir)
-    if progress:
-        progress.finished(result)
-    if interrupted:
-        raise KeyboardInterrupt
-    return result
+    return result, interrupted

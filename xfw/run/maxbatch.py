@@ -90,9 +90,9 @@ class Search:
     """Runs probes for one (recipe, backend), keeping every result."""
 
     def __init__(self, path: str, overrides: list[str], backend: launcher.Backend, description: dict, out_dir: Path,
-                 progress: launcher.Progress | None = None, log=print):
+                 progress: launcher.Progress | None = None, log=print, force: bool = False):
         self.path, self.overrides, self.backend, self.description = path, overrides, backend, description
-        self.out_dir, self.progress, self.log = out_dir, progress, log
+        self.out_dir, self.progress, self.log, self.force = out_dir, progress, log, force
         self.recipe = load_recipe(path, overrides)
         self.result = MaxBatch(recipe=self.recipe.name, backend=backend.name)
 
@@ -103,7 +103,7 @@ class Search:
                   variant={"batch.micro": micro, "batch.global": recipe.batch.global_size},
                   label=f"[{self.backend.name}] {recipe.name}: micro-batch {micro}")
         (run,), _ = run_jobs([job], {self.backend.name: (self.backend, self.description)}, resume=True,
-                             progress=self.progress, log=self.log)
+                             force=self.force, progress=self.progress, log=self.log)
         m = run.measurement
         self.result.probes.append(Probe(micro=micro, status=run.status, reason=run.reason, ips=m.ips,
                                         mem_alloc_peak_bytes=m.mem_alloc_peak_bytes,
@@ -139,9 +139,9 @@ class Search:
 
 def search(path: str, backend: launcher.Backend, description: dict, out_dir: Path, *,
            candidates: list[int] | None = None, overrides: list[str] = (), max_micro: int = DEFAULT_MAX_MICRO,
-           progress: launcher.Progress | None = None, log=print) -> MaxBatch:
+           progress: launcher.Progress | None = None, log=print, force: bool = False) -> MaxBatch:
     """Find the largest micro-batch of one recipe on one backend (see the module docstring)."""
-    runner = Search(str(path), list(overrides), backend, description, out_dir, progress, log)
+    runner = Search(str(path), list(overrides), backend, description, out_dir, progress, log, force)
     if candidates:
         for micro in candidates:  # validate every probe before launching any
             probe_recipe(str(path), micro, list(overrides))

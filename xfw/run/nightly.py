@@ -145,7 +145,8 @@ def run_night(suite: Suite, backends: Backends, history_dir: Path, *,
                                         entry=entry_of[job.run_dir],
                                         run_dir=str(job.run_dir.relative_to(history_dir)))])
 
-    results, kept = run_jobs(jobs, backends, resume=True, progress=progress, log=log, on_result=record)
+    # force: a resumed night reruns a run whose spec changed (new --set): the night is one suite's, not a user's
+    results, kept = run_jobs(jobs, backends, resume=True, force=True, progress=progress, log=log, on_result=record)
     verdicts = evaluate(history.rows(), night, suite.regression)
     write_json_atomic(night_dir / VERDICTS_FILE, {
         "night": night, "suite": suite.name, "policy": asdict(suite.regression),

@@ -27,7 +27,7 @@ from xfw.contract import records as rec
 from xfw.contract.atomic import write_json_atomic
 from xfw.contract.harness import GRAD_NORM_KNOB
 from xfw.report.parity import PARITY_FILE, ParityReport, Tolerances, compare_losses, first_differing_module
-from xfw.run import launcher
+from xfw.run import jobs, launcher
 from xfw.run.recipe import Recipe, RecipeError, load_recipe, resolve_spec, to_dict
 
 # An interpreter's description does not change while this process lives; asking once per
@@ -93,7 +93,7 @@ def export_initial_weights(recipe_path: str, overrides: list[str], backend: laun
 
 def run_parity(recipe_path: str, overrides: list[str], steps: int, out_dir: Path,
                interpreters: dict[str, str], *, backends: tuple[str, str], tolerances: Tolerances = Tolerances(),
-               weights: dict[str, str] | None = None) -> ParityReport:
+               weights: dict[str, str] | None = None, force: bool = False) -> ParityReport:
     """Train ``recipe_path`` for ``steps`` steps on both backends from the same weights and
     compare the losses. ``weights`` optionally gives a backend its own ``model.weights``
     directory instead of the shared export (to check that a changed weight is caught).
@@ -120,7 +120,8 @@ def run_parity(recipe_path: str, overrides: list[str], steps: int, out_dir: Path
         start = Path((weights or {}).get(name, weights_dir)).resolve()
         recipe = load_recipe(recipe_path, [*overrides, *forced_overrides(steps, start, backends)])
         run_dir = out_dir / name
-        result = launcher.launch(recipe, backend, run_dir, description=described[name])
+        (result,), _ = jobs.run_jobs([jobs.Job(recipe=recipe, backend=name, run_dir=run_dir)],
+                                     {name: (backend, described[name])}, resume=False, force=force, log=lambda _: None)
         report.run_dirs[name] = str(run_dir)
         if start != weights_dir:
             report.notes.append(f"{name} started from {start}, not the shared export")

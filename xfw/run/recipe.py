@@ -14,16 +14,17 @@ default filled in and the preset expanded into the neutral architecture.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from xfw.contract import presets
 from xfw.contract.families import family_module
+from xfw.run.yamlfile import YamlError, load_file, load_text
 
 SPEC_SCHEMA = 1
 
@@ -31,6 +32,11 @@ STAGES = ("pretrain", "sft", "lora", "dreambooth")
 DTYPES = ("fp32", "bf16", "fp16")
 AMP_LEVELS = ("O0", "O1", "O2")
 SHARDINGS = ("none", "stage1", "stage2", "stage3")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_+-]*(\.[A-Za-z0-9_+-]+)*")
+"""A recipe name is one plain path component (it names run directories): letters, digits, ``_ + - .``."""
+MAX_NAME_CHARS = 100
+RESERVED_SUFFIXES = (".md", ".csv", ".html", ".png", ".json", ".jsonl", ".log", ".lock", ".yaml", ".safetensors")
+"""A name may not end like a file xfw writes beside its run directories (report.md, chart.png, ...)."""
 
 
 class RecipeError(ValueError):
@@ -48,6 +54,13 @@ class FieldError(ValueError):
 def _key(f: dataclasses.Field) -> str:
     """The YAML key of a dataclass field (``global`` is a Python keyword, so it is renamed)."""
     return f.metadata.get("key", f.name)
+
+
+def bounded(low: float, high: float, **kwargs) -> Any:
+    """A numeric field checked against ``[low, high]`` when a recipe is loaded (metadata ``bounds``);
+    the bounds keep typos such as ``steps: 1e41`` or ``timeout_s: 1e9`` from launching anything."""
+    metadata = {**kwargs.pop("metadata", {}), "bounds": (low, high)}
+    return field(metadata=metadata, **kwargs)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,13 +82,13 @@ class ModelSpec:
 class DataSpec:
     kind: str = "synthetic"
     """Only ``synthetic``: seeded numpy batches made by the core, identical for every backend."""
-    image_size: int | None = None
+    image_size: int | None = bounded(1, 16384, default=None)
     """Square image side in pixels (defaults to the preset's)."""
-    seq_len: int | None = None
+    seq_len: int | None = bounded(1, 1 << 20, default=None)
     """Language sequence length in tokens, image tokens included."""
-    pool_size: int = 4
+    pool_size: int = bounded(1, 1024, default=4)
     """Optimizer steps' worth of distinct data generated before the timed window and cycled."""
-    seed: int = 0
+    seed: int = bounded(0, 2**32 - 1, default=0)
 
     def __post_init__(self):
         if self.kind != "synthetic":
@@ -106,8 +119,8 @@ class PrecisionSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelSpec:
-    nproc_per_node: int = 1
-    nnodes: int = 1
+    nproc_per_node: int = bounded(1, 1024, default=1)
+    nnodes: int = bounded(1, 4096, default=1)
     sharding: str = "none"
     """none | stage1 | stage2 | stage3 (ZeRO stages; each backend maps them natively)."""
 
@@ -121,9 +134,9 @@ class ParallelSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BatchSpec:
-    global_size: int = field(metadata={"key": "global"})
+    global_size: int = bounded(1, 1 << 24, metadata={"key": "global"})
     """Samples per optimizer step, summed over all processes."""
-    micro: int
+    micro: int = bounded(1, 1 << 20)
     """Samples per forward/backward on one process; accumulation is derived."""
 
     def __post_init__(self):
@@ -135,8 +148,8 @@ class BatchSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LoraSpec:
-    r: int
-    alpha: float
+    r: int = bounded(1, 65536)
+    alpha: float = bounded(1e-6, 1e6)
     dropout: float = 0.0
     targets: list[str] = field(default_factory=list)
     """Module names that get adapters, e.g. [q_proj, v_proj]."""
@@ -153,32 +166,32 @@ class LoraSpec:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OptimizerSpec:
     name: str = "adamw"
-    lr: float = 1e-5
-    weight_decay: float = 0.0
+    lr: float = bounded(1e-12, 10.0, default=1e-5)
+    weight_decay: float = bounded(0.0, 10.0, default=0.0)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
+    eps: float = bounded(1e-30, 1.0, default=1e-8)
 
     def __post_init__(self):
         if self.name != "adamw":
             raise FieldError("name", f"only 'adamw' is supported, got {self.name!r}")
         if self.lr <= 0:
             raise FieldError("lr", f"must be positive, got {self.lr}")
-        if len(self.betas) != 2:
-            raise FieldError("betas", f"must be two numbers, got {self.betas}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise FieldError("betas", f"must be two numbers in [0, 1), got {self.betas}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MeasureSpec:
-    warmup_steps: int = 10
+    warmup_steps: int = bounded(0, 100_000, default=10)
     """Optimizer steps run before the timed window; recorded as phase 'warmup', excluded."""
-    steps: int = 50
+    steps: int = bounded(1, 1_000_000, default=50)
     """Optimizer steps inside the timed window."""
-    repeat: int = 1
-    timeout_s: float = 1800.0
+    repeat: int = bounded(1, 1000, default=1)
+    timeout_s: float = bounded(1.0, 7 * 24 * 3600.0, default=1800.0)
     """Wall-clock limit for one backend's run, start-up included."""
-    seed: int = 0
+    seed: int = bounded(0, 2**32 - 1, default=0)
     """Seeds weight init and synthetic data, identically for every backend."""
-    cpu_threads: int | None = None
+    cpu_threads: int | None = bounded(1, 4096, default=None)
     """Host threads per process (OMP_NUM_THREADS / MKL_NUM_THREADS for both frameworks); None leaves
     each framework's default. On a shared CPU, 1 thread per process removes most of the run-to-run
     noise (measured here: tiny LLaVA torch step times 19-1400 ms with the default, 24-36 ms with 1)."""
@@ -213,6 +226,11 @@ class Recipe:
     """Backend-specific knobs only, e.g. {torch: {sharding_impl: fsdp2}}; checked by each adapter."""
 
     def __post_init__(self):
+        if not NAME.fullmatch(self.name) or len(self.name) > MAX_NAME_CHARS or \
+                self.name.lower().endswith(RESERVED_SUFFIXES):
+            raise FieldError("name", f"{self.name[:120]!r} must be one plain file name of at most {MAX_NAME_CHARS} "
+                             "characters (letters, digits, '_', '+', '-', inner '.'), not ending like a report file "
+                             "(.md, .csv, .html, .png, .json, ...): it names the run directories")
         if self.stage not in STAGES:
             raise FieldError("stage", f"must be one of {', '.join(STAGES)}, got {self.stage!r}")
         family = presets.PRESETS[self.model.preset]["family"]
@@ -278,7 +296,9 @@ def _check_type(value: Any, hint: Any, path: str) -> Any:
         (item,) = typing.get_args(hint)
         return [_check_type(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        value = float(value) if abs(value) < 1e300 else math.inf
+    if hint is float and isinstance(value, float) and not math.isfinite(value):
+        raise FieldError(path, f"must be a finite number, got {value!r}")
     if hint in _SCALARS:
         ok = isinstance(value, hint) and not (hint is int and isinstance(value, bool))
         if not ok:
@@ -300,6 +320,10 @@ def _build(cls: type, data: Any, path: str) -> Any:
     for key, f in fields.items():
         if key in data:
             kwargs[f.name] = _check_type(data[key], hints[f.name], f"{prefix}{key}")
+            low, high = f.metadata.get("bounds", (None, None))
+            value = kwargs[f.name]
+            if low is not None and value is not None and not low <= value <= high:
+                raise FieldError(f"{prefix}{key}", f"{value!r} is outside [{low:g}, {high:g}]")
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise FieldError(f"{prefix}{key}", "is required")
     try:
@@ -336,9 +360,9 @@ def apply_override(data: dict, assignment: str, source: str) -> None:
     if not all(keys):
         raise RecipeError(f"{source}: --set {assignment!r}: empty key in {path!r}")
     try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as err:
-        raise RecipeError(f"{source}: --set {path}: value {raw!r} is not valid YAML ({err.problem})") from None
+        value = load_text(raw, f"{source}: --set {path}: value {raw[:80]!r}")
+    except YamlError as err:
+        raise RecipeError(str(err)) from None
     node = data
     for i, key in enumerate(keys[:-1]):
         child = node.get(key)
@@ -354,15 +378,9 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     """Read, override and validate one recipe file. Raises RecipeError with a one-line message."""
     source = str(path)
     try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise RecipeError(f"{source}: cannot read recipe ({err.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark else ""
-        raise RecipeError(f"{source}: {where}invalid YAML ({getattr(err, 'problem', err)})") from None
+        data = load_file(path, "recipe")
+    except YamlError as err:
+        raise RecipeError(str(err)) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

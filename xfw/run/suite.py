@@ -23,10 +23,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from xfw.report.verdicts import RegressionPolicy
 from xfw.run.recipe import Recipe, RecipeError, load_recipe
+from xfw.run.yamlfile import YamlError, load_file
 
 
 class SuiteError(ValueError):
@@ -91,13 +90,9 @@ def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     path = Path(path)
     source = str(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SuiteError(f"{source}: no such suite file") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise SuiteError(f"{source}: not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+        data = load_file(path, "suite file")
+    except YamlError as err:
+        raise SuiteError(str(err)) from None
     if not isinstance(data, dict):
         raise SuiteError(f"{source}: a suite is a mapping with name, backends and entries")
     unknown = sorted(set(data) - _TOP_KEYS)

@@ -24,12 +24,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from xfw.report.results import RunResult
 from xfw.run import launcher
-from xfw.run.jobs import Backends, jobs_for, run_jobs
+from xfw.run.jobs import Backends, Job, jobs_for, run_jobs
 from xfw.run.recipe import Recipe, RecipeError, load_recipe
+from xfw.run.yamlfile import YamlError, load_text
 
 _OPENERS, _CLOSERS = "[{(", "]})"
 MAX_LABEL_CHARS = 120  # file systems allow 255 bytes per name; leave room for humans too
@@ -85,9 +84,9 @@ def parse_axes(assignments: list[str], source: str) -> list[Axis]:
 
 def _parse_value(raw: str, key: str, source: str):
     try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError as err:
-        raise RecipeError(f"{source}: --set {key}: value {raw!r} is not valid YAML ({err.problem})") from None
+        return load_text(raw, f"{source}: --set {key}: value {raw[:80]!r}")
+    except YamlError as err:
+        raise RecipeError(str(err)) from None
 
 
 def point_label(variant: dict) -> str:
@@ -142,10 +141,15 @@ def plan(recipe_path: str, assignments: list[str], fixed: list[str] = ()) -> lis
     return points
 
 
-def run_sweep(points: list[Point], backends: Backends, out_dir: Path,
-              progress: launcher.Progress | None = None, log=print) -> list[RunResult]:
-    """Run every (point, repeat, backend) one at a time, keeping settled runs; returns all results."""
-    jobs = [job for p in points
-            for job in jobs_for(p.recipe, list(backends), out_dir, (p.recipe.name, p.label), variant=p.variant,
+def sweep_jobs(points: list[Point], backend_names: list[str], out_dir: Path) -> list[Job]:
+    """Every (point, repeat, backend), in order: ``OUT/<recipe>/<point label>/<backend>[-r<k>]``."""
+    return [job for p in points
+            for job in jobs_for(p.recipe, backend_names, out_dir, (p.recipe.name, p.label), variant=p.variant,
                                 label=p.label)]
-    return run_jobs(jobs, backends, resume=True, progress=progress, log=log)[0]
+
+
+def run_sweep(points: list[Point], backends: Backends, out_dir: Path,
+              progress: launcher.Progress | None = None, log=print, *, force: bool = False) -> list[RunResult]:
+    """Run every (point, repeat, backend) one at a time, keeping settled runs; returns all results."""
+    return run_jobs(sweep_jobs(points, list(backends), out_dir), backends, resume=True, force=force,
+                    progress=progress, log=log)[0]

@@ -22,6 +22,7 @@ import os
 import sys
 import time
 
+from xfw.contract.lifeline import watch_parent
 from xfw.contract.records import RecordWriter
 
 EXIT_OOM = 4  # xfw.contract.harness.EXIT_OOM
@@ -32,6 +33,7 @@ def main(argv):
         print(json.dumps({"backend": "fake", "framework": "fake", "framework_version": "0", "versions": {},
                           "device": "cpu", "device_name": "none", "launcher": ["{python}", "-m", "xfw_fake"]}))
         return 0
+    watch_parent()  # as the harness does: die with the xfw that started us
     spec = json.load(open(argv[argv.index("--spec") + 1]))
     records = argv[argv.index("--records") + 1]
     knobs = spec["backend_knobs"]

@@ -1,0 +1,64 @@
+"""One command at a time per output directory.
+
+Every command that writes runs (run, compare, sweep, maxbatch, parity, nightly) holds an exclusive
+lock on its output directory for as long as it lives; a second command aimed at the same directory
+refuses at once and says who holds it::
+
+    with hold(Path("runs/demo"), "xfw compare recipes/tiny/llava_sft.yaml"):
+        ...
+    # meanwhile, elsewhere:
+    # LockedError: runs/demo is in use by pid 4242 (xfw compare recipes/tiny/llava_sft.yaml), since 2026-11-23T17:40:02Z
+
+The lock is ``fcntl.flock`` on ``DIR/.xfw.lock``: the kernel releases it when the holder exits,
+however it exits (SIGKILL included), so a stale lock never blocks the next command. The file also
+records the holder (pid, command, start) for that message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Iterator
+
+LOCK_FILE = ".xfw.lock"
+
+
+class LockedError(RuntimeError):
+    """Another command holds the directory; the message names it."""
+
+
+@contextlib.contextmanager
+def hold(directory: Path, command: str | None = None) -> Iterator[None]:
+    """Hold ``directory`` (created if missing) until the block ends; LockedError if another holds it.
+    ``command`` names the holder in the other's message (default: this process's command line)."""
+    command = command or shlex.join(["xfw", *sys.argv[1:]])
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LockedError(f"{directory} is in use by {_holder(path)}; wait for it to finish or choose "
+                              "another --out") from None
+        holder = {"pid": os.getpid(), "command": command,
+                  "since": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _holder(path: Path) -> str:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return f"pid {data['pid']} ({data['command']}), since {data['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another xfw command"
