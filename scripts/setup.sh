@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create the two environments xfw needs, from nothing, and skip what is already up to date.
 #   .venv/torch   PyTorch stack + the xfw core with its CLI/reporting extras + xfw_torch
-#   .venv/paddle  Paddle stack (numpy<=1.26, DESIGN.md §7) + the bare xfw core + xfw_paddle
+#   .venv/paddle  Paddle stack (numpy<=1.26, docs/design.md §3) + the bare xfw core + xfw_paddle
 # The two stacks cannot share one environment: paddlenlp pins numpy<=1.26, pandas 3 needs numpy 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -100,3 +100,13 @@ def spread_weights(model) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(5.0) if p.ndim > 1 else p.normal_(1.0 if p.abs().min() == 1 else 0.0, 0.1)
+
+
+def save_neutral_weights(model, directory: Path) -> Path:
+    """A torch model's parameters as a ``model.weights`` directory under the canonical names
+    (peft's adapter names mapped), the file both adapters load a run's start from."""
+    from xfw.contract import hf_names, weights
+
+    tensors = {hf_names.peft_to_canonical(n): p.detach().numpy() for n, p in model.named_parameters()}
+    weights.save_file(tensors, directory / weights.WEIGHTS_FILE)
+    return directory

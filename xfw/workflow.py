@@ -317,7 +317,7 @@ def estimate(recipe_path: str | None, overrides: list[str], run_dir: str | None)
         (recipe,) = load_all([recipe_path], overrides)
         spec = resolve_spec(recipe, backend="estimate", run_id="estimate")
     try:
-        return Outcome(text=est.to_markdown(spec, est.estimate(spec), measured))
+        return Outcome(text=table.to_markdown(est.to_page(spec, est.estimate(spec), measured), images=False))
     except (KeyError, NotImplementedError) as err:
         raise UsageError(f"{run_dir or recipe_path}: cannot estimate ({err})") from None
 

@@ -15,7 +15,8 @@ import pytest
 from xfw.contract import presets
 from xfw.contract.records import validate_record
 
-from conftest import TINY_RECIPE, applied, kinds, losses, require_interpreter, run_adapter, spread_weights
+from conftest import (TINY_RECIPE, applied, kinds, losses, require_interpreter, run_adapter, save_neutral_weights,
+                      spread_weights)
 
 pytestmark = pytest.mark.contract
 ARCH = presets.resolve_arch("tiny-llava", {}, None, None)
@@ -149,15 +150,21 @@ def test_frozen_vision_tower_gets_no_gradient_and_does_not_change():
 
 
 SAME_WEIGHTS_LOGITS = """
-    import json, sys
+    import importlib, json, sys
     import numpy as np
     import paddle
     from xfw_paddle.families import llava
+    from xfw_paddle.session import canonical_names, load_weights
 
-    arch, weights, batch, out = json.loads(sys.argv[1]), np.load(sys.argv[2]), np.load(sys.argv[3]), sys.argv[4]
+    def load(model, family, directory, lora=False):
+        # The production path: a neutral weight file under canonical names, converted and checked strictly.
+        load_weights(model, canonical_names(importlib.import_module("xfw_paddle.families." + family), model),
+                     directory, family=family, lora=lora)
+
+    arch, weights, batch, out = json.loads(sys.argv[1]), sys.argv[2], np.load(sys.argv[3]), sys.argv[4]
     model = llava.build(arch, use_sdpa=True, recompute=False)
     model.eval()
-    llava.load_hf_state(model, dict(weights))
+    load(model, "llava", weights)
     b = {k: paddle.to_tensor(batch[k]) for k in batch.files}
     with paddle.no_grad():
         logits = model(b["pixel_values"], b["input_ids"], b["attention_mask"], b.get("image_sizes"))
@@ -227,9 +234,9 @@ def test_paddle_llava_computes_transformers_logits_and_loss_from_the_same_weight
     batch = make_pool(spec, 0)[0]
     with torch.no_grad():
         expected = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
-    np.savez(tmp_path / "weights.npz", **{n: p.numpy() for n, p in model.state_dict().items()})
+    save_neutral_weights(model, tmp_path)
     np.savez(tmp_path / "batch.npz", **batch)
-    run_in_paddle(SAME_WEIGHTS_LOGITS, json.dumps(arch), tmp_path / "weights.npz", tmp_path / "batch.npz",
+    run_in_paddle(SAME_WEIGHTS_LOGITS, json.dumps(arch), tmp_path, tmp_path / "batch.npz",
                   tmp_path / "paddle.npz")
     got = np.load(tmp_path / "paddle.npz")
     # fp32 rounding over logits of magnitude ~4 (the scaled weights): ~1e-5 is seen, 3e-5 allowed.

@@ -11,7 +11,7 @@ import pytest
 
 from xfw.contract import families, presets
 
-from conftest import TINY_RECIPE, applied, losses, run_adapter, spread_weights
+from conftest import TINY_RECIPE, applied, losses, run_adapter, save_neutral_weights, spread_weights
 from test_paddle_adapter import run_in_paddle
 
 pytestmark = pytest.mark.contract
@@ -81,15 +81,21 @@ def test_llava_next_sft_counts_match_and_the_image_newline_trains(tmp_path):
 
 
 SAME_WEIGHTS_QWEN = """
-    import json, sys
+    import importlib, json, sys
     import numpy as np
     import paddle
     from xfw_paddle.families import qwen2vl
+    from xfw_paddle.session import canonical_names, load_weights
 
-    arch, weights, batch, out = json.loads(sys.argv[1]), np.load(sys.argv[2]), np.load(sys.argv[3]), sys.argv[4]
+    def load(model, family, directory, lora=False):
+        # The production path: a neutral weight file under canonical names, converted and checked strictly.
+        load_weights(model, canonical_names(importlib.import_module("xfw_paddle.families." + family), model),
+                     directory, family=family, lora=lora)
+
+    arch, weights, batch, out = json.loads(sys.argv[1]), sys.argv[2], np.load(sys.argv[3]), sys.argv[4]
     model = qwen2vl.build(arch, use_sdpa=sys.argv[5] == "sdpa", recompute=False)
     model.eval()
-    qwen2vl.load_hf_state(model, dict(weights))
+    load(model, "qwen2vl", weights)
     b = {k: paddle.to_tensor(batch[k]) for k in batch.files}
     with paddle.no_grad():
         logits = model(b["pixel_values"], b["input_ids"], b["position_ids"])
@@ -149,11 +155,10 @@ def test_paddle_qwen2vl_computes_transformers_logits_and_loss_from_the_same_weig
     batch = make_pool(spec, 0)[0]
     with torch.no_grad():
         expected = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
-    state = {n: p.numpy() for n, p in model.state_dict().items()}
     assert sum(p.numel() for p in model.parameters()) == presets.count_params(arch)["total"]
-    np.savez(tmp_path / "weights.npz", **state)
+    save_neutral_weights(model, tmp_path)
     np.savez(tmp_path / "batch.npz", **batch)
-    run_in_paddle(SAME_WEIGHTS_QWEN, json.dumps(arch), tmp_path / "weights.npz", tmp_path / "batch.npz",
+    run_in_paddle(SAME_WEIGHTS_QWEN, json.dumps(arch), tmp_path, tmp_path / "batch.npz",
                   tmp_path / "paddle.npz", attn)
     got = np.load(tmp_path / "paddle.npz")
     np.testing.assert_allclose(got["logits"], expected.logits.numpy(), atol=1e-5, rtol=0)
@@ -167,12 +172,20 @@ SAME_WEIGHTS_LORA = """
     from xfw_paddle.session import apply_lora, lora_target
 
     family = importlib.import_module("xfw_paddle.families." + sys.argv[1])
-    arch, lora, weights, batch, out = (json.loads(sys.argv[2]), json.loads(sys.argv[3]), np.load(sys.argv[4]),
+    from xfw_paddle.session import canonical_names, load_weights
+
+    def load(model, family, directory, lora=False):
+        # The production path: a neutral weight file under canonical names, converted and checked strictly.
+        load_weights(model, canonical_names(importlib.import_module("xfw_paddle.families." + family), model),
+                     directory, family=family, lora=lora)
+
+    arch, lora, weights, batch, out = (json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4],
                                        np.load(sys.argv[5]), sys.argv[6])
     model = family.build(arch, use_sdpa=True, recompute=False)
+    load(model, sys.argv[1], weights)
     apply_lora(lora_target(arch, model), lora)
+    load(model, sys.argv[1], weights, lora=True)
     model.eval()
-    family.load_hf_state(model, dict(weights))
     b = {k: paddle.to_tensor(batch[k]) for k in batch.files}
     with paddle.no_grad():
         logits = (model(b["pixel_values"], b["input_ids"], b["position_ids"]) if sys.argv[1] == "qwen2vl"
@@ -209,10 +222,8 @@ def test_paddlenlp_lora_computes_what_peft_computes_from_the_same_weights(tmp_pa
     batch = make_pool(spec, 0)[0]
     with torch.no_grad():
         expected = model(**{k: torch.from_numpy(v) for k, v in batch.items()}).logits.numpy()
-    # peft keeps the wrapped linear's own weights under base_layer; paddlenlp keeps their names.
-    state = {n.replace(".base_layer.", "."): p.numpy() for n, p in model.state_dict().items()}
-    np.savez(tmp_path / "weights.npz", **state)
+    save_neutral_weights(model, tmp_path)  # peft's base_layer and adapter names, canonical
     np.savez(tmp_path / "batch.npz", **batch)
-    run_in_paddle(SAME_WEIGHTS_LORA, family, json.dumps(arch), json.dumps(spec["lora"]), tmp_path / "weights.npz",
+    run_in_paddle(SAME_WEIGHTS_LORA, family, json.dumps(arch), json.dumps(spec["lora"]), tmp_path,
                   tmp_path / "batch.npz", tmp_path / "paddle.npz")
     np.testing.assert_allclose(np.load(tmp_path / "paddle.npz")["logits"], expected, atol=1e-5, rtol=0)

@@ -26,6 +26,7 @@ import time
 import traceback
 from typing import Any, Callable, Protocol
 
+from xfw.contract import lifeline
 from xfw.contract import records as rec
 from xfw.contract import synthetic
 
@@ -232,6 +233,7 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
     parser.add_argument("--count-params", metavar="FILE",
                         help="write each --spec's parameter counts, built without weights, to FILE (JSON) and exit")
     args = parser.parse_args(argv)
+    lifeline.watch_parent()  # every process of a run (each rank) ends if the xfw that started it dies
     if args.describe:
         print(json.dumps(describe()))
         return EXIT_OK

@@ -65,9 +65,10 @@ def _end_group() -> None:
 
 
 def watch_parent(environ: dict | None = None) -> threading.Thread | None:
-    """Start the watch if the environment names an xfw parent; returns the thread (None if not)."""
+    """Start the watch if the environment names an xfw parent; returns the thread (None if not).
+    A parent already gone (killed while this process was starting) ends the group at once."""
     ident = (environ if environ is not None else os.environ).get(ENV)
-    if not ident or not is_alive(ident):
+    if not ident:
         return None
 
     def watch() -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from xfw.contract import families, presets
+from xfw.report.table import Bullets, Page, Paragraph, Strong, Table
 
 GIB = 1024**3
 ZERO_STAGES = ("none", "stage1", "stage2", "stage3")
@@ -93,49 +94,51 @@ def estimate(spec: dict) -> Estimate:
                     trainable=trainable, total=total, notes=notes)
 
 
-def states_matrix(spec: dict) -> tuple[list[str], list[list[str]]]:
+def states_matrix(spec: dict) -> Table:
     """Model states (GiB per GPU) for every ZeRO stage x AMP level, at the spec's process count."""
     trainable, total = trainable_params(spec)
     nproc = spec["derived"]["num_processes"]
-    header = ["Sharding"] + [f"{dtype} {level}" for dtype, level in AMP_SETTINGS]
-    cells = []
+    cells, records = [], []
     for stage in ZERO_STAGES:
         row = [stage]
-        for _, level in AMP_SETTINGS:
+        for dtype, level in AMP_SETTINGS:
             states = model_state_bytes(total, trainable, amp_level=level, sharding=stage, num_processes=nproc)
             row.append(f"{sum(states.values()) / GIB:.2f}")
+            records.append({"sharding": stage, "dtype": dtype, "amp_level": level,
+                            "model_state_bytes": sum(states.values())})
         cells.append(row)
-    return header, cells
+    return Table(title=f"Model states (GiB per GPU) by sharding and precision, at {nproc} processes:",
+                 header=["Sharding"] + [f"{dtype} {level}" for dtype, level in AMP_SETTINGS], cells=cells,
+                 numeric=tuple(range(1, 1 + len(AMP_SETTINGS))))
 
 
 def _gib(value: float | None) -> str:
     return "–" if value is None else f"{value / GIB:.2f}"
 
 
-def to_markdown(spec: dict, est: Estimate, measured: dict | None = None) -> str:
-    name, nproc = spec["name"], spec["derived"]["num_processes"]
-    precision = f"{spec['precision']['dtype']} {spec['precision']['amp_level']}"
-    lines = [f"## Memory estimate: {name}", "",
-             f"{presets.display_name(spec['model']['preset'])} {spec['stage']}, micro-batch {spec['batch']['micro']}, "
-             f"{precision}, sharding {spec['parallel']['sharding']} over {nproc} processes, "
-             f"recompute {'on' if est.recompute else 'off'}; {est.trainable:,} trainable of {est.total:,} parameters.",
-             "", "| Component | GiB per GPU |", "|---|---:|"]
-    lines += [f"| {k} | {_gib(v)} |" for k, v in est.states.items()]
-    lines.append(f"| activations (recompute {'on' if est.recompute else 'off'}) | {_gib(est.activations)} |")
-    lines.append(f"| **total** | **{_gib(est.total_bytes)}** |")
+def to_page(spec: dict, est: Estimate, measured: dict | None = None) -> Page:
+    """The estimate of one spec as a page: components, the total, the measurement beside it when
+    given, recompute flipped, and model states for every sharding stage and precision."""
+    nproc = spec["derived"]["num_processes"]
+    recompute = "on" if est.recompute else "off"
+    rows = [[k, _gib(v)] for k, v in est.states.items()]
+    rows += [[f"activations (recompute {recompute})", _gib(est.activations)], [Strong("total"), Strong(_gib(est.total_bytes))]]
     if measured:
         alloc, reserved = measured.get("mem_alloc_peak_bytes"), measured.get("mem_reserved_peak_bytes")
         err = (est.total_bytes - alloc) / alloc if est.total_bytes is not None and alloc else None
-        lines.append(f"| measured peak allocated ({measured.get('mem_source')}) | {_gib(alloc)} |")
-        lines.append(f"| measured peak reserved | {_gib(reserved)} |")
-        lines.append(f"| estimate error vs allocated | {f'{err:+.0%}' if err is not None else '–'} |")
-    other = "off" if est.recompute else "on"
-    lines += ["", f"With recompute {other}, activations would be {_gib(est.activations_other)} GiB.", "",
-              f"Model states (GiB per GPU) by sharding and precision, at {nproc} processes:", ""]
-    header, cells = states_matrix(spec)
-    lines += ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-    lines += ["| " + " | ".join(row) + " |" for row in cells]
-    lines += ["", *[f"- {n}" for n in est.notes]] if est.notes else []
-    lines += ["", "Formulas and sources: `xfw/report/estimate.py` (ZeRO, Rajbhandari et al. 2020; activations, "
-              "Korthikanti et al. 2022)."]
-    return "\n".join(lines) + "\n"
+        rows += [[f"measured peak allocated ({measured.get('mem_source')})", _gib(alloc)],
+                 ["measured peak reserved", _gib(reserved)],
+                 ["estimate error vs allocated", f"{err:+.0%}" if err is not None else "–"]]
+    blocks: list = [
+        Paragraph(f"{presets.display_name(spec['model']['preset'])} {spec['stage']}, micro-batch "
+                  f"{spec['batch']['micro']}, {spec['precision']['dtype']} {spec['precision']['amp_level']}, sharding "
+                  f"{spec['parallel']['sharding']} over {nproc} processes, recompute {recompute}; "
+                  f"{est.trainable:,} trainable of {est.total:,} parameters."),
+        Table(header=["Component", "GiB per GPU"], cells=rows, numeric=(1,), name="estimate"),
+        Paragraph(f"With recompute {'off' if est.recompute else 'on'}, activations would be "
+                  f"{_gib(est.activations_other)} GiB."),
+        states_matrix(spec)]
+    blocks += [Bullets(est.notes)] if est.notes else []
+    blocks.append(Paragraph("Formulas and sources: `xfw/report/estimate.py` (ZeRO, Rajbhandari et al. 2020; "
+                            "activations, Korthikanti et al. 2022).", muted=True))
+    return Page(title=f"Memory estimate: {spec['name']}", blocks=blocks)

@@ -1,5 +1,5 @@
 """Data parallelism and ZeRO sharding for the Paddle side, chosen from the neutral settings
-(DESIGN.md §5), applied after ``paddle.amp.decorate`` as Paddle's docs order it:
+(docs/design.md §11), applied after ``paddle.amp.decorate`` as Paddle's docs order it:
 
 ====================  =====================================================================
 parallel.sharding     Paddle mechanism

@@ -1,7 +1,7 @@
 """Data parallelism and ZeRO sharding for the PyTorch side, chosen from the neutral settings.
 
 ``apply_parallel(module, spec=..., units=..., device=..., dtype=...)`` wraps the loss module
-once, in the one order that works (DESIGN.md §5):
+once, in the one order that works (docs/design.md §11):
 
 ====================  =========================================================================
 parallel.sharding     PyTorch mechanism (``backends.torch.sharding_impl`` picks among them)

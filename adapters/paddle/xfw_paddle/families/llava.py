@@ -345,38 +345,7 @@ def _is_linear_weight(name: str, shape: list[int]) -> bool:
     return name.endswith((".weight", ".lora_A", ".lora_B")) and len(shape) == 2 and "embed" not in name
 
 
-def hf_shape(name: str, shape: list[int]) -> list[int]:
-    """The transformers shape of a parameter: Paddle's Linear weights are [in, out]."""
-    return list(reversed(shape)) if _is_linear_weight(name, shape) else list(shape)
-
-
-def _with_peft_names(name_map):
-    """Extend ``name_map`` to LoRA adapters: paddlenlp's ``q_proj.lora_A`` [in, r] is peft's
-    ``q_proj.lora_A.default.weight`` [r, in] (transposed like any Linear weight)."""
-    def mapped(name: str) -> str:
-        for suffix in (".lora_A", ".lora_B"):
-            if name.endswith(suffix):
-                linear = name_map(name.removesuffix(suffix) + ".weight").removesuffix(".weight")
-                return f"{linear}{suffix}.default.weight"
-        return name_map(name)
-    return mapped
-
-
 def canonical_names(model: nn.Layer, name_map=hf_name) -> dict[str, tuple[str, bool]]:
     """``{our name: (transformers' name, transposed?)}`` for every parameter: the map a neutral
     weight file (xfw.contract.weights) is read and written through."""
     return {n: (name_map(n), _is_linear_weight(n, p.shape)) for n, p in model.named_parameters()}
-
-
-def load_hf_state(model: nn.Layer, state: dict, name_map=hf_name) -> None:
-    """Copy weights given under transformers' names and shapes (numpy arrays) into ``model``;
-    ``name_map`` is the family's ``hf_name``."""
-    name_map = _with_peft_names(name_map)
-    missing = [name_map(n) for n, _ in model.named_parameters() if name_map(n) not in state]
-    if missing:
-        raise KeyError(f"{len(missing)} parameters missing, e.g. {missing[0]}")
-    for name, param in model.named_parameters():
-        value = state[name_map(name)]
-        if _is_linear_weight(name, param.shape):
-            value = value.T  # by kind, never by shape: square matrices would pass unnoticed
-        param.set_value(value.astype(str(param.dtype).removeprefix("paddle.")))

@@ -33,7 +33,6 @@ from xfw.contract.families.qwen2vl import grid
 from xfw.contract.harness import Unsupported
 from xfw_paddle.families.llava import causal_lm_loss, quick_gelu, scatter_image_features
 from xfw_paddle.families.llava import canonical_names as _canonical_names
-from xfw_paddle.families.llava import load_hf_state as _load_hf_state
 
 # transformers' Qwen2VLPreTrainedModel._init_weights: normal(0, initializer_range = 0.02), zero biases.
 _W = paddle.ParamAttr(initializer=nn.initializer.Normal(0.0, 0.02))
@@ -336,8 +335,3 @@ def hf_name(name: str) -> str:
 def canonical_names(model: nn.Layer) -> dict[str, tuple[str, bool]]:
     """``{our name: (transformers' name, transposed?)}``, as llava.canonical_names."""
     return _canonical_names(model, hf_name)
-
-
-def load_hf_state(model: nn.Layer, state: dict) -> None:
-    """Copy weights given under transformers' names and shapes (numpy arrays) into ``model``."""
-    _load_hf_state(model, state, hf_name)
