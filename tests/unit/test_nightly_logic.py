@@ -60,7 +60,7 @@ def test_suite_recipes_are_relative_to_the_suite_file_and_overrides_stack(tmp_pa
     ({"name": "s", "backends": ["torch"], "entries": [{"recipe": "R", "set": ["batch.micro=0"]}]},
      "entries[0]: "),
     ({"name": "s", "backends": ["torch"], "entries": ["R", "R"]}, "two entries are labelled 'tiny-llava-sft'"),
-    ({"name": "a b", "backends": ["torch"], "entries": ["R"]}, "name: must be a name"),
+    ({"name": "a b", "backends": ["torch"], "entries": ["R"]}, "name: 'a b' must be one plain file name"),
 ])
 def test_bad_suites_fail_with_one_line_naming_the_file_and_key(tmp_path, data, message):
     text = json.dumps(data).replace('"R"', json.dumps(str(ROOT / "recipes/tiny/llava_sft.yaml")))

@@ -37,6 +37,14 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_+-]*(\.[A-Za-z0-9_+-]+)*")
 MAX_NAME_CHARS = 100
 RESERVED_SUFFIXES = (".md", ".csv", ".html", ".png", ".json", ".jsonl", ".log", ".lock", ".yaml", ".safetensors")
 """A name may not end like a file xfw writes beside its run directories (report.md, chart.png, ...)."""
+PLAIN_NAME_RULE = (f"must be one plain file name of at most {MAX_NAME_CHARS} characters (letters, digits, '_', '+', "
+                   "'-', inner '.'), not ending like a report file (.md, .csv, .html, .png, .json, ...)")
+
+
+def is_plain_name(text: object) -> bool:
+    """Whether ``text`` may name a directory xfw writes (a recipe, a suite, a suite entry)."""
+    return (isinstance(text, str) and NAME.fullmatch(text) is not None and len(text) <= MAX_NAME_CHARS
+            and not text.lower().endswith(RESERVED_SUFFIXES))
 
 
 class RecipeError(ValueError):
@@ -226,11 +234,8 @@ class Recipe:
     """Backend-specific knobs only, e.g. {torch: {sharding_impl: fsdp2}}; checked by each adapter."""
 
     def __post_init__(self):
-        if not NAME.fullmatch(self.name) or len(self.name) > MAX_NAME_CHARS or \
-                self.name.lower().endswith(RESERVED_SUFFIXES):
-            raise FieldError("name", f"{self.name[:120]!r} must be one plain file name of at most {MAX_NAME_CHARS} "
-                             "characters (letters, digits, '_', '+', '-', inner '.'), not ending like a report file "
-                             "(.md, .csv, .html, .png, .json, ...): it names the run directories")
+        if not is_plain_name(self.name):
+            raise FieldError("name", f"{self.name[:120]!r} {PLAIN_NAME_RULE}: it names the run directories")
         if self.stage not in STAGES:
             raise FieldError("stage", f"must be one of {', '.join(STAGES)}, got {self.stage!r}")
         family = presets.PRESETS[self.model.preset]["family"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from xfw.report.verdicts import RegressionPolicy
-from xfw.run.recipe import Recipe, RecipeError, load_recipe
+from xfw.run.recipe import PLAIN_NAME_RULE, Recipe, RecipeError, is_plain_name, load_recipe
 from xfw.run.yamlfile import YamlError, load_file
 
 
@@ -53,7 +53,6 @@ class Suite:
 
 _TOP_KEYS = {"name", "backends", "set", "regression", "entries", "description"}
 _ENTRY_KEYS = {"recipe", "set", "label"}
-_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
 def _str_list(value, where: str) -> tuple[str, ...]:
@@ -99,8 +98,8 @@ def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     if unknown:
         raise SuiteError(f"{source}: {unknown[0]}: unknown key (known: {', '.join(sorted(_TOP_KEYS))})")
     name = data.get("name")
-    if not isinstance(name, str) or not _LABEL.match(name):
-        raise SuiteError(f"{source}: name: must be a name of letters, digits, '.', '_', '+' or '-', got {name!r}")
+    if not is_plain_name(name):
+        raise SuiteError(f"{source}: name: {str(name)[:120]!r} {PLAIN_NAME_RULE}")
     backends = data.get("backends")
     if not isinstance(backends, list) or not backends or not all(isinstance(b, str) and b for b in backends):
         raise SuiteError(f"{source}: backends: must be a non-empty list of backend names, e.g. [paddle, torch]")
@@ -139,8 +138,8 @@ def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
             problems.append(f"{where}: {err}")
             continue
         label = raw.get("label", recipe.name)
-        if not isinstance(label, str) or not _LABEL.match(label):
-            problems.append(f"{where}.label: must be letters, digits, '.', '_', '+' or '-', got {label!r}")
+        if not is_plain_name(label):
+            problems.append(f"{where}.label: {str(label)[:120]!r} {PLAIN_NAME_RULE}")
             continue
         entries.append(Entry(label=label, recipe_path=recipe_path, overrides=entry_overrides, recipe=recipe))
     labels = [e.label for e in entries]
