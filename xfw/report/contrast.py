@@ -130,11 +130,13 @@ def settings_blocks(rows: list[ComparisonRow], backends: list[str]) -> list:
     """Per row: its parity line (when looked up) and the applied settings side by side."""
     blocks: list = []
     for row in rows:
-        if not row.settings and row.parity is None:
+        if not row.settings and row.parity is None and not row.data_line:
             continue
         blocks.append(Heading(row_name(row), level=4))
         if row.parity is not None:
             blocks.append(Paragraph(parity_line(row.parity)))
+        if row.data_line:
+            blocks.append(Paragraph(row.data_line))
         if row.settings:
             cells = [[key, *(str(values.get(b, "–")) for b in backends), "⚠ differs" if key in row.differing else ""]
                      for key, values in row.settings.items()]
@@ -185,6 +187,8 @@ def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict
                 f"{name}_num_params_total": s.applied.get("num_params_total"),
                 f"{name}_num_params_trainable": s.applied.get("num_params_trainable"),
                 f"{name}_compute_dtype": s.applied.get("compute_dtype"), f"{name}_num_repeats": s.num_repeats,
+                **{f"{name}_{k}": s.data.get(k) for k in ("padding_fraction", "seq_len_mean", "seq_len_max",
+                                                        "batch_digest")},
             })
         out.append(rec)
     return out
