@@ -489,7 +489,7 @@ def check_data(recipe: Recipe, arch: dict, source: str) -> None:
 
     try:
         if recipe.model.trainable is not None:
-            families.check_parts(arch, recipe.model.trainable)
+            families.check_parts(arch, recipe.model.trainable, recipe.stage)
         tokens = recipe.data.text_tokens
         if tokens is not None:
             longest = families.fixed_tokens(arch) + tokens.max

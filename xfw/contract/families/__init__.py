@@ -95,13 +95,19 @@ def trainable_parts(arch: dict, stage: str, chosen: Iterable[str] | None = None)
     return table[stage] if chosen is None else tuple(chosen)
 
 
-def check_parts(arch: dict, names: Iterable[str]) -> None:
-    """A recipe's ``model.trainable``: every name must be one of the family's parts (ArchError)."""
-    known = tuple(_facts(arch).PARTS)
+def check_parts(arch: dict, names: Iterable[str], stage: str) -> None:
+    """A recipe's ``model.trainable``: every name must be one of the family's parts, and in stage lora
+    none may hold the LoRA module (its base weights stay frozen under the adapters) (ArchError)."""
+    facts = _facts(arch)
+    known = tuple(facts.PARTS)
     for name in names:
         if name not in known:
             raise ArchError("model.trainable", f"{name!r} is not a part of the {arch['family']} model "
                             f"(parts: {', '.join(known)})")
+        if stage == "lora" and any(f"{facts.LORA_MODULE}.".startswith(p) or p.startswith(f"{facts.LORA_MODULE}.")
+                                   for p in facts.PARTS[name]):
+            raise ArchError("model.trainable", f"{name!r} holds {facts.LORA_MODULE}, where stage lora trains only "
+                            "the adapters")
 
 
 def trains(arch: dict, parts: Iterable[str], name: str) -> bool:
