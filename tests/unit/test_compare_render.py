@@ -175,3 +175,25 @@ def test_runs_from_separate_commands_are_configurations_not_repeats():
     stage2 = by_variant["parallel.sharding=stage2"]
     assert stage2.sides["torch"].ips == pytest.approx(60.5) and stage2.contrast is not None  # paired, repeats folded
     assert by_variant["parallel.sharding=stage3, backends.torch.sharding_impl=deepspeed"].sides["torch"].ips == 40.0
+
+
+def test_the_report_says_whether_both_sides_trained_on_identical_batches():
+    import dataclasses
+
+    def with_data(r, digest):
+        r.measurement = dataclasses.replace(r.measurement, batch_digest=digest, num_batches=40, padding_fraction=0.125,
+                                            seq_len_mean=68.0, seq_len_max=80)
+        return r
+
+    same = compare_runs([with_data(result("paddle", 82.0), "ab" * 16), with_data(result("torch", 65.0), "ab" * 16)],
+                        ["paddle", "torch"])
+    text = report_markdown(same)
+    assert "Batches: identical on both sides (40 micro-batch hashes equal, digest abababababab…)." in text
+    assert "| padding | 12.5% | 12.5% |" in text and "| seq_len_mean_max | 68.0 / 80 | 68.0 / 80 |" in text
+    assert "different batches" not in text
+    differ = compare_runs([with_data(result("paddle", 82.0), "ab" * 16), with_data(result("torch", 65.0), "cd" * 16)],
+                          ["paddle", "torch"])
+    text = report_markdown(differ)
+    assert "⚠ llava7b-sft: the sides trained on different batches (micro-batch hashes: paddle abababababab… over 40, " \
+           "torch cdcdcdcdcdcd… over 40)" in text
+    assert "Batches: **differ** between the sides" in text
