@@ -75,6 +75,7 @@ def test_compare_on_real_data_trains_both_backends_on_identical_batches(tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("Batches: identical on both sides (8 micro-batch hashes equal") == 2
     assert "different batches" not in result.stdout
+    assert result.stdout.count("✓ |") == 2  # both rows: equal parameter counts on both sides
     padding = next(line for line in result.stdout.splitlines() if line.startswith("| padding |"))
     paddle_cell, torch_cell = [c.strip() for c in padding.strip("|").split("|")][1:3]
     assert paddle_cell == torch_cell and paddle_cell.endswith("%")

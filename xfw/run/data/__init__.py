@@ -89,11 +89,18 @@ def prepare(recipe, arch: dict) -> dict:
 
     data = recipe.data
     builder = {"llava_json": conversations, "image_captions": captions}[data.kind]
+    for key in ("path", "image_root", "tokenizer", "cache"):
+        if "\x00" in (getattr(data, key) or ""):
+            raise DataError(f"data.{key}: {getattr(data, key)!r} holds a NUL character")
     path = Path(data.path)
     if not path.is_file():
         raise DataError(f"data.path: {path}: no such file")
-    memo = json.dumps([settings_key(recipe, arch), str(path), path.stat().st_mtime_ns, data.image_root,
-                       data.tokenizer, str(cache_root(data))], sort_keys=True, default=str)
+    # Within one command (one process) a preparation is looked up once; images are not stat'ed again.
+    watched = [path] + ([Path(data.tokenizer) / n for n in ("tokenizer.json", "tokenizer_config.json")]
+                        if data.tokenizer else [])
+    stamps = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in watched if p.is_file()]
+    memo = json.dumps([settings_key(recipe, arch), stamps, data.image_root, data.tokenizer, str(cache_root(data))],
+                      sort_keys=True, default=str)
     if memo in _PREPARED:
         return _PREPARED[memo]
     plan = builder.plan(recipe, arch)  # reads the data file, checks what needs no preprocessing
@@ -102,7 +109,11 @@ def prepare(recipe, arch: dict) -> dict:
     directory = cache_root(data) / f"{data.kind}-{key}"
     index = read_stats(directory)
     if index is None:
-        index = builder.build(plan, directory)
+        try:
+            index = builder.build(plan, directory)
+        except OSError as err:
+            raise DataError(f"data.cache: cannot write the prepared data to {directory.parent} "
+                            f"({err.strerror or err})") from None
     result = {"directory": str(directory), "stats": index["stats"]}
     _PREPARED[memo] = result
     return result
