@@ -293,3 +293,20 @@ def test_prepared_data_is_read_inside_the_timed_window_and_every_micro_batch_has
         assert r["step_time_s"] >= 2 * SlowLoaderSession.delay and r["phase"] == "measure"
     window = next(r for r in records if r["kind"] == "window")
     assert window["tokens"] == sum(r["tokens"] for r in steps[1:]) < window["padded_tokens"]
+
+
+def test_validate_prepares_real_data_and_says_what_it_holds(tmp_path, llava_data):
+    from click.testing import CliRunner
+
+    from xfw import cli
+
+    recipe = write(tmp_path, llava_json_recipe(llava_data, tmp_path / "cache"))
+    result = CliRunner().invoke(cli.main, ["validate", str(recipe)])
+    assert result.exit_code == 0, result.output
+    assert "  data: 4 samples, 3 images, sequence length mean 54.0 / max 59 (0 cut at data.seq_len), " \
+           f"template vicuna_v1; prepared in {tmp_path / 'cache'}" in result.output
+    records = json.loads(llava_data["json"].read_text())
+    records[2]["image"] = "images/gone.png"
+    llava_data["json"].write_text(json.dumps(records))
+    result = CliRunner().invoke(cli.main, ["validate", str(recipe)])
+    assert result.exit_code == 2 and "sample #2 (id 's2'): image 'images/gone.png' not found" in result.output
