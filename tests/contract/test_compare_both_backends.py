@@ -71,7 +71,9 @@ def test_compare_on_real_data_trains_both_backends_on_identical_batches(tmp_path
     inside the timed loop, and the report shows the two sides' micro-batch hashes equal."""
     out = tmp_path / "out"
     result = xfw("compare", "recipes/tiny/llava_next_json_sft.yaml", "recipes/tiny/sd15_captions.yaml",
-                 "--backends", "paddle,torch", "--out", out, "--set", "measure.warmup_steps=1", "--set", "measure.steps=3")
+                 "--backends", "paddle,torch", "--out", out, "--set", "measure.warmup_steps=1", "--set", "measure.steps=3",
+                 # one loader worker process per side: the batches a worker reads are the same batches
+                 "--set", "backends.torch.loader_workers=1", "--set", "backends.paddle.loader_workers=1")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("Batches: identical on both sides (8 micro-batch hashes equal") == 2
     assert "different batches" not in result.stdout

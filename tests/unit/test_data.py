@@ -310,3 +310,15 @@ def test_validate_prepares_real_data_and_says_what_it_holds(tmp_path, llava_data
     llava_data["json"].write_text(json.dumps(records))
     result = CliRunner().invoke(cli.main, ["validate", str(recipe)])
     assert result.exit_code == 2 and "sample #2 (id 's2'): image 'images/gone.png' not found" in result.output
+
+
+def test_loader_knobs_are_checked_by_the_adapters_with_the_key_named():
+    from xfw.contract.harness import InvalidSpec, loader_settings
+
+    spec = {"backend": "torch", "backend_knobs": {}}
+    assert loader_settings(spec) == (0, 2)
+    assert loader_settings({**spec, "backend_knobs": {"loader_workers": 4, "loader_prefetch": 1}}) == (4, 1)
+    for knobs, key in (({"loader_workers": -1}, "loader_workers"), ({"loader_prefetch": 0}, "loader_prefetch"),
+                       ({"loader_workers": True}, "loader_workers")):
+        with pytest.raises(InvalidSpec, match=rf"backends.torch.{key}: must be an integer in"):
+            loader_settings({**spec, "backend_knobs": knobs})

@@ -127,8 +127,10 @@ class _Steps:
         self.accum = spec["derived"]["grad_accum_steps"]
         if spec["data"]["kind"] == "synthetic":
             pool_np = synthetic.make_pool(spec, session.rank)
-            self.metas = [batches.unpack(batches.describe(b)) for b in pool_np]
-            self.pool = [session.to_device(b) for b in pool_np]  # converted before anything is timed
+            metas = [batches.unpack(batches.describe(b)) for b in pool_np]
+            pool = [session.to_device(b) for b in pool_np]  # converted before anything is timed
+            # Each pool slot's micro-batches and descriptions, ready to hand out as they are.
+            self.slots = [(pool[k:k + self.accum], metas[k:k + self.accum]) for k in range(0, len(pool), self.accum)]
             self.stream = None
         else:
             dataset = batches.MicroBatches(spec, session.rank)
@@ -137,9 +139,7 @@ class _Steps:
 
     def next(self, step: int) -> tuple[list, list[tuple[int, int, int, str]]]:
         if self.stream is None:
-            slot = step % (len(self.pool) // self.accum)
-            chosen = range(slot * self.accum, (slot + 1) * self.accum)
-            return [self.pool[j] for j in chosen], [self.metas[j] for j in chosen]
+            return self.slots[step % len(self.slots)]
         items = [next(self.stream) for _ in range(self.accum)]
         return [b for b, _ in items], [batches.unpack(m) for _, m in items]
 
