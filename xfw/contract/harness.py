@@ -92,11 +92,6 @@ def wants_grad_norm(spec: dict) -> bool:
     return wanted
 
 
-def _micro_batches(pool: list, step: int, accum: int) -> list:
-    slot = step % (len(pool) // accum)
-    return [pool[slot * accum + i] for i in range(accum)]
-
-
 LOADER_KNOBS = ("loader_workers", "loader_prefetch")
 """Backend knobs every adapter accepts for prepared data: its DataLoader's worker processes
 (default 0: batches are read in the training process, as PaddleMIX's scripts do) and batches
