@@ -252,6 +252,17 @@ def report(run_dirs, backends, out_dir, layout, price_per_gpu_hour) -> None:
 
 
 @main.command()
+@click.argument("node_dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True,
+              help="Where the assembled runs and their report go (may be one of the node directories).")
+@force_option
+def assemble(node_dirs, out_dir, force) -> None:
+    """Assemble multi-node runs from the directories each node wrote (its --out): every rank's records,
+    the global throughput, a per-rank table. On a shared --out the nodes assemble their runs themselves."""
+    _finish(lambda: workflow.assemble(list(node_dirs), out_dir, force=force))
+
+
+@main.command()
 @click.argument("recipe", type=click.Path())
 @click.option("--backends", default="torch,paddle", show_default=True,
               help="REFERENCE,OTHER: the reference exports the starting weights both sides load.")
@@ -279,7 +290,9 @@ def parity(recipe, backends, steps, overrides, pythons, out_dir, force) -> None:
 @click.option("--backends", "only_backends", default=None, metavar="A,B",
               help="Run only these of the suite's backends (e.g. torch on a node without a Paddle GPU build).")
 @click.option("--report-only", is_flag=True, help="Run nothing: rewrite the night's report from what is recorded.")
-def nightly(suite, history_dir, night, overrides, only_backends, pythons, report_only) -> None:
+@rendezvous_options
+def nightly(suite, history_dir, night, overrides, only_backends, pythons, report_only, node_rank, master_addr,
+            master_port) -> None:
     """Run a suite, add it to the history, flag regressions against earlier nights, write report.html.
 
     Exit 0: no regression; 1: a regression or a failed run (listed first in the report); 2: bad input.
@@ -287,7 +300,8 @@ def nightly(suite, history_dir, night, overrides, only_backends, pythons, report
     _finish(lambda: workflow.nightly(
         suite, history_dir, night=night, overrides=list(overrides), report_only=report_only,
         only_backends=_backend_list(only_backends) if only_backends is not None else None,
-        interpreters=_interpreters(pythons), progress=None if report_only else _progress(), log=_log))
+        interpreters=_interpreters(pythons), rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port),
+        progress=None if report_only else _progress(), log=_log))
 
 
 @main.command(name="env")

@@ -20,6 +20,7 @@ import contextlib
 import datetime as dt
 import json
 import shlex
+import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,9 @@ from xfw.run import sweep as sw
 from xfw.run.recipe import Recipe, RecipeError, load_recipe, resolve_spec
 
 Log = Callable[[str], None]
+NODE_WAIT_S = 120.0
+"""How long one node of a multi-node run waits for the other nodes' parts to finish beside its own
+(a shared --out) before reporting its part alone."""
 
 
 class UsageError(ValueError):
@@ -147,18 +151,19 @@ def _judge_runs(outcome: Outcome, results: list[RunResult]) -> Outcome:
     """Exit code 1 (and a note) when any run is not ok: failed, unreadable or incomplete."""
     failed = [r for r in results if not r.ok]
     if failed:
-        outcome.notes.append(f"{len(failed)} of {len(results)} runs did not succeed (see 'Failed runs' above)")
+        outcome.notes.append(f"{len(failed)} of {len(results)} runs did not succeed (their status is in the report)")
         outcome.exit_code = 1
     return outcome
 
 
 @contextlib.contextmanager
-def _guarded(out_dir: Path) -> Iterator[None]:
-    """While a command runs jobs: its output directory locked, SIGTERM handled as Ctrl-C (the running
-    adapter is stopped and recorded as cut off), and a refused job reported as bad input."""
+def _guarded(out_dir: Path, node_rank: int | None = None) -> Iterator[None]:
+    """While a command runs jobs: its output directory locked (per node for one node of a multi-node
+    run), SIGTERM handled as Ctrl-C (the running adapter is stopped and recorded as cut off), and a
+    refused job reported as bad input."""
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        with lock.hold(out_dir):
+        with lock.hold(out_dir, node_rank=node_rank):
             yield
     except (lock.LockedError, jobs.JobError) as err:
         raise UsageError(str(err)) from None
@@ -188,8 +193,9 @@ def default_out_dir(recipes: list[Recipe], root: Path = Path("runs")) -> Path:
     return root / f"{stamp}-{label}"
 
 
-def _jobs(recipes: list[Recipe], backends: list[str], out_dir: Path) -> list[jobs.Job]:
-    return [job for recipe in recipes for job in jobs.jobs_for(recipe, backends, out_dir, (recipe.name,))]
+def _jobs(recipes: list[Recipe], backends: list[str], out_dir: Path, node_rank: int = 0) -> list[jobs.Job]:
+    return [job for recipe in recipes
+            for job in jobs.jobs_for(recipe, backends, out_dir, (recipe.name,), node_rank=node_rank)]
 
 
 def launch_commands(recipes: list[Recipe], backends: jobs.Backends, out_dir: Path,
@@ -197,7 +203,7 @@ def launch_commands(recipes: list[Recipe], backends: jobs.Backends, out_dir: Pat
     """The exact shell lines ``run`` would execute, with their environment; writes each spec.json
     (so a line can be run by hand) and launches nothing."""
     lines = []
-    for job in _jobs(recipes, list(backends), out_dir):
+    for job in _jobs(recipes, list(backends), out_dir, rendezvous.node_rank):
         if job.repeat_index:
             continue
         backend, description = backends[job.backend]
@@ -233,18 +239,46 @@ def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: lis
     out_dir = out_dir or default_out_dir(recipes)
     if print_command:
         return Outcome(text="\n".join(launch_commands(recipes, backends, out_dir, rendezvous)))
-    with _guarded(out_dir):
+    multi_node = any(r.parallel.nnodes > 1 for r in recipes)
+    _check_node(recipes, rendezvous)
+    with _guarded(out_dir, rendezvous.node_rank if multi_node else None):
         _refuse_foreign(out_dir, recipes, force)
-        todo = _jobs(recipes, list(backends), out_dir)
+        todo = _jobs(recipes, list(backends), out_dir, rendezvous.node_rank)
         jobs.check_jobs(todo, force=force)
-        log(f"runs in {out_dir}")
+        log(f"runs in {out_dir}" + (f" (node {rendezvous.node_rank}'s part)" if multi_node else ""))
         try:
             results, _ = jobs.run_jobs(todo, backends, resume=False, force=force, progress=progress,
                                        rendezvous=rendezvous, log=_silent)
         except jobs.JobsInterrupted as stop:
             return _interrupted(write_report(stop.results, backend_names, out_dir))
+        results, notes = _with_sibling_parts(results, log)
         parity = None if parity_dirs is None else parity_statuses(recipes, out_dir, parity_dirs)
-        return write_report(results, backend_names, out_dir, parity=parity)
+        outcome = write_report(results, backend_names, out_dir, parity=parity)
+        outcome.notes += notes
+        return outcome
+
+
+def _check_node(recipes: list[Recipe], rendezvous: launcher.Rendezvous) -> None:
+    """The rendezvous flags fit the recipes: a node rank inside parallel.nnodes, one port for all nodes."""
+    for recipe in recipes:
+        nnodes = recipe.parallel.nnodes
+        if not 0 <= rendezvous.node_rank < nnodes:
+            raise UsageError(f"--node-rank {rendezvous.node_rank}: {recipe.name} runs on parallel.nnodes = {nnodes} "
+                             f"node(s), so the rank is 0" + (f"..{nnodes - 1}" if nnodes > 1 else ""))
+        if nnodes > 1 and rendezvous.master_port is None:
+            raise UsageError(f"{recipe.name}: parallel.nnodes = {nnodes} needs --master-port (the same on every node)")
+
+
+def _one_node(recipes: list[Recipe], command: str) -> None:
+    multi = next((r for r in recipes if r.parallel.nnodes > 1), None)
+    if multi is not None:
+        raise UsageError(f"{multi.name}: parallel.nnodes = {multi.parallel.nnodes}: xfw {command} runs on one node; "
+                         "run each node with xfw run or compare --node-rank R (docs/multinode.md)")
+
+
+def _with_sibling_parts(results: list[RunResult], log: Log) -> tuple[list[RunResult], list[str]]:
+    pairs = [jobs.with_sibling_parts(r, wait_s=NODE_WAIT_S, log=log) for r in results]
+    return [r for r, _ in pairs], [note for _, note in pairs if note]
 
 
 # --- studies --------------------------------------------------------------------------------------
@@ -255,6 +289,7 @@ def sweep(recipe_path: str, axes: list[str], backend_names: list[str], *, fixed:
     """Every combination of the axes' values, one run at a time; the same ``out_dir`` resumes.
     ``fixed`` overrides (``--repeat``) apply to every point without being part of its variant."""
     points = _recipe_error(sw.plan, recipe_path, axes, fixed)
+    _one_node([p.recipe for p in points], "sweep")
     backends = prepare_backends(backend_names, interpreters)
     out_dir = out_dir or Path("runs") / f"sweep-{points[0].recipe.name}"  # no timestamp: a rerun resumes
     with _guarded(out_dir):
@@ -275,6 +310,7 @@ def maxbatch(recipe_path: str, backend_names: list[str], *, overrides: list[str]
     Exit code 1 unless every search found its edge through ok and OOM probes only."""
     values = _recipe_error(mb.parse_candidates, candidates) if candidates else None
     (recipe,) = load_all([recipe_path], overrides)
+    _one_node([recipe], "maxbatch")
     for micro in values or []:
         _recipe_error(mb.probe_recipe, recipe_path, micro, overrides)
     backends = prepare_backends(backend_names, interpreters)
@@ -349,6 +385,47 @@ def report(paths: list[str], backend_names: list[str] | None, out_dir: Path | No
                        results)
 
 
+def assemble(paths: list[str], out_dir: Path, *, force: bool = False) -> Outcome:
+    """Bring the parts each node of multi-node runs wrote (each node's --out) under ``out_dir`` and
+    report the whole runs: every rank, the global throughput, a table per run's ranks."""
+    from xfw.report.results import find_run_dirs
+
+    with _guarded(out_dir):
+        copied = 0
+        for root in map(Path, paths):
+            try:
+                found = find_run_dirs([root])
+            except FileNotFoundError as err:
+                raise UsageError(str(err)) from None
+            for part_dir in found:
+                part = RunResult.load(part_dir)
+                if "rank" not in part.node:
+                    continue
+                target = out_dir / part_dir.relative_to(root)
+                if target.resolve() == part_dir.resolve():
+                    continue  # already here (a shared --out)
+                if target.exists() and not force and not _same_part(part_dir, target):
+                    raise UsageError(f"{target} holds another run's part; choose another --out or pass --force")
+                shutil.copytree(part_dir, target, dirs_exist_ok=True)
+                copied += 1
+        results = [r for r in load_runs([out_dir]) if r.node]
+        if not results:
+            raise UsageError(f"no part of a multi-node run under {', '.join(paths)}")
+        page = contrast.contrast_page(cmp.compare_runs(results, cmp.backends_in(results)), cmp.backends_in(results),
+                                      title="Multi-node runs, assembled")
+        page.blocks += [table.Heading("Ranks", 3), *layouts.ranks(results)]
+        outcome = _judge_runs(write_page(page, out_dir), results)
+        outcome.notes.insert(0, f"{copied} node part(s) copied into {out_dir}")
+        return outcome
+
+
+def _same_part(a: Path, b: Path) -> bool:
+    try:
+        return (a / "summary.json").read_bytes() == (b / "summary.json").read_bytes()
+    except OSError:
+        return False
+
+
 def describe_backends(backend_names: list[str], interpreters: dict[str, str]) -> Outcome:
     """``xfw env``: each backend's interpreter, device and versions; exit 1 if one is unusable."""
     lines, code = [], 0
@@ -397,7 +474,8 @@ def _raise_keyboard_interrupt(signum, frame):
 
 def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides: list[str],
             only_backends: list[str] | None, interpreters: dict[str, str], report_only: bool = False,
-            progress: launcher.Progress | None = None, log: Log = _silent) -> Outcome:
+            rendezvous: launcher.Rendezvous = launcher.Rendezvous(), progress: launcher.Progress | None = None,
+            log: Log = _silent) -> Outcome:
     """Run (or resume) a night of a suite, judge it against the history, write its report.
     Exit 0: no regression; 1: a regression or a failed run; 130: interrupted (the same command resumes)."""
     from xfw.report.history import NIGHTS_DIR, History
@@ -426,16 +504,25 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
             raise UsageError(f"--backends {stray[0]}: not a backend of {suite_path} "
                              f"(it runs {', '.join(suite.backends)})")
         names = only_backends
+    multi = [e.recipe for e in suite.entries if e.recipe.parallel.nnodes > 1]
+    _check_node(multi, rendezvous)
+    if rendezvous.node_rank > 0 and night is None:
+        raise UsageError(f"--node-rank {rendezvous.node_rank}: give every node the same --night (node 0 names it)")
     backends = prepare_backends(names, interpreters)
     # A scheduler's polite stop (cron's `timeout`, Slurm's time limit) arrives as SIGTERM: the
     # running adapter is stopped the way Ctrl-C stops it, recorded as cut off and rerun on resume.
-    with _guarded(history_dir):
+    with _guarded(history_dir, rendezvous.node_rank if multi else None):
         try:
             result = nt.run_night(suite, backends, history_dir, night=night, overrides=overrides,
-                                  progress=progress, log=log)
+                                  progress=progress, log=log, rendezvous=rendezvous)
         except KeyboardInterrupt:
             return Outcome(notes=["interrupted: finished runs are kept; the same command resumes this night"],
                            exit_code=130)
+    if rendezvous.node_rank > 0:
+        failed = [r for r in result.results if not r.ok]
+        return Outcome(text=f"night {result.night}, node {rendezvous.node_rank}: {len(result.results)} part(s) run, "
+                            f"{len(failed)} failed; node 0 records the assembled runs",
+                       exit_code=1 if failed else 0)
     report_path = write_night_report(history_dir, result.night, suite_name=suite.name)
     nt.finish_night(result)
     flagged = result.regressions

@@ -121,6 +121,14 @@ class RecordWriter:
         self._file.close()
 
 
+def applied_settings(records: list[dict]) -> dict:
+    """The lowest rank's ``applied`` record without its envelope (rank 0's, or the first rank of a
+    node's part of a multi-node run); {} when there is none."""
+    applied = [r for r in records if r.get("kind") == "applied" and isinstance(r.get("rank"), int)]
+    first = min(applied, key=lambda r: r["rank"], default={})
+    return {k: v for k, v in first.items() if k not in ("schema", "kind", "rank")}
+
+
 def parse_lines(lines: Iterable[str]) -> list[dict]:
     """Records from JSON lines; a torn last line (a process killed mid-write) is dropped."""
     out = []

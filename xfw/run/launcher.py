@@ -161,12 +161,21 @@ def _last_line(text: str) -> str:
     return "".join(c if c.isprintable() else " " for c in lines[-1][:300]) if lines else ""
 
 
+def local_ranks(recipe: Recipe, rendezvous: Rendezvous) -> range:
+    """The global ranks this node's processes run: all of them on one node, a slice on many."""
+    if recipe.parallel.nnodes == 1:
+        return range(recipe.num_processes)
+    first = rendezvous.node_rank * recipe.parallel.nproc_per_node
+    return range(first, first + recipe.parallel.nproc_per_node)
+
+
 def classify(*, exit_code: int | None, timed_out: bool, records: list[dict], num_processes: int,
              stderr_tail: str, timeout_s: float) -> tuple[str, str]:
-    """(status, one-line reason) for a finished process."""
+    """(status, one-line reason) for a finished process; ``num_processes``: the ranks it ran."""
     if timed_out:
-        done = sum(1 for r in records if r.get("kind") == "step" and r.get("rank") == 0)
-        return "timeout", f"exceeded measure.timeout_s = {timeout_s:g} s (rank 0 had finished {done} steps)"
+        first = min((r["rank"] for r in records if r.get("kind") == "step"), default=0)
+        done = sum(1 for r in records if r.get("kind") == "step" and r.get("rank") == first)
+        return "timeout", f"exceeded measure.timeout_s = {timeout_s:g} s (rank {first} had finished {done} steps)"
     errors = [r for r in records if r.get("kind") == "error"]
     if errors:
         return errors[0]["status"], errors[0]["message"]
@@ -235,9 +244,12 @@ def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict
     exception: the other runs go on. Ctrl-C or SIGTERM stops the adapter, records the run as cut
     off and raises :class:`Interrupted`."""
     spec = spec_for(recipe, backend.name, run_dir)
+    ranks = local_ranks(recipe, rendezvous)
+    node = {} if recipe.parallel.nnodes == 1 else {"rank": rendezvous.node_rank, "count": recipe.parallel.nnodes,
+                                                   "ranks": [ranks.start, ranks.stop - 1]}
     base = dict(backend=backend.name, recipe=recipe.name, preset=recipe.model.preset, stage=recipe.stage,
                 repeat_index=repeat_index, run_dir=str(run_dir), variant=dict(variant or {}),
-                setup=setup_from_spec(spec))
+                setup=setup_from_spec(spec), node=node)
     t0, interrupted = time.monotonic(), False
     try:
         result, interrupted = _run(recipe, backend, run_dir, spec, description, progress, rendezvous, base)
@@ -267,9 +279,8 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     records_path.unlink(missing_ok=True)  # a rerun into the same directory starts clean
     cmd = build_command(backend, description, recipe, spec_path, records_path, rendezvous)
     timeout_s = recipe.measure.timeout_s
-    total = (recipe.measure.warmup_steps + recipe.measure.steps) * recipe.num_processes
-    if progress:
-        progress.started(backend.name, recipe.name, total)
+    if progress:  # steps per rank: every rank takes the same steps
+        progress.started(backend.name, recipe.name, recipe.measure.warmup_steps + recipe.measure.steps)
 
     tail, timed_out, interrupted = rec.RecordTail(records_path), False, False
     t0 = time.monotonic()
@@ -299,12 +310,11 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     wall = time.monotonic() - t0
     records = rec.load_records(records_path)
     status, reason = classify(exit_code=proc.returncode, timed_out=timed_out, records=records,
-                              num_processes=recipe.num_processes, stderr_tail=_tail(run_dir / "stderr.log"),
-                              timeout_s=timeout_s)
+                              num_processes=len(local_ranks(recipe, rendezvous)),
+                              stderr_tail=_tail(run_dir / "stderr.log"), timeout_s=timeout_s)
     if interrupted:
         status, reason = "crashed", "interrupted (Ctrl-C or SIGTERM); the same command runs it again"
-    applied = next((r for r in records if r.get("kind") == "applied" and r.get("rank") == 0), {})
-    applied = {k: v for k, v in applied.items() if k not in ("schema", "kind", "rank")}
+    applied = rec.applied_settings(records)
     measurement = summarize(records)
     result = RunResult(**base, status=status, reason=reason, measurement=measurement, applied=applied,
                        mfu=compute_mfu(spec, measurement, applied), env=env, exit_code=proc.returncode,
