@@ -238,7 +238,9 @@ def estimate(recipe, overrides, run_dir) -> None:
 @main.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
 @click.option("--backends", default=None, help="Comma-separated backends and their order (default: as found).")
-@out_option
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Where report.md/.csv/.html (report-<layout>.*) go (default: the first directory given, "
+                   "replacing its report).")
 @click.option("--layout", type=click.Choice(list(LAYOUTS)), default="contrast", show_default=True,
               help="contrast: backends side by side (seed 003); strategies: per GPU count and sharding (seed 000); "
                    "ranks: per-rank time and memory (seed 001); batch: throughput per global batch with OOM rows "
@@ -302,6 +304,27 @@ def nightly(suite, history_dir, night, overrides, only_backends, pythons, report
         only_backends=_backend_list(only_backends) if only_backends is not None else None,
         interpreters=_interpreters(pythons), rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port),
         progress=None if report_only else _progress(), log=_log))
+
+
+@main.command()
+@click.option("--backends", default="paddle,torch", show_default=True, help="Comma-separated backends to check.")
+@click.option("--families", default="llava,qwen2vl,sd15,sd3", show_default=True,
+              help="Model families, each through its tiny recipe.")
+@click.option("--paths", default=None, metavar="P1,P2,...",
+              help="Settings paths (default: all): fp32, bf16-o1, bf16-o2, fp16-o2, recompute, attention-eager, "
+                   "stage2, stage3.")
+@python_option
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Where the runs and selfcheck.json go (default: runs/selfcheck, where compare looks).")
+def selfcheck(backends, families, paths, pythons, out_dir) -> None:
+    """The first command on a new machine: check every settings path the seed rows use, on every
+    backend, and say which work here; compare warns about runs through unchecked paths."""
+    from xfw.report.selfcheck import BY_NAME
+
+    _finish(lambda: workflow.selfcheck(
+        _backend_list(backends), families=_backend_list(families),
+        paths=_backend_list(paths) if paths else list(BY_NAME), interpreters=_interpreters(pythons),
+        out_dir=out_dir, progress=_progress(), log=_log))
 
 
 @main.command(name="env")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import os
 import shlex
 import shutil
 import signal
@@ -128,7 +129,7 @@ def write_page(page: Page, out_dir: Path, stem: str = "report") -> Outcome:
 
 
 def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *, chart: bool = True,
-                 parity: dict[str, dict] | None = None) -> Outcome:
+                 parity: dict[str, dict] | None = None, warnings: list[str] = ()) -> Outcome:
     """report.md/csv/html and chart.png; ``parity`` (recipe name -> status) adds the parity lines.
     Exit code 1 when any run is not ok."""
     rows = cmp.compare_runs(results, backends, parity=parity)
@@ -138,7 +139,7 @@ def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *
         chart_path, problem = None, f"could not write {out_dir / 'chart.png'}: {err.strerror or err}"
     else:
         problem = ""
-    outcome = write_page(contrast.contrast_page(rows, backends, chart=chart_path), out_dir)
+    outcome = write_page(contrast.contrast_page(rows, backends, chart=chart_path, warnings=list(warnings)), out_dir)
     if chart_path is not None:
         outcome.paths["chart"] = chart_path
     if problem:
@@ -213,9 +214,18 @@ def launch_commands(recipes: list[Recipe], backends: jobs.Backends, out_dir: Pat
         cmd = launcher.build_command(backend, description, job.recipe, spec_path, job.run_dir / "steps.jsonl",
                                      rendezvous)
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launcher.run_env(job.recipe).items())
-        lines.append(f"# {job.backend}: {job.recipe.name} (timeout {job.recipe.measure.timeout_s:g} s)\n"
-                     f"{env} {shlex.join(cmd)}")
+        inherited = {k: v for k, v in sorted(os.environ.items()) if k.startswith(INHERITED_PREFIXES)}
+        lines.append(f"# {job.backend}: {job.recipe.name} (timeout {job.recipe.measure.timeout_s:g} s); the adapter "
+                     "gets this shell's environment plus the variables in front of the command"
+                     + (f"; of that environment these matter to the frameworks: "
+                        + " ".join(f"{k}={shlex.quote(v)}" for k, v in inherited.items()) if inherited else "")
+                     + f"\ncd {shlex.quote(str(Path.cwd()))} && {env} {shlex.join(cmd)}")
     return lines
+
+
+INHERITED_PREFIXES = ("CUDA_", "NCCL_", "NVIDIA_", "FLAGS_", "PADDLE_", "TORCH_", "PYTORCH_", "OMP_", "MKL_",
+                      "PYTHONPATH", "LD_LIBRARY_PATH", "HF_", "TRANSFORMERS_", "XFW_")
+"""The caller's variables ``--print-command`` shows: the ones the frameworks and their launchers read."""
 
 
 def parity_statuses(recipes: list[Recipe], out_dir: Path, extra: list[Path] = ()) -> dict[str, dict]:
@@ -245,6 +255,9 @@ def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: lis
         _refuse_foreign(out_dir, recipes, force)
         todo = _jobs(recipes, list(backends), out_dir, rendezvous.node_rank)
         jobs.check_jobs(todo, force=force)
+        unchecked = _unchecked(todo, backends)
+        for warning in unchecked:
+            log(f"warning: {warning}")
         log(f"runs in {out_dir}" + (f" (node {rendezvous.node_rank}'s part)" if multi_node else ""))
         try:
             results, _ = jobs.run_jobs(todo, backends, resume=False, force=force, progress=progress,
@@ -253,9 +266,21 @@ def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: lis
             return _interrupted(write_report(stop.results, backend_names, out_dir))
         results, notes = _with_sibling_parts(results, log)
         parity = None if parity_dirs is None else parity_statuses(recipes, out_dir, parity_dirs)
-        outcome = write_report(results, backend_names, out_dir, parity=parity)
+        outcome = write_report(results, backend_names, out_dir, parity=parity, warnings=unchecked)
         outcome.notes += notes
         return outcome
+
+
+def _unchecked(todo: list[jobs.Job], backends: jobs.Backends) -> list[str]:
+    """Settings paths these jobs take that ``xfw selfcheck`` has not passed on this machine."""
+    from xfw.report.results import setup_from_spec
+    from xfw.run.selfcheck import unchecked_paths
+
+    setups = []
+    for job in todo:
+        spec = launcher.spec_for(job.recipe, job.backend, job.run_dir)
+        setups.append((job.backend, setup_from_spec(spec), spec["backend_knobs"]))
+    return unchecked_paths(setups, backends)
 
 
 def _check_node(recipes: list[Recipe], rendezvous: launcher.Rendezvous) -> None:
@@ -424,6 +449,43 @@ def _same_part(a: Path, b: Path) -> bool:
         return (a / "summary.json").read_bytes() == (b / "summary.json").read_bytes()
     except OSError:
         return False
+
+
+def selfcheck(backend_names: list[str], *, families: list[str], paths: list[str], interpreters: dict[str, str],
+              out_dir: Path | None = None, progress: launcher.Progress | None = None, log: Log = _silent) -> Outcome:
+    """Every family through every settings path on every backend; a verdict per (backend, path);
+    exit 1 if a path fails (not checked is not a failure: it says why)."""
+    from xfw.report import selfcheck as judge
+    from xfw.run import selfcheck as sc
+
+    unknown = [f for f in families if f not in sc.FAMILY_RECIPES] + [p for p in paths if p not in judge.BY_NAME]
+    if unknown:
+        raise UsageError(f"{unknown[0]!r}: not a family ({', '.join(sc.FAMILY_RECIPES)}) nor a path "
+                         f"({', '.join(judge.BY_NAME)})")
+    paths = ["fp32", *(p for p in paths if p != "fp32")]  # the reference every other path is held to
+    backends = prepare_backends(backend_names, interpreters)
+    out_dir = out_dir or sc.DEFAULT_OUT
+    with _guarded(out_dir):
+        try:
+            verdicts = sc.run_selfcheck(launcher.PROJECT_ROOT, families, paths, backends, out_dir,
+                                        progress=progress, log=log)
+        except jobs.JobsInterrupted:
+            return Outcome(notes=["interrupted: the same command resumes (finished runs are kept)"], exit_code=130)
+        except ValueError as err:  # ParityError (the export) and RecipeError: one line
+            raise UsageError(str(err)) from None
+    cells = [[v.backend, judge.BY_NAME[v.path].title, table.Strong(v.verdict) if v.verdict != "pass" else "pass",
+              v.detail] for v in verdicts]
+    skipped = [f"{v.backend}, {judge.BY_NAME[v.path].title}: {v.detail}" for v in verdicts if v.verdict == "not checked"]
+    page = Page(title="xfw selfcheck", subtitle=f"{', '.join(families)} through {len(paths)} paths on "
+                                                f"{', '.join(backends)}, each from one exported start",
+                blocks=[table.Table(header=["Backend", "Path", "Verdict", "Detail"], cells=cells, name="selfcheck",
+                                    records=[v.to_dict() for v in verdicts])])
+    if skipped:
+        page.blocks += [table.Heading("Could not be checked on this machine", 3), table.Bullets(skipped)]
+    outcome = write_page(page, out_dir, "selfcheck")
+    outcome.paths["verdicts"] = out_dir / sc.VERDICTS_FILE
+    outcome.exit_code = 1 if any(v.verdict == "fail" for v in verdicts) else 0
+    return outcome
 
 
 def describe_backends(backend_names: list[str], interpreters: dict[str, str]) -> Outcome:

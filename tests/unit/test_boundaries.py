@@ -99,6 +99,7 @@ def test_cli_commands_and_options_are_frozen():
         "nightly": ["history_dir", "master_addr", "master_port", "night", "node_rank", "only_backends", "overrides",
                     "pythons", "report_only", "suite"],
         "report": ["backends", "layout", "out_dir", "price_per_gpu_hour", "run_dirs"],
+        "selfcheck": ["backends", "families", "out_dir", "paths", "pythons"],
         "run": ["backend", "force", "master_addr", "master_port", "node_rank", "out_dir", "overrides",
                 "print_command", "pythons", "recipe", "repeat"],
         "sweep": ["axes", "backends", "force", "out_dir", "pythons", "recipe", "repeat"],
@@ -108,8 +109,8 @@ def test_cli_commands_and_options_are_frozen():
 
 def test_help_lists_every_command():
     out = CliRunner().invoke(cli.main, ["--help"]).output
-    for name in ("assemble", "compare", "env", "estimate", "maxbatch", "nightly", "parity", "report", "run", "sweep",
-                 "validate"):
+    for name in ("assemble", "compare", "env", "estimate", "maxbatch", "nightly", "parity", "report", "run", "selfcheck",
+                 "sweep", "validate"):
         assert name in out
 
 

@@ -58,6 +58,8 @@ class Side:
     mfu: float | None = None
     num_repeats: int = 0
     applied: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    """The first run's env.json: host, Python, xfw commit, the backend's description."""
     run_dirs: list[str] = field(default_factory=list)
 
     @property
@@ -110,7 +112,7 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
                 stage=STAGE_NAMES.get(first.stage, first.stage), variant=dict(first.variant),
                 setup=first.setup or {"num_processes": first.applied.get("num_processes", 1)},
                 device=device_of(first), num_repeats=len(ok) if ok else len(runs), applied=first.applied,
-                run_dirs=[r.run_dir for r in runs])
+                env=first.env, run_dirs=[r.run_dir for r in runs])
     if ok:
         m = [r.measurement for r in ok]
         side.ips, side.ips_spread = _median(x.ips for x in m), spread([x.ips for x in m])

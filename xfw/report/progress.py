@@ -62,8 +62,12 @@ class PlainProgress:
         self._print(f"[{backend}] {recipe}: launching ({total_steps} steps per rank)")
 
     def update(self, backend: str, new_records: list[dict]) -> None:
+        """A line when the first step arrives, when the measured window starts, then every few seconds."""
         state = self.state[backend]
-        if _count(state, new_records) and time.monotonic() - state["printed"] >= PLAIN_INTERVAL_S:
+        phase = state.get("phase")
+        if not _count(state, new_records):
+            return
+        if phase != state.get("phase") or time.monotonic() - state["printed"] >= PLAIN_INTERVAL_S:
             state["printed"] = time.monotonic()
             self._print(f"[{backend}] {state['recipe']}: {_describe_last(state)}")
 

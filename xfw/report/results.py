@@ -157,6 +157,9 @@ def _num_processes(spec: dict) -> int:
     return value if isinstance(value, int) and value > 0 else 1
 
 
+_PROVENANCE_DATA_KEYS = ("kind", "path", "image_root", "tokenizer", "fingerprint", "num_samples", "seed")
+
+
 def setup_from_spec(spec: dict) -> dict:
     """What the layouts need from a resolved spec.json, flat; {} without a spec."""
     if not spec:
@@ -168,6 +171,10 @@ def setup_from_spec(spec: dict) -> dict:
             "grad_accum_steps": _get(spec, "derived", "grad_accum_steps"), "sharding": parallel.get("sharding", "none"),
             "dtype": precision.get("dtype"), "amp_level": precision.get("amp_level"),
             "recompute": spec.get("recompute"), "measure_steps": _get(spec, "measure", "steps"),
+            "weights": _get(spec, "model", "weights"), "weights_fingerprint": _get(spec, "model", "weights_fingerprint"),
+            "seed": _get(spec, "measure", "seed"),
+            "data": {k: v for k, v in (spec.get("data") or {}).items() if k in _PROVENANCE_DATA_KEYS}
+            if isinstance(spec.get("data"), dict) else {},
             "knobs": dict(spec.get("backend_knobs") or {}) if isinstance(spec.get("backend_knobs") or {}, dict) else {}}
 
 

@@ -117,6 +117,7 @@ def start_night(history_dir: Path, suite: Suite, night: str, overrides: list[str
         night_dir.mkdir(parents=True, exist_ok=True)
         state = {"night": night, "suite": suite.name, "suite_path": str(suite.path),
                  "started_utc": _iso(now or _utc_now()), "finished_utc": None, "overrides": list(overrides),
+                 "suite_overrides": list(suite.overrides),
                  "env": host.host_env(), "backends": descriptions}
         write_json_atomic(night_dir / "night.json", state)
     return state

@@ -14,6 +14,7 @@ default filled in and the preset expanded into the neutral architecture.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from xfw.contract import presets
+from xfw.contract import weights as neutral_weights
 from xfw.contract.families import family_module
 from xfw.run.yamlfile import YamlError, load_file, load_text
 
@@ -393,11 +395,30 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     for assignment in overrides:
         apply_override(data, assignment, source)
     recipe = recipe_from_dict(data, source)
+    _check_weights_dir(recipe.model.weights, source)
     try:
         presets.resolve_arch(recipe.model.preset, recipe.model.arch, recipe.data.image_size, recipe.data.seq_len)
     except presets.ArchError as err:
         raise RecipeError(f"{source}: {err.key}: {err}") from None
     return recipe
+
+
+@functools.lru_cache(maxsize=64)
+def _weights_fingerprint(directory: str) -> str:
+    return neutral_weights.fingerprint(directory)
+
+
+def _check_weights_dir(weights: str, source: str) -> None:
+    """``model.weights`` names a directory holding a checkpoint (a single file or Hugging Face shards)."""
+    if weights == "random":
+        return
+    path = Path(weights)
+    if not path.is_dir():
+        raise RecipeError(f"{source}: model.weights: {weights} is not a directory (give a checkpoint directory, "
+                          "or 'random')")
+    if not any((path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+        raise RecipeError(f"{source}: model.weights: {weights} holds no model.safetensors "
+                          "(nor model.safetensors.index.json)")
 
 
 def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
@@ -406,6 +427,9 @@ def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
     spec = to_dict(recipe)
     spec["model"]["family"] = arch["family"]
     spec["model"]["arch"] = arch
+    # Provenance: which checkpoint a run started from, by content (reports show it; parity matches on it).
+    spec["model"]["weights_fingerprint"] = None if recipe.model.weights == "random" else \
+        _weights_fingerprint(recipe.model.weights)
     spec["data"]["image_size"] = arch["data"]["image_size"]
     spec["data"]["seq_len"] = arch["data"]["seq_len"]
     spec["derived"] = {"num_processes": recipe.num_processes, "grad_accum_steps": recipe.grad_accum_steps}
