@@ -116,7 +116,7 @@ class RunResult:
         measurement = summarize(records)
         status = summary.get("status", "crashed")
         reason = summary.get("reason", "no summary.json: the run did not finish")
-        expected = _num_processes(spec)
+        expected = 1 if measurement.source == "command_log" else _num_processes(spec)  # a log has no ranks
         if problems:
             status, reason = "unreadable", problems[0]
         elif status not in STATUSES:
