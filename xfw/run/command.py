@@ -62,6 +62,12 @@ class Command:
     log_pattern: logparse.LogPattern | None = None
 
 
+def takes_text(keys: list[str]) -> bool:
+    """Whether a ``--set`` path names one item of a command or one of its variables, whose value
+    is the text as typed: ``backends.torch.command.3`` or ``backends.torch.env.NCCL_DEBUG``."""
+    return len(keys) == 4 and keys[0] == "backends" and keys[2] in ("command", "env")
+
+
 def _text(value, key: str) -> str:
     if not isinstance(value, str) or not value or "\0" in value:
         raise CommandError(key, f"must be a non-empty string, got {value!r}")

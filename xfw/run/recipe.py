@@ -367,8 +367,8 @@ def apply_override(data: dict, assignment: str, source: str) -> None:
     keys = path.strip().split(".")
     if not all(keys):
         raise RecipeError(f"{source}: --set {assignment!r}: empty key in {path!r}")
-    try:
-        value = load_text(raw, f"{source}: --set {path}: value {raw[:80]!r}")
+    try:  # a command's item or variable is text as typed (``...command.3=40`` is "40", not 40)
+        value = raw if command.takes_text(keys) else load_text(raw, f"{source}: --set {path}: value {raw[:80]!r}")
     except YamlError as err:
         raise RecipeError(str(err)) from None
     node = data

@@ -174,7 +174,7 @@ class Probe:
 
     # -- the run ---------------------------------------------------------------------------------------
     def _begin(self, framework: Framework, source: str) -> None:
-        self.owner, self.boundary_source = framework, source
+        self.owner, self.boundary_source, self.armed = framework, source, True
         for fw in self.frameworks:
             fw.stop_watching_forward()  # the model is known; no per-module cost from here on
         framework.start()
@@ -222,6 +222,7 @@ class Probe:
             self._writer = RecordWriter(self.records_path, rank)
         self._writer.write("error", status=status, message=message[:500])
         self._writer.close()
+        self.done = True  # an error ends the record of this rank
 
     def fail(self, err: BaseException) -> None:
         """The probe itself failed: record it as the run's error, turn off, let the script go on."""
@@ -238,6 +239,8 @@ class Probe:
             return
         error = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)  # an uncaught exception
         try:
+            if self.window is not None:
+                self.window.flush()  # the steps it finished are kept
             if error is not None and not isinstance(error, SystemExit):
                 self._error("oom" if observe.looks_like_oom(error) else "crashed",
                             f"{type(error).__name__}: {error}")

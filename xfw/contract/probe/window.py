@@ -67,6 +67,10 @@ class Window:
                              samples, tokens)
             self._written += 1
 
+    def flush(self) -> None:
+        """Write the measured steps the device has finished (no sync): before an error record."""
+        self._drain(len(self._counts))
+
     def step(self, samples: int, tokens: int) -> bool:
         """One optimizer step has ended; True when it was the last measured one (window written)."""
         index = self.num_steps
