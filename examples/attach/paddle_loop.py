@@ -5,6 +5,7 @@ no Trainer and no xfw in it.
 """
 
 import argparse
+import time
 
 import paddle
 
@@ -16,6 +17,8 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=4, help="micro-batch")
     parser.add_argument("--accum", type=int, default=2, help="gradient accumulation steps")
+    parser.add_argument("--print-step-times", action="store_true",
+                        help="print each optimizer step's host time, as many scripts log their own speed")
     args = parser.parse_args()
     model = build_model()
     model.train()
@@ -23,12 +26,17 @@ def main() -> None:
                                                                        if not p.stop_gradient])
     data = paddle.io.DataLoader(SyntheticImageText(args.max_steps * args.batch * args.accum),
                                 batch_size=args.batch, shuffle=True)
+    last = time.perf_counter()
     for i, batch in enumerate(data):
         (loss,) = model(**batch)
         (loss / args.accum).backward()
         if (i + 1) % args.accum == 0:
             optimizer.step()
             optimizer.clear_grad()
+            if args.print_step_times:  # host time: on a GPU this would need a synchronize to mean anything
+                now = time.perf_counter()
+                print(f"step {(i + 1) // args.accum} time_s {now - last:.6f}", flush=True)
+                last = now
             if (i + 1) // args.accum % 10 == 0:
                 print(f"step {(i + 1) // args.accum}: loss {float(loss):.4f}", flush=True)
 

@@ -167,6 +167,21 @@ def test_a_log_pattern_run_is_parsed_stopped_and_marked_as_not_measured_by_xfw(t
         assert contrast.PARSED_LINE in notes, name
 
 
+def test_a_parsed_side_beside_a_measured_one_renders_in_compare(tmp_path, fake_backend):
+    path = script(tmp_path, LOG_SCRIPT)
+    recipe = command_recipe(tmp_path, {"command": [PY, str(path), "100", "600"],
+                                       "log_pattern": {"ips": r"samples/s: ([0-9.]+)"}})
+    data = yaml.safe_load(recipe.read_text())
+    data["backends"]["fake"] = {"behave": "ok", "ips": 50}
+    recipe.write_text(yaml.safe_dump(data))
+    result = invoke("compare", recipe, "--backends", "fake,mine", "--out", tmp_path / "out",
+                    "--python", f"fake={fake_backend['fake']}")
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if line.startswith("| Tiny LLaVA"))
+    assert f"{contrast.PARSED_MARK} |" in row and contrast.PARSED_LINE in result.output
+    assert "mine_measured_by" in (tmp_path / "out" / "report.csv").read_text().splitlines()[0]
+
+
 def test_a_log_with_too_few_lines_is_invalid_and_says_how_many(tmp_path):
     path = script(tmp_path, LOG_SCRIPT)
     result = run_command(tmp_path, {"command": [PY, str(path), "2", "0"], "log_pattern": {"ips": r"samples/s: (\S+)"}})

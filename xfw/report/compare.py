@@ -193,7 +193,7 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
             if len(values) >= 2 and len({repr(v) for v in values.values()}) > 1 and key not in _EXPECTED_TO_DIFFER:
                 row.differing.append(key)
                 row.warnings.append(f"{key} differs: " + ", ".join(f"{k}={v}" for k, v in values.items()))
-    sources = {s.mem_source for s in sides.values() if s.ok}
+    sources = {s.mem_source for s in sides.values() if s.ok and s.mem_source}  # a parsed log has none
     if len(sources) > 1:
         row.warnings.append("memory is measured from different sources (" + ", ".join(sorted(sources))
                             + "): not directly comparable")

@@ -20,7 +20,7 @@ from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Strong, T
 
 SOURCE_LABELS = {"cuda_allocator": "GPU allocator", "host_allocator": "host allocator", "peak_rss": "peak RSS"}
 PARSED_MARK = " ‡"
-PARSED_LINE = f"‡ {PARSED_NOTE} (the recipe's backends.<name>.log_pattern)."
+PARSED_LINE = f"‡ {PARSED_NOTE} (the backend's log_pattern in the recipe)."
 
 
 def is_parsed(side: Side) -> bool:
