@@ -110,6 +110,8 @@ def main() -> None:
     outcome = workflow.compare([str(recipe_path)], names, overrides=[], interpreters={}, out_dir=args.out / "runs",
                                force=True, log=print)
     print(outcome.text)
+    if outcome.exit_code:
+        sys.exit(f"a run did not succeed (exit code {outcome.exit_code}): {'; '.join(outcome.notes)}")
     result = {"command": " ".join(["python", *sys.argv]), "env": host_env(), "recipe": str(recipe_path),
               "sides": summarise(args.out / "runs")}
     (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -130,11 +130,11 @@ def test_print_command_shows_the_directory_the_guard_and_the_probe_variables(tmp
 
 # --- running a command: the log fallback, failures, the guard ---------------------------------------
 
-def run_command(tmp_path, knobs, **sections) -> RunResult:
+def run_command(tmp_path, knobs, run_dir: Path | None = None, **sections) -> RunResult:
     recipe = load_recipe(command_recipe(tmp_path, knobs, **sections))
     backends = prepare_backends(["mine"], {}, [recipe])
     backend, description = backends["mine"]
-    return launcher.launch(recipe, backend, tmp_path / "out" / "mine", description=description)
+    return launcher.launch(recipe, backend, run_dir or tmp_path / "out" / "mine", description=description)
 
 
 LOG_SCRIPT = """
@@ -205,15 +205,17 @@ def test_a_hanging_command_times_out(tmp_path):
     assert result.status == "timeout" and result.wall_time_s < 30
 
 
-def test_the_command_runs_in_its_directory_with_its_environment_and_the_probes(tmp_path):
+def test_the_command_runs_in_its_directory_with_its_environment_and_the_probes(tmp_path, monkeypatch):
     (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path)  # a relative --out, as `--out runs/x` gives: the command runs elsewhere
     code = ("import os, json; print(json.dumps({'cwd': os.getcwd(), 'A': os.environ.get('A'), "
             "'path': os.environ['PYTHONPATH'], 'spec': os.environ.get('XFW_PROBE_SPEC')}))")
-    result = run_command(tmp_path, {"command": [PY, "-c", code], "cwd": "work", "env": {"A": "a b"}})
+    result = run_command(tmp_path, {"command": [PY, "-c", code], "cwd": "work", "env": {"A": "a b"}},
+                         run_dir=Path("out") / "mine")
     seen = json.loads((Path(result.run_dir) / "stdout.log").read_text())
     assert seen["cwd"] == str(tmp_path / "work") and seen["A"] == "a b"
     assert seen["path"].split(os.pathsep)[:2] == [str(probe.SITE_DIR), str(ROOT)]
-    assert seen["spec"] == str(Path(result.run_dir) / "spec.json")
+    assert seen["spec"] == str(tmp_path / "out" / "mine" / "spec.json")
     env = json.loads((Path(result.run_dir) / "env.json").read_text())
     assert env["backend"]["command"] == [PY, "-c", code] and env["interpreter"] is None
 

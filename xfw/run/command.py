@@ -168,7 +168,8 @@ def probe_env(spec_path: Path, records_path: Path, pythonpath: str, root: Path =
     first on PYTHONPATH, then xfw and each adapter's directory (its framework hooks), then ``pythonpath``."""
     hooks = sorted(root.glob("adapters/*/xfw_*/probe.py"))
     paths = [str(probe.SITE_DIR), str(root), *(str(h.parent.parent) for h in hooks)]
-    return {probe.ENV_SPEC: str(spec_path), probe.ENV_RECORDS: str(records_path),
+    # Absolute: the command runs in its own directory, not in xfw's.
+    return {probe.ENV_SPEC: str(spec_path.resolve()), probe.ENV_RECORDS: str(records_path.resolve()),
             probe.ENV_HOOKS: ",".join(f"{h.parent.name}.probe" for h in hooks),
             "PYTHONPATH": os.pathsep.join(paths + ([pythonpath] if pythonpath else []))}
 
