@@ -90,10 +90,16 @@ def readme(result: dict) -> str:
             spread_text = f"{r['spread']:.0%}" if r["spread"] is not None else "–"
             lines.append(f"| {fw + kind} | {what[kind]} | {r['median_ips']:.1f} | {spread_text} | "
                          f"{r['ratio_to_adapter']:.2f} |")
-    lines += ["", "ips: global samples per second over each run's measured window; median over the repeats, "
+    sides = result["sides"]
+    probe_vs_own = {fw: sides[f"{fw}_loop"]["median_ips"] / sides[f"{fw}_loop_log"]["median_ips"] for fw in FRAMEWORKS}
+    lines += ["", "The probe against the script's own timing of the same loop (`*_loop` / `*_loop_log`): "
+              + ", ".join(f"{fw} {r:.2f}" for fw, r in probe_vs_own.items()) + ".", "",
+              "ips: global samples per second over each run's measured window; median over the repeats, "
               "spread = (max − min) / median. The runs alternate (each repeat runs every backend once), so drift "
               "on this shared machine hits all sides alike. `runs/` holds every run directory and xfw's own "
               "report of them; `recipe.yaml` is what ran."]
+    if result.get("reading"):
+        lines += ["", "## Reading it", "", result["reading"]]
     return "\n".join(lines) + "\n"
 
 
@@ -102,7 +108,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--readme-only", action="store_true",
+                        help="rewrite OUT/README.md from OUT/result.json (after adding a 'reading' to it)")
     args = parser.parse_args()
+    if args.readme_only:
+        (args.out / "README.md").write_text(readme(json.loads((args.out / "result.json").read_text())))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     recipe_path = args.out / "recipe.yaml"
     recipe_path.write_text(yaml.safe_dump(recipe(args.out, args.repeat, args.steps), sort_keys=False))
@@ -113,7 +124,7 @@ def main() -> None:
     if outcome.exit_code:
         sys.exit(f"a run did not succeed (exit code {outcome.exit_code}): {'; '.join(outcome.notes)}")
     result = {"command": " ".join(["python", *sys.argv]), "env": host_env(), "recipe": str(recipe_path),
-              "sides": summarise(args.out / "runs")}
+              "load_average_after": os.getloadavg(), "sides": summarise(args.out / "runs")}
     (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "README.md").write_text(readme(result))
     print(readme(result))

@@ -164,3 +164,31 @@ def test_a_torchrun_command_is_recorded_per_rank(tmp_path):
     assert result.applied["num_params_total"] == 8 * 16 + 16 + 16 + 1
     records, _ = read_records(Path(result.run_dir) / "steps.jsonl")
     assert sorted(r["rank"] for r in records if r["kind"] == "end") == [0, 1]
+
+
+PADDLE_DP_LOOP = """
+    import paddle
+    import paddle.distributed as dist
+
+    dist.init_parallel_env()
+    model = paddle.DataParallel(paddle.nn.Sequential(paddle.nn.Linear(8, 16), paddle.nn.Linear(16, 1)))
+    optimizer = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())
+    data = paddle.io.TensorDataset([paddle.randn([800, 8]), paddle.randn([800, 1])])
+    sampler = paddle.io.DistributedBatchSampler(data, batch_size=4)
+    for x, y in paddle.io.DataLoader(data, batch_sampler=sampler):
+        paddle.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.clear_grad()
+"""
+
+
+def test_a_paddle_distributed_launch_command_is_recorded_per_rank(tmp_path):
+    result = run_script(tmp_path, "paddle", PADDLE_DP_LOOP, [], nproc=2, timeout_s=240,
+                        launcher_args=("-m", "paddle.distributed.launch", "--nproc_per_node", "2",
+                                       "--log_dir", str(tmp_path / "launch_log")))
+    assert result.status == "ok", result.reason
+    assert result.measurement.num_ranks == 2 and result.measurement.ips > 0
+    assert result.applied["num_processes"] == 2 and result.applied["sharding_impl"] == "data_parallel"
+    assert result.applied["num_params_total"] == 8 * 16 + 16 + 16 + 1
+    records, _ = read_records(Path(result.run_dir) / "steps.jsonl")
+    assert sorted(r["rank"] for r in records if r["kind"] == "end") == [0, 1]

@@ -182,6 +182,25 @@ def test_a_parsed_side_beside_a_measured_one_renders_in_compare(tmp_path, fake_b
     assert "mine_measured_by" in (tmp_path / "out" / "report.csv").read_text().splitlines()[0]
 
 
+def test_sweep_and_nightly_run_a_command_recipe_unchanged(tmp_path):
+    path = script(tmp_path, LOG_SCRIPT)
+    recipe = command_recipe(tmp_path, {"command": [PY, str(path), "100", "600"],
+                                       "log_pattern": {"ips": r"samples/s: ([0-9.]+)"}})
+    swept = invoke("sweep", recipe, "--set", "backends.mine.command.2=50,100", "--backends", "mine",
+                   "--out", tmp_path / "sweep")
+    assert swept.exit_code == 0, swept.output
+    assert sorted(p.parent.parent.name for p in (tmp_path / "sweep").rglob("summary.json")) == \
+        ["backends.mine.command.2-100", "backends.mine.command.2-50"]
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({"name": "s", "backends": ["mine"], "entries": [recipe.name]}))
+    night = invoke("nightly", suite, "--history", tmp_path / "history")
+    assert night.exit_code == 0, night.output
+    row = json.loads((tmp_path / "history" / "history.jsonl").read_text().splitlines()[0])
+    assert row["status"] == "ok" and row["ips"] > 0
+    assert contrast.PARSED_LINE in next((tmp_path / "history" / "nights").glob("*/report.html")).read_text() \
+        .replace("&#x27;", "'")
+
+
 def test_a_log_with_too_few_lines_is_invalid_and_says_how_many(tmp_path):
     path = script(tmp_path, LOG_SCRIPT)
     result = run_command(tmp_path, {"command": [PY, str(path), "2", "0"], "log_pattern": {"ips": r"samples/s: (\S+)"}})
