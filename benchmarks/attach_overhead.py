@@ -13,7 +13,7 @@ adapters train; the scripts still load and collate their data every step, the ad
 
     python benchmarks/attach_overhead.py --repeat 3 --out results/cpu/attach-overhead
 
-Writes OUT/recipe.yaml (what ran), OUT/runs/ (every run directory and xfw's report), and
+Writes OUT/recipe.yaml (what ran), OUT/compare/ (every run directory and xfw's report), and
 OUT/result.json + OUT/README.md (medians, spreads, ratios against the adapter, the environment,
 this command).
 """
@@ -96,7 +96,7 @@ def readme(result: dict) -> str:
               + ", ".join(f"{fw} {r:.2f}" for fw, r in probe_vs_own.items()) + ".", "",
               "ips: global samples per second over each run's measured window; median over the repeats, "
               "spread = (max − min) / median. The runs alternate (each repeat runs every backend once), so drift "
-              "on this shared machine hits all sides alike. `runs/` holds every run directory and xfw's own "
+              "on this shared machine hits all sides alike. `compare/` holds every run directory and xfw's own "
               "report of them; `recipe.yaml` is what ran."]
     if result.get("reading"):
         lines += ["", "## Reading it", "", result["reading"]]
@@ -118,13 +118,13 @@ def main() -> None:
     recipe_path = args.out / "recipe.yaml"
     recipe_path.write_text(yaml.safe_dump(recipe(args.out, args.repeat, args.steps), sort_keys=False))
     names = [fw + kind for fw in FRAMEWORKS for kind in KINDS]
-    outcome = workflow.compare([str(recipe_path)], names, overrides=[], interpreters={}, out_dir=args.out / "runs",
+    outcome = workflow.compare([str(recipe_path)], names, overrides=[], interpreters={}, out_dir=args.out / "compare",
                                force=True, log=print)
     print(outcome.text)
     if outcome.exit_code:
         sys.exit(f"a run did not succeed (exit code {outcome.exit_code}): {'; '.join(outcome.notes)}")
     result = {"command": " ".join(["python", *sys.argv]), "env": host_env(), "recipe": str(recipe_path),
-              "load_average_after": os.getloadavg(), "sides": summarise(args.out / "runs")}
+              "load_average_after": os.getloadavg(), "sides": summarise(args.out / "compare")}
     (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "README.md").write_text(readme(result))
     print(readme(result))
