@@ -6,7 +6,6 @@ fail in each way a command can fail are written here, in plain PyTorch or Paddle
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import textwrap
@@ -20,7 +19,7 @@ from xfw.run import launcher
 from xfw.run.recipe import load_recipe
 from xfw.workflow import prepare_backends
 
-from conftest import ROOT, TINY_RECIPE, interpreter, require_interpreter
+from conftest import ROOT, TINY_RECIPE, require_interpreter
 
 pytestmark = pytest.mark.contract
 QUICK = ("--set", "measure.warmup_steps=1", "--set", "measure.steps=4")

@@ -24,7 +24,7 @@ from xfw.contract.records import read_records
 from xfw.report import contrast, layouts
 from xfw.report.compare import compare_runs
 from xfw.report.results import RunResult
-from xfw.run import launcher, logparse
+from xfw.run import launcher
 from xfw.run.recipe import RecipeError, load_recipe, recipe_from_dict, resolve_spec
 from xfw.workflow import UsageError, prepare_backends
 
