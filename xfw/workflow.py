@@ -34,7 +34,7 @@ from xfw.report import estimate as est
 from xfw.report.plot import plot_comparison
 from xfw.report.results import RunResult, load_runs
 from xfw.report.table import Page
-from xfw.run import jobs, launcher, lock
+from xfw.run import command, jobs, launcher, lock
 from xfw.run import maxbatch as mb
 from xfw.run import sweep as sw
 from xfw.run.recipe import Recipe, RecipeError, load_recipe, resolve_spec
@@ -82,8 +82,9 @@ def load_all(paths: list[str], overrides: list[str]) -> list[Recipe]:
     return recipes
 
 
-def prepare_backends(names: list[str], interpreters: dict[str, str]) -> jobs.Backends:
-    """Resolve and describe each backend (fails fast, before any launch)."""
+def prepare_backends(names: list[str], interpreters: dict[str, str], recipes: list[Recipe] = ()) -> jobs.Backends:
+    """Resolve and describe each backend (fails fast, before any launch). A backend that runs a
+    command in every one of ``recipes`` needs no interpreter and no description (xfw.run.command)."""
     if not names:
         raise UsageError("no backends given")
     stray = sorted(set(interpreters) - set(names))
@@ -92,6 +93,12 @@ def prepare_backends(names: list[str], interpreters: dict[str, str]) -> jobs.Bac
                          f"(it runs {', '.join(names)})")
     out, problems = {}, []
     for name in names:
+        if command.is_command(list(recipes), name):
+            if name in interpreters:
+                problems.append(f"--python {name}=...: backend {name!r} runs the recipe's command "
+                                f"(backends.{name}.command), not an interpreter; set the command's first item instead")
+            out[name] = (launcher.Backend(name, ""), {"command": True})
+            continue
         try:
             backend = launcher.resolve_backend(name, interpreters)
             out[name] = (backend, launcher.describe_backend(backend))
@@ -100,6 +107,12 @@ def prepare_backends(names: list[str], interpreters: dict[str, str]) -> jobs.Bac
     if problems:
         raise UsageError("\n".join(problems))
     return out
+
+
+def _refuse_commands(recipe: Recipe, backend_names: list[str], why: str) -> None:
+    attached = [name for name in backend_names if command.command_of(recipe, name) is not None]
+    if attached:
+        raise UsageError(f"{recipe.name}: backends.{attached[0]}.command: {why}; use compare, sweep or nightly")
 
 
 def _recipe_error(fn, *args):
@@ -211,15 +224,15 @@ def launch_commands(recipes: list[Recipe], backends: jobs.Backends, out_dir: Pat
         job.run_dir.mkdir(parents=True, exist_ok=True)
         spec_path = job.run_dir / "spec.json"
         write_json_atomic(spec_path, launcher.spec_for(job.recipe, job.backend, job.run_dir))
-        cmd = launcher.build_command(backend, description, job.recipe, spec_path, job.run_dir / "steps.jsonl",
-                                     rendezvous)
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launcher.run_env(job.recipe).items())
+        run = launcher.invocation(backend, description, job.recipe, spec_path, job.run_dir / "steps.jsonl",
+                                  rendezvous)
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**launcher.run_env(job.recipe), **run.env}.items())
         inherited = {k: v for k, v in sorted(os.environ.items()) if k.startswith(INHERITED_PREFIXES)}
         lines.append(f"# {job.backend}: {job.recipe.name} (timeout {job.recipe.measure.timeout_s:g} s); the adapter "
                      "gets this shell's environment plus the variables in front of the command"
                      + (f"; of that environment these matter to the frameworks: "
                         + " ".join(f"{k}={shlex.quote(v)}" for k, v in inherited.items()) if inherited else "")
-                     + f"\ncd {shlex.quote(str(Path.cwd()))} && {env} {shlex.join(cmd)}")
+                     + f"\ncd {shlex.quote(run.cwd or str(Path.cwd()))} && {env} {shlex.join(run.argv)}")
     return lines
 
 
@@ -245,7 +258,7 @@ def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: lis
     """``xfw run`` (one backend) and ``xfw compare``: run every recipe on every backend and report.
     ``parity_dirs`` (a list, possibly empty): look up and show each recipe's parity status."""
     recipes = load_all(recipe_paths, overrides)
-    backends = prepare_backends(backend_names, interpreters)
+    backends = prepare_backends(backend_names, interpreters, recipes)
     out_dir = out_dir or default_out_dir(recipes)
     if print_command:
         return Outcome(text="\n".join(launch_commands(recipes, backends, out_dir, rendezvous)))
@@ -315,7 +328,7 @@ def sweep(recipe_path: str, axes: list[str], backend_names: list[str], *, fixed:
     ``fixed`` overrides (``--repeat``) apply to every point without being part of its variant."""
     points = _recipe_error(sw.plan, recipe_path, axes, fixed)
     _one_node([p.recipe for p in points], "sweep")
-    backends = prepare_backends(backend_names, interpreters)
+    backends = prepare_backends(backend_names, interpreters, [p.recipe for p in points])
     out_dir = out_dir or Path("runs") / f"sweep-{points[0].recipe.name}"  # no timestamp: a rerun resumes
     with _guarded(out_dir):
         _refuse_foreign(out_dir, [points[0].recipe], force)
@@ -336,6 +349,7 @@ def maxbatch(recipe_path: str, backend_names: list[str], *, overrides: list[str]
     values = _recipe_error(mb.parse_candidates, candidates) if candidates else None
     (recipe,) = load_all([recipe_path], overrides)
     _one_node([recipe], "maxbatch")
+    _refuse_commands(recipe, backend_names, "maxbatch changes batch.micro, which the command itself decides")
     for micro in values or []:
         _recipe_error(mb.probe_recipe, recipe_path, micro, overrides)
     backends = prepare_backends(backend_names, interpreters)
@@ -515,6 +529,8 @@ def parity(recipe_path: str, backend_names: list[str], *, steps: int, overrides:
     if len(backend_names) != 2:
         raise UsageError(f"--backends {','.join(backend_names)!r}: parity compares exactly two backends")
     (recipe,) = load_all([recipe_path], overrides)
+    _refuse_commands(recipe, backend_names, "parity starts both sides from one exported model, which only "
+                     "xfw's own adapters do")
     out_dir = out_dir or Path("runs") / f"parity-{recipe.name}"
     with _guarded(out_dir):
         try:
@@ -570,7 +586,7 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
     _check_node(multi, rendezvous)
     if rendezvous.node_rank > 0 and night is None:
         raise UsageError(f"--node-rank {rendezvous.node_rank}: give every node the same --night (node 0 names it)")
-    backends = prepare_backends(names, interpreters)
+    backends = prepare_backends(names, interpreters, [e.recipe for e in suite.entries])
     # A scheduler's polite stop (cron's `timeout`, Slurm's time limit) arrives as SIGTERM: the
     # running adapter is stopped the way Ctrl-C stops it, recorded as cut off and rerun on resume.
     with _guarded(history_dir, rendezvous.node_rank if multi else None):

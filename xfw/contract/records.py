@@ -8,7 +8,9 @@ keys. Each rank writes, in order: ``start``, ``step`` x (warm-up + measured), ``
      "samples": 16, "tokens": 65536, "loss": 3.218, "mem_alloc_peak_bytes": 1048576,
      "mem_reserved_peak_bytes": null}
 
-A step record may also carry ``grad_norm_l2`` (:data:`OPTIONAL`), only when the run asked for it.
+A step record may also carry ``grad_norm_l2`` (:data:`OPTIONAL`), only when the run asked for it;
+a run xfw attached to (``xfw.contract.probe``) adds a few ``applied`` fields, and a window parsed
+from a command's log says so (``"source": "command_log"``).
 
 The core tails the file for live progress and computes every statistic from it
 (``xfw.report.measure``); stdout is never parsed.
@@ -49,11 +51,19 @@ FIELDS: dict[str, dict[str, tuple]] = {
 # kind -> {key: accepted types} that a record may carry, only when asked for. ``grad_norm_l2``:
 # the global L2 norm of the trainable parameters' gradients before the optimizer step (parity
 # asks for it; reading it is a host sync every step, so measured runs never carry it).
-OPTIONAL: dict[str, dict[str, tuple]] = {"step": {"grad_norm_l2": _NUM + _NONE}}
+OPTIONAL: dict[str, dict[str, tuple]] = {
+    "step": {"grad_norm_l2": _NUM + _NONE},
+    # What a run xfw attached to (xfw.contract.probe) can see beyond the adapters' fields: the
+    # micro-batch per process, Paddle's fp32 master gradients, and where its steps end.
+    "applied": {"micro_batch": _INT, "master_grad": _BOOL, "step_boundary": _STR},
+    # "command_log": the window was parsed from a command's log (xfw.run.logparse), not measured by xfw.
+    "window": {"source": _STR},
+}
 PHASES = ("warmup", "measure")
 _MAY_DIVERGE = ("loss", "grad_norm_l2")
 ERROR_STATUSES = ("unsupported", "invalid", "oom", "crashed")
 MEM_SOURCES = ("cuda_allocator", "host_allocator", "peak_rss")
+WINDOW_SOURCES = ("xfw", "command_log")
 
 
 def validate_record(record: Any) -> list[str]:
@@ -79,7 +89,7 @@ def validate_record(record: Any) -> list[str]:
         if key in ("schema", "kind", "rank") or key in expected:
             continue
         if key in optional:
-            if not isinstance(record[key], optional[key]) or isinstance(record[key], bool):
+            if not isinstance(record[key], optional[key]) or (optional[key] is not _BOOL and isinstance(record[key], bool)):
                 problems.append(f"{kind}: {key!r} has type {type(record[key]).__name__}, expected {optional[key]}")
             continue
         if kind == "applied" and key.startswith("version_") and isinstance(record[key], str):
@@ -89,6 +99,8 @@ def validate_record(record: Any) -> list[str]:
         problems.append(f"step: phase must be one of {PHASES}, got {record.get('phase')!r}")
     if kind == "error" and record.get("status") not in ERROR_STATUSES:
         problems.append(f"error: status must be one of {ERROR_STATUSES}, got {record.get('status')!r}")
+    if kind == "window" and record.get("source", "xfw") not in WINDOW_SOURCES:
+        problems.append(f"window: source must be one of {WINDOW_SOURCES}, got {record.get('source')!r}")
     if kind == "applied" and record.get("mem_source") not in MEM_SOURCES:
         problems.append(f"applied: mem_source must be one of {MEM_SOURCES}, got {record.get('mem_source')!r}")
     for key, value in record.items():  # a loss or gradient norm may diverge; a time or a count may not

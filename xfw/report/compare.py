@@ -26,8 +26,10 @@ from xfw.report.results import RunResult
 SETTINGS = ("device", "weight_dtype", "compute_dtype", "amp_level", "master_weights", "sharding_impl",
             "attention_impl", "tf32", "fused_optimizer", "recompute", "num_params_total",
             "num_params_trainable", "num_processes", "grad_accum_steps", "mem_source", "framework_version")
+# Settings only a run xfw attached to can report (xfw.contract.probe): shown where a side has them.
+SEEN_SETTINGS = ("micro_batch", "master_grad", "step_boundary")
 # Settings that differ by nature between frameworks: shown, never warned about.
-_EXPECTED_TO_DIFFER = {"framework_version", "mem_source"}
+_EXPECTED_TO_DIFFER = {"framework_version", "mem_source", "step_boundary"}
 
 STAGE_NAMES = {"pretrain": "Pretrain", "sft": "SFT", "lora": "LoRA", "dreambooth": "SFT (Dreambooth)"}
 
@@ -56,6 +58,8 @@ class Side:
     mem_reserved_peak_bytes: int | None = None
     mem_source: str | None = None
     mfu: float | None = None
+    source: str = "xfw"
+    """Where the numbers come from (``Measurement.source``): ``command_log`` is not measured by xfw."""
     num_repeats: int = 0
     applied: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
@@ -121,6 +125,7 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
         side.mem_alloc_peak_bytes = _median(x.mem_alloc_peak_bytes for x in m)
         side.mem_reserved_peak_bytes = _median(x.mem_reserved_peak_bytes for x in m)
         side.mem_source, side.mfu = m[0].mem_source, _median(r.mfu for r in ok)
+        side.source = "command_log" if any(x.source == "command_log" for x in m) else "xfw"
     return side
 
 
@@ -181,14 +186,16 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
             row.warnings.append("parameter counts differ: the two sides did not build or train the same model ("
                                 + ", ".join(f"{k} {_count(total)} total, {_count(trainable)} trainable"
                                             for k, (total, trainable) in counts.items()) + ")")
-    for key in SETTINGS:
+    for key in SETTINGS + SEEN_SETTINGS:
         values = {name: s.applied.get(key) for name, s in sides.items() if s.applied}
+        if key in SEEN_SETTINGS:
+            values = {name: v for name, v in values.items() if v is not None}
         if values:
             row.settings[key] = values
             if len(values) >= 2 and len({repr(v) for v in values.values()}) > 1 and key not in _EXPECTED_TO_DIFFER:
                 row.differing.append(key)
                 row.warnings.append(f"{key} differs: " + ", ".join(f"{k}={v}" for k, v in values.items()))
-    sources = {s.mem_source for s in sides.values() if s.ok}
+    sources = {s.mem_source for s in sides.values() if s.ok and s.mem_source}  # a parsed log has none
     if len(sources) > 1:
         row.warnings.append("memory is measured from different sources (" + ", ".join(sorted(sources))
                             + "): not directly comparable")

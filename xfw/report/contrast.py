@@ -16,9 +16,16 @@ import json
 from pathlib import Path
 
 from xfw.report.compare import ComparisonRow, Side, strip_common, variant_label
+from xfw.report.measure import PARSED_NOTE
 from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Strong, Table
 
 SOURCE_LABELS = {"cuda_allocator": "GPU allocator", "host_allocator": "host allocator", "peak_rss": "peak RSS"}
+PARSED_MARK = " ‡"
+PARSED_LINE = f"‡ {PARSED_NOTE} (the backend's log_pattern in the recipe)."
+
+
+def is_parsed(side: Side) -> bool:
+    return side.source == "command_log"
 GIB, MIB = 1024**3, 1024**2
 
 
@@ -53,7 +60,7 @@ def fmt_memory(side: Side) -> str:
 def fmt_side_rate(side: Side) -> str:
     if side.ok:
         spread = f" (spread {side.ips_spread:.1%})" if side.ips_spread is not None else ""
-        return fmt_rate(side.ips) + spread
+        return fmt_rate(side.ips) + spread + (PARSED_MARK if is_parsed(side) else "")
     return Strong(side.status)
 
 
@@ -104,8 +111,9 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
             line += [f"{row.sides[name].mfu:.1%}" if row.sides[name].mfu is not None else "–" for name in backends]
         line += [fmt_params(row, backends)]
         cells.append(line)
+    parsed = any(is_parsed(side) for row in rows for side in row.sides.values())
     return Table(header=header, cells=cells, records=numeric_records(rows, backends), numeric=numeric,
-                 name="contrast")
+                 name="contrast", notes=[PARSED_LINE] if parsed else [])
 
 
 def row_name(row: ComparisonRow) -> str:
@@ -246,6 +254,7 @@ def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict
                 f"{name}_num_params_total": s.applied.get("num_params_total"),
                 f"{name}_num_params_trainable": s.applied.get("num_params_trainable"),
                 f"{name}_compute_dtype": s.applied.get("compute_dtype"), f"{name}_num_repeats": s.num_repeats,
+                f"{name}_measured_by": PARSED_NOTE if is_parsed(s) else "xfw",
             })
         out.append(rec)
     return out

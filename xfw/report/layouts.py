@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from xfw.report import contrast
 from xfw.report.compare import Side, backends_in, collapse, compare_runs, strip_common, variant_key, variant_label
+from xfw.report.measure import PARSED_NOTE
 from xfw.report.results import RunResult
 from xfw.report.table import Strong, Table
 
@@ -62,6 +63,19 @@ def _status_cell(e: Side) -> str:
 
 def _num(value: float | None, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
+
+
+def _framework(e: Side) -> str:
+    """The backend's name, marked when its numbers were parsed from a command's log, not measured."""
+    return e.backend + (contrast.PARSED_MARK if contrast.is_parsed(e) else "")
+
+
+def _measured_by(e: Side) -> str:
+    return PARSED_NOTE if contrast.is_parsed(e) else "xfw"
+
+
+def _parsed_notes(entries: list[Side]) -> list[str]:
+    return [contrast.PARSED_LINE] if any(contrast.is_parsed(e) for e in entries) else []
 
 
 def _memory_source_notes(entries: list[Side]) -> list[str]:
@@ -117,7 +131,7 @@ def strategies(results: list[RunResult]) -> list[Table]:
             batches_per_s = e.ips / global_batch if e.ok and global_batch else None
             per_sample = vram / micro if vram is not None and micro else None
             if e.ok:
-                cells.append([e.backend, strategy, _num(e.step_time_median_s * 100 if e.step_time_median_s else None, ".1f"),
+                cells.append([_framework(e), strategy, _num(e.step_time_median_s * 100 if e.step_time_median_s else None, ".1f"),
                               _num(batches_per_s, ".3g"), _num(vram / GB if vram else None, ".3g"),
                               _num(per_sample / GB if per_sample else None, ".3g")])
             else:
@@ -126,12 +140,13 @@ def strategies(results: list[RunResult]) -> list[Table]:
                             "recipe": e.recipe, "strategy": strategy, "status": e.status,
                             "time_100_iters_s": e.step_time_median_s * 100 if e.ok and e.step_time_median_s else None,
                             "batches_per_s": batches_per_s, "vram_per_gpu_bytes": vram,
-                            "bytes_per_sample": per_sample, "global_batch": global_batch, "micro_batch": micro})
+                            "bytes_per_sample": per_sample, "global_batch": global_batch, "micro_batch": micro,
+                            "measured_by": _measured_by(e)})
         where = f"{count}x" if gpus else f"{count} process{'es' if count != 1 else ''} on"
         tables.append(Table(title=f"For {where} {' / '.join(devices)}:", header=header, cells=cells,
                             records=records, numeric=(2, 3, 4, 5)))
     if tables:
-        tables[-1].notes += _memory_source_notes(entries)
+        tables[-1].notes += _memory_source_notes(entries) + _parsed_notes(entries)
     if tables:
         tables[-1].notes.append("Time for 100 iters = 100 x median optimizer-step time; batches/s = global "
                                 "samples/s / global batch; memory per GPU (process) = the largest rank's peak "
@@ -146,7 +161,9 @@ def ranks(results: list[RunResult]) -> list[Table]:
     """Seed 001: per run, Rank | Time | Max Memory Allocated, then the final loss."""
     tables = []
     for r, variant in zip(results, strip_common([r.variant for r in results])):
-        title = f"{r.backend}: {r.recipe}" + (f" [{variant_label(variant)}]" if variant else "")
+        parsed = r.measurement.source == "command_log"
+        title = f"{r.backend}{contrast.PARSED_MARK if parsed else ''}: {r.recipe}" + \
+            (f" [{variant_label(variant)}]" if variant else "")
         title += f" (repeat {r.repeat_index})" if r.repeat_index else ""
         cells, records = [], []
         for p in r.measurement.per_rank:
@@ -155,13 +172,15 @@ def ranks(results: list[RunResult]) -> list[Table]:
             records.append({"backend": r.backend, "recipe": r.recipe, "variant": variant_label(r.variant),
                             "repeat_index": r.repeat_index, "rank": p["rank"], "time_s": p["window_time_s"],
                             "mem_alloc_peak_bytes": p["mem_alloc_peak_bytes"], "loss_last": r.measurement.loss_last,
-                            "status": r.status})
+                            "status": r.status, "measured_by": PARSED_NOTE if parsed else "xfw"})
         loss = r.measurement.loss_last
         notes = [f"loss: {loss:.4f}" if loss is not None else "loss: –"]
         if not r.ok:
             notes.append(f"status: {r.status} — {r.reason}")
         if r.measurement.mem_source and r.measurement.mem_source != "cuda_allocator":
             notes.append(f"memory source: {r.measurement.mem_source}")
+        if parsed:
+            notes.append(contrast.PARSED_LINE)
         tables.append(Table(title=title, header=["Rank", "Time", "Max Memory Allocated"], cells=cells,
                             records=records, notes=notes))
     if tables:
@@ -191,14 +210,16 @@ def batch(results: list[RunResult]) -> list[Table]:
         where, size, micro = hardware(e, gpus), e.setup.get("global_batch"), e.setup.get("micro_batch")
         rest = variant_label(_other_keys(e.variant, shown))
         rate = f"{e.ips:,.3g}" if e.ok else _status_cell(e)
-        cells.append([where, e.backend, e.recipe] + ([rest] if with_variant else []) + [str(size), str(micro), rate])
+        cells.append([where, _framework(e), e.recipe] + ([rest] if with_variant else [])
+                     + [str(size), str(micro), rate])
         records.append({"hardware": where, "framework": e.backend, "recipe": e.recipe, "variant": rest,
-                        "global_batch": size, "micro_batch": micro, "status": e.status, "samples_per_s": e.ips})
+                        "global_batch": size, "micro_batch": micro, "status": e.status, "samples_per_s": e.ips,
+                        "measured_by": _measured_by(e)})
         extra = f", {rest}" if rest else ""
-        bullets.append(f"- *{where}* ({e.backend}, {e.recipe}): global batch size {size} (micro-batch {micro}){extra}: "
-                       + (f"{e.ips:,.3g} samples/s" if e.ok else "OOM" if e.status == "oom" else e.status))
+        bullets.append(f"- *{where}* ({_framework(e)}, {e.recipe}): global batch size {size} (micro-batch {micro})"
+                       f"{extra}: " + (f"{e.ips:,.3g} samples/s" if e.ok else "OOM" if e.status == "oom" else e.status))
     return [Table(title="", header=header, cells=cells, records=records,
-                  numeric=(len(header) - 3, len(header) - 2, len(header) - 1), notes=bullets)]
+                  numeric=(len(header) - 3, len(header) - 2, len(header) - 1), notes=bullets + _parsed_notes(entries))]
 
 
 # --- seed 004: scaling and cost -----------------------------------------------------------------
@@ -282,11 +303,13 @@ def scaling(results: list[RunResult]) -> list[Table]:
             records.append({"recipe": first.recipe, "framework": first.backend, "num_processes": e.num_processes,
                             "global_batch": e.setup.get("global_batch"), "micro_batch": e.setup.get("micro_batch"),
                             "samples_per_s": e.ips, "linear_scaling": eff,
-                            "baseline_num_processes": base.num_processes if base else None, "status": e.status})
-        title = (f"{first.model} {first.stage} on {first.device} ({first.backend}), {how}, micro-batch "
+                            "baseline_num_processes": base.num_processes if base else None, "status": e.status,
+                            "measured_by": _measured_by(e)})
+        title = (f"{first.model} {first.stage} on {first.device} ({_framework(first)}), {how}, micro-batch "
                  f"{first.setup.get('micro_batch')}" + (f" [{rest}]" if rest else ""))
         tables.append(Table(title=title, header=[devices_word(entries), "Batch Size", "Throughput", "Linear Scaling"],
-                            cells=cells, records=records, numeric=(1, 2, 3), notes=[note] if note else []))
+                            cells=cells, records=records, numeric=(1, 2, 3),
+                            notes=([note] if note else []) + _parsed_notes(entries)))
     unit = "GPU" if gpus else "process"
     tables[-1].notes.append(f"Linear Scaling = (samples/s per {unit}) / (samples/s per {unit} at the smallest "
                             f"{unit} count that ran); 1.00x is perfect scaling. Batch Size is the global batch.")
@@ -303,17 +326,18 @@ def cost(results: list[RunResult], price_per_gpu_hour: float) -> list[Table]:
         recipe = e.stage + (f" ({variant_label(e.variant)})" if e.variant else "")
         # GPU-hours for 1M samples = GPUs x 1e6 / (samples/s) / 3600
         usd = price_per_gpu_hour * e.num_processes * 1e6 / e.ips / 3600 if e.ok else None
-        note = f"{e.backend}, {e.ips:,.1f} samples/s" if e.ok else f"{e.backend}: {e.status}"
+        note = f"{_framework(e)}, {e.ips:,.1f} samples/s" if e.ok else f"{e.backend}: {e.status}"
         cells.append([e.model, gpu, recipe, f"${usd:,.2f}" if usd is not None else "–", note])
         records.append({"model": e.model, "recipe": e.recipe, "framework": e.backend, "gpu": gpu,
                         "variant": variant_label(e.variant), "samples_per_s": e.ips,
-                        "price_per_gpu_hour": price_per_gpu_hour, "cost_per_1m_samples": usd, "status": e.status})
+                        "price_per_gpu_hour": price_per_gpu_hour, "cost_per_1m_samples": usd, "status": e.status,
+                        "measured_by": _measured_by(e)})
     return [Table(title="Cost Per Sample", header=["Model", "GPU" if gpus else "Hardware", "Recipe", "Cost/1M Samples",
                                                    "Notes"],
                   cells=cells, records=records, numeric=(3,),
                   notes=[f"Based on 1 million training samples at ${price_per_gpu_hour:g} per GPU-hour: "
                          f"cost = price x {'GPUs' if gpus else 'processes'} x 10^6 / (samples/s) / 3600, measured window "
-                         "only (no start-up)."])]
+                         "only (no start-up)."] + _parsed_notes(entries))]
 
 
 def contrast_layout(results: list[RunResult]) -> list[Table]:

@@ -42,6 +42,8 @@ class Measurement:
     """Rank 0's first recorded loss (a warm-up step when there is one)."""
     loss_last: float | None
     per_rank: list[dict] = field(default_factory=list)
+    source: str = "xfw"
+    """``xfw`` (measured by xfw: its adapter or its probe) or ``command_log`` (:data:`PARSED_NOTE`)."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -49,6 +51,11 @@ class Measurement:
     @classmethod
     def from_dict(cls, data: dict) -> "Measurement":
         return cls(**data)
+
+
+PARSED_NOTE = "parsed from the command's log: not measured by xfw"
+"""What every report says beside a number whose window record has ``"source": "command_log"``
+(a command xfw could not hook; ``backends.<name>.log_pattern``, xfw.run.logparse)."""
 
 
 def _max_or_none(values) -> int | None:
@@ -102,6 +109,7 @@ def summarize(records: list[dict]) -> Measurement:
         loss_first=_finite_or_none(losses[0]) if losses else None,
         loss_last=_finite_or_none(losses[-1]) if losses else None,
         per_rank=per_rank,
+        source="command_log" if any(w.get("source") == "command_log" for w in windows.values()) else "xfw",
     )
 
 

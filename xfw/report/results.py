@@ -122,6 +122,7 @@ class RunResult:
         reason = summary.get("reason", "no summary.json: the run did not finish")
         ranks = node.get("ranks")
         expected = ranks[1] - ranks[0] + 1 if isinstance(ranks, list) and len(ranks) == 2 else _num_processes(spec)
+        expected = 1 if measurement.source == "command_log" else expected  # a log has no ranks
         if problems:
             status, reason = "unreadable", problems[0]
         elif status not in STATUSES:

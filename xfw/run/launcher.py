@@ -31,6 +31,7 @@ from xfw.contract import env as host
 from xfw.contract import lifeline
 from xfw.contract import records as rec
 from xfw.report.measure import summarize
+from xfw.run import command, logparse
 from xfw.run.recipe import Recipe, resolve_spec
 from xfw.report.results import RunResult, compute_mfu, setup_from_spec
 from xfw.contract.atomic import write_json_atomic
@@ -145,6 +146,16 @@ def build_command(backend: Backend, description: dict, recipe: Recipe, spec_path
                   "log_dir": spec_path.parent / "launch_log"}
         head = [part.format(**values) for part in description["launcher"]]
     return head + ["--spec", str(spec_path), "--records", str(records_path)]
+
+
+def invocation(backend: Backend, description: dict, recipe: Recipe, spec_path: Path, records_path: Path,
+               rendezvous: Rendezvous = Rendezvous()) -> command.Invocation:
+    """What a run starts: xfw's adapter, or the command the recipe gives this backend (xfw.run.command)."""
+    attached = command.command_of(recipe, backend.name)
+    if attached is not None:
+        return command.invocation(attached, spec_path, records_path)
+    return command.Invocation(argv=build_command(backend, description, recipe, spec_path, records_path, rendezvous),
+                              facts=description, interpreter=backend.python)
 
 
 def _tail(path: Path, num_bytes: int = 8192) -> str:
@@ -274,24 +285,34 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_path, records_path = run_dir / "spec.json", run_dir / "steps.jsonl"
     write_json_atomic(spec_path, spec)
-    env = {**host.host_env(), "interpreter": backend.python, "backend": description}
+    run = invocation(backend, description, recipe, spec_path, records_path, rendezvous)
+    env = {**host.host_env(), "interpreter": run.interpreter, "backend": run.facts}
     write_json_atomic(run_dir / "env.json", env)
     records_path.unlink(missing_ok=True)  # a rerun into the same directory starts clean
-    cmd = build_command(backend, description, recipe, spec_path, records_path, rendezvous)
+    cmd = run.argv
     timeout_s = recipe.measure.timeout_s
+    needed = recipe.measure.warmup_steps + recipe.measure.steps
+    # a log has one line per step, not per rank; a node of a multi-node run runs its own ranks only
+    num_processes = 1 if run.log else len(local_ranks(recipe, rendezvous))
+    log_lines = logparse.LogCounter(run.log, run_dir / f"{run.log.stream}.log") if run.log else None
     if progress:  # steps per rank: every rank takes the same steps
-        progress.started(backend.name, recipe.name, recipe.measure.warmup_steps + recipe.measure.steps)
+        progress.started(backend.name, recipe.name, needed)
 
-    tail, timed_out, interrupted = rec.RecordTail(records_path), False, False
+    tail, timed_out, interrupted, stopped = rec.RecordTail(records_path), False, False, False
     t0 = time.monotonic()
     with open(run_dir / "stdout.log", "wb") as out, open(run_dir / "stderr.log", "wb") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, **run_env(recipe), lifeline.ENV: lifeline.identity()})
+                                cwd=run.cwd, env={**os.environ, **run_env(recipe), **run.env,
+                                                  lifeline.ENV: lifeline.identity()})
         try:
             write_json_atomic(run_dir / ADAPTER_FILE, {"process": lifeline.identity(proc.pid), "command": cmd})
             while proc.poll() is None:
                 if time.monotonic() - t0 > timeout_s:
                     timed_out = True
+                    _stop(proc)
+                    break
+                if log_lines is not None and log_lines.poll() >= needed:  # parsed enough: end the command
+                    stopped = True
                     _stop(proc)
                     break
                 if progress:
@@ -308,10 +329,16 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     if progress:
         progress.update(backend.name, tail.poll())
     wall = time.monotonic() - t0
+    if run.log is not None:
+        logparse.write_records(run.log, log_lines.path, records_path, spec, exit_code=proc.returncode,
+                               stopped=stopped)
     records = rec.load_records(records_path)
+    stderr_tail = _tail(run_dir / "stderr.log")
     status, reason = classify(exit_code=proc.returncode, timed_out=timed_out, records=records,
-                              num_processes=len(local_ranks(recipe, rendezvous)),
-                              stderr_tail=_tail(run_dir / "stderr.log"), timeout_s=timeout_s)
+                              num_processes=num_processes, stderr_tail=stderr_tail, timeout_s=timeout_s)
+    if run.attached:  # a command: its outcome said for a command
+        status, reason = command.refine(status, reason, exit_code=proc.returncode, records=records,
+                                        stderr_line=_last_line(stderr_tail), stopped=stopped)
     if interrupted:
         status, reason = "crashed", "interrupted (Ctrl-C or SIGTERM); the same command runs it again"
     applied = rec.applied_settings(records)

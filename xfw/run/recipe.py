@@ -26,6 +26,7 @@ from typing import Any
 from xfw.contract import presets
 from xfw.contract import weights as neutral_weights
 from xfw.contract.families import family_module
+from xfw.run import command
 from xfw.run.yamlfile import YamlError, load_file, load_text
 
 SPEC_SCHEMA = 1
@@ -233,7 +234,8 @@ class Recipe:
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     measure: MeasureSpec = field(default_factory=MeasureSpec)
     backends: dict = field(default_factory=dict)
-    """Backend-specific knobs only, e.g. {torch: {sharding_impl: fsdp2}}; checked by each adapter."""
+    """Backend-specific knobs only, e.g. {torch: {sharding_impl: fsdp2}}; checked by each adapter. Or a
+    command xfw runs instead of its adapter (``{torch: {command: [...], cwd: DIR}}``, xfw.run.command)."""
 
     def __post_init__(self):
         if not is_plain_name(self.name):
@@ -359,26 +361,34 @@ def to_dict(obj: Any) -> Any:
 
 
 def apply_override(data: dict, assignment: str, source: str) -> None:
-    """Apply one ``key.path=value`` (value parsed as YAML) to plain recipe data, in place."""
+    """Apply one ``key.path=value`` (value parsed as YAML) to plain recipe data, in place; a number
+    in the path indexes a list (``backends.torch.command.3=--max_steps=40``)."""
     if "=" not in assignment:
         raise RecipeError(f"{source}: --set {assignment!r}: expected key.path=value")
     path, raw = assignment.split("=", 1)
     keys = path.strip().split(".")
     if not all(keys):
         raise RecipeError(f"{source}: --set {assignment!r}: empty key in {path!r}")
-    try:
-        value = load_text(raw, f"{source}: --set {path}: value {raw[:80]!r}")
+    try:  # a command's item or variable is text as typed (``...command.3=40`` is "40", not 40)
+        value = raw if command.takes_text(keys) else load_text(raw, f"{source}: --set {path}: value {raw[:80]!r}")
     except YamlError as err:
         raise RecipeError(str(err)) from None
     node = data
-    for i, key in enumerate(keys[:-1]):
-        child = node.get(key)
+    for i, key in enumerate(keys):
+        if isinstance(node, list):  # a list item by its index: backends.torch.command.3=--max_steps=40
+            if not key.isdigit() or int(key) >= len(node):
+                raise RecipeError(f"{source}: --set {path}: {'.'.join(keys[:i])} is a list of {len(node)} "
+                                  f"items; {key!r} is not one of its indices")
+            key = int(key)
+        elif not isinstance(node, dict):
+            raise RecipeError(f"{source}: --set {path}: {'.'.join(keys[:i])} is not a mapping")
+        if i == len(keys) - 1:
+            node[key] = value
+            break
+        child = node[key] if isinstance(node, list) else node.get(key)
         if child is None:
             child = node[key] = {}
-        if not isinstance(child, dict):
-            raise RecipeError(f"{source}: --set {path}: {'.'.join(keys[: i + 1])} is not a mapping")
         node = child
-    node[keys[-1]] = value
 
 
 def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
@@ -398,9 +408,9 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     _check_weights_dir(recipe.model.weights, source)
     try:
         presets.resolve_arch(recipe.model.preset, recipe.model.arch, recipe.data.image_size, recipe.data.seq_len)
-    except presets.ArchError as err:
+        return command.resolve(recipe, Path(path).parent)  # backends that run a command (xfw.run.command)
+    except (presets.ArchError, command.CommandError) as err:
         raise RecipeError(f"{source}: {err.key}: {err}") from None
-    return recipe
 
 
 @functools.lru_cache(maxsize=64)
