@@ -12,6 +12,8 @@ A step record may also carry (:data:`OPTIONAL`) ``grad_norm_l2``, only when the 
 and what the step's data was: ``padded_tokens`` (sequence positions with padding; ``tokens``
 counts only the trained ones), ``max_seq_len`` (its longest sample) and ``batch_hashes`` (one
 hash per micro-batch, ``xfw.contract.batches.batch_hash``); the window record ``padded_tokens``.
+A run xfw attached to (``xfw.contract.probe``) adds a few ``applied`` fields, and a window parsed
+from a command's log says so (``"source": "command_log"``).
 
 The core tails the file for live progress and computes every statistic from it
 (``xfw.report.measure``); stdout is never parsed.
@@ -55,12 +57,17 @@ FIELDS: dict[str, dict[str, tuple]] = {
 # keys describe what the step trained on (module docstring); ``batch_hashes`` is a list of strings.
 OPTIONAL: dict[str, dict[str, tuple]] = {
     "step": {"grad_norm_l2": _NUM + _NONE, "padded_tokens": _INT, "max_seq_len": _INT, "batch_hashes": _LIST},
-    "window": {"padded_tokens": _INT},
+    # What a run xfw attached to (xfw.contract.probe) can see beyond the adapters' fields: the
+    # micro-batch per process, Paddle's fp32 master gradients, and where its steps end.
+    "applied": {"micro_batch": _INT, "master_grad": _BOOL, "step_boundary": _STR},
+    # "command_log": the window was parsed from a command's log (xfw.run.logparse), not measured by xfw.
+    "window": {"source": _STR, "padded_tokens": _INT},
 }
 PHASES = ("warmup", "measure")
 _MAY_DIVERGE = ("loss", "grad_norm_l2")
 ERROR_STATUSES = ("unsupported", "invalid", "oom", "crashed")
 MEM_SOURCES = ("cuda_allocator", "host_allocator", "peak_rss")
+WINDOW_SOURCES = ("xfw", "command_log")
 
 
 def validate_record(record: Any) -> list[str]:
@@ -86,7 +93,7 @@ def validate_record(record: Any) -> list[str]:
         if key in ("schema", "kind", "rank") or key in expected:
             continue
         if key in optional:
-            if not isinstance(record[key], optional[key]) or isinstance(record[key], bool):
+            if not isinstance(record[key], optional[key]) or (optional[key] is not _BOOL and isinstance(record[key], bool)):
                 problems.append(f"{kind}: {key!r} has type {type(record[key]).__name__}, expected {optional[key]}")
             elif optional[key] is _LIST and not all(isinstance(v, str) for v in record[key]):
                 problems.append(f"{kind}: {key!r} must be a list of strings")
@@ -98,6 +105,8 @@ def validate_record(record: Any) -> list[str]:
         problems.append(f"step: phase must be one of {PHASES}, got {record.get('phase')!r}")
     if kind == "error" and record.get("status") not in ERROR_STATUSES:
         problems.append(f"error: status must be one of {ERROR_STATUSES}, got {record.get('status')!r}")
+    if kind == "window" and record.get("source", "xfw") not in WINDOW_SOURCES:
+        problems.append(f"window: source must be one of {WINDOW_SOURCES}, got {record.get('source')!r}")
     if kind == "applied" and record.get("mem_source") not in MEM_SOURCES:
         problems.append(f"applied: mem_source must be one of {MEM_SOURCES}, got {record.get('mem_source')!r}")
     for key, value in record.items():  # a loss or gradient norm may diverge; a time or a count may not
@@ -128,6 +137,14 @@ class RecordWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+def applied_settings(records: list[dict]) -> dict:
+    """The lowest rank's ``applied`` record without its envelope (rank 0's, or the first rank of a
+    node's part of a multi-node run); {} when there is none."""
+    applied = [r for r in records if r.get("kind") == "applied" and isinstance(r.get("rank"), int)]
+    first = min(applied, key=lambda r: r["rank"], default={})
+    return {k: v for k, v in first.items() if k not in ("schema", "kind", "rank")}
 
 
 def parse_lines(lines: Iterable[str]) -> list[dict]:

@@ -59,6 +59,8 @@ class Measurement:
     """A digest of every micro-batch's hash in (step, rank) order, warm-up included (module docstring)."""
     num_batches: int = 0
     """Micro-batch hashes the digest covers."""
+    source: str = "xfw"
+    """``xfw`` (measured by xfw: its adapter or its probe) or ``command_log`` (:data:`PARSED_NOTE`)."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -66,6 +68,11 @@ class Measurement:
     @classmethod
     def from_dict(cls, data: dict) -> "Measurement":
         return cls(**data)
+
+
+PARSED_NOTE = "parsed from the command's log: not measured by xfw"
+"""What every report says beside a number whose window record has ``"source": "command_log"``
+(a command xfw could not hook; ``backends.<name>.log_pattern``, xfw.run.logparse)."""
 
 
 def _max_or_none(values) -> int | None:
@@ -128,6 +135,7 @@ def summarize(records: list[dict]) -> Measurement:
         seq_len_mean=trained / sum(r["samples"] for r in measured) if padded else None,
         seq_len_max=max(longest) if longest else None,
         batch_digest=digest, num_batches=len(hashes),
+        source="command_log" if any(w.get("source") == "command_log" for w in windows.values()) else "xfw",
     )
 
 

@@ -7,7 +7,7 @@ the model (CLIP square, LLaVA-1.6 AnyRes tiles, Qwen2-VL's dynamic resolution, S
 crop). Both adapters read that directory, so both train on bit-identical batches, and neither
 does any preprocessing of its own::
 
-    prepared = prepare(recipe, arch)   # {"directory": ".../<key>", "stats": {...}}
+    prepared = prepare(recipe, arch)   # {"directory": ".../<key>", "stats": {...}, "fingerprint": key}
     # ~/.cache/xfw/data/llava_json-3f2a.../{index.json, input_ids.npy, ...}
 
 The directory's name is a key over everything the result depends on: the content of the data
@@ -114,6 +114,6 @@ def prepare(recipe, arch: dict) -> dict:
         except OSError as err:
             raise DataError(f"data.cache: cannot write the prepared data to {directory.parent} "
                             f"({err.strerror or err})") from None
-    result = {"directory": str(directory), "stats": index["stats"]}
+    result = {"directory": str(directory), "stats": index["stats"], "fingerprint": key}
     _PREPARED[memo] = result
     return result
