@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,15 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKES = Path(__file__).resolve().parent / "fakes"
+# Real data the tests prepare (the tiny recipes' fixtures, in-test data) goes to one directory per
+# test session, shared by every test and every xfw process they start, and never to ~/.cache.
+TEST_DATA_CACHE = os.environ["XFW_CACHE_DIR"] = tempfile.mkdtemp(prefix="xfw-test-data-")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import shutil
+
+    shutil.rmtree(TEST_DATA_CACHE, ignore_errors=True)
 
 
 def interpreter(backend: str) -> Path:

@@ -135,6 +135,8 @@ def validate(recipes, overrides, print_spec) -> None:
         click.echo(f"{path}: ok ({recipe.name}: {recipe.model.preset} {recipe.stage}, "
                    f"global batch {recipe.batch.global_size} = micro {recipe.batch.micro} x "
                    f"{recipe.num_processes} proc x {recipe.grad_accum_steps} accum)")
+        if recipe.data.kind != "synthetic":
+            click.echo(f"  {workflow.data_summary(recipe)}")
         if print_spec:
             click.echo(json.dumps(to_dict(recipe), indent=2))
 

@@ -82,6 +82,17 @@ def load_all(paths: list[str], overrides: list[str]) -> list[Recipe]:
     return recipes
 
 
+def data_summary(recipe: Recipe) -> str:
+    """One line on a recipe's prepared real data (``xfw validate``): samples, lengths, where it is."""
+    data = resolve_spec(recipe, backend="validate", run_id="validate")["data"]
+    stats = data["stats"]
+    text = f"data: {stats['num_samples']} samples, {stats['num_images']} images"
+    if stats.get("max_seq_len"):
+        text += (f", sequence length mean {stats['mean_seq_len']:.1f} / max {stats['max_seq_len']} "
+                 f"({stats['truncated']} cut at data.seq_len), template {stats['template']}")
+    return f"{text}; prepared in {data['prepared']}"
+
+
 def prepare_backends(names: list[str], interpreters: dict[str, str], recipes: list[Recipe] = ()) -> jobs.Backends:
     """Resolve and describe each backend (fails fast, before any launch). A backend that runs a
     command in every one of ``recipes`` needs no interpreter and no description (xfw.run.command)."""

@@ -88,3 +88,23 @@ def test_the_compare_html_is_the_whole_report_and_a_browser_renders_it(tmp_path)
 
     text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", dom)
     assert "NaN" not in text and ">None<" not in text  # numbers formatted, never a raw frame dump
+
+
+def test_compare_on_real_data_trains_both_backends_on_identical_batches(tmp_path):
+    """A tiny llava_json recipe (LLaVA-1.6 grids mixed in a micro-batch, padding) and a tiny
+    image_captions one in one command: each side reads the prepared data through its own DataLoader
+    inside the timed loop, and the report shows the two sides' micro-batch hashes equal."""
+    out = tmp_path / "out"
+    result = xfw("compare", "recipes/tiny/llava_next_json_sft.yaml", "recipes/tiny/sd15_captions.yaml",
+                 "--backends", "paddle,torch", "--out", out, "--set", "measure.warmup_steps=1", "--set", "measure.steps=3",
+                 # one loader worker process per side: the batches a worker reads are the same batches
+                 "--set", "backends.torch.loader_workers=1", "--set", "backends.paddle.loader_workers=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("Batches: identical on both sides (8 micro-batch hashes equal") == 2
+    assert "different batches" not in result.stdout
+    assert result.stdout.count("✓ |") == 2  # both rows: equal parameter counts on both sides
+    padding = next(line for line in result.stdout.splitlines() if line.startswith("| padding |"))
+    paddle_cell, torch_cell = [c.strip() for c in padding.strip("|").split("|")][1:3]
+    assert paddle_cell == torch_cell and paddle_cell.endswith("%")
+    llava = json.loads((out / "tiny-llava-next-json-sft" / "torch" / "summary.json").read_text())["measurement"]
+    assert 0 < llava["padding_fraction"] < 1 and llava["tokens_per_s"] > 0 and llava["seq_len_max"] <= 128

@@ -38,7 +38,7 @@ CASES += [
      ["stage=lora", _lora(", ".join(families.family_module("qwen2vl").LORA_TARGETS))]),
     ("tiny/sd3_lora_all_targets", RECIPES / "tiny" / "sd3_lora.yaml",
      [_lora(", ".join(families.family_module("sd3").LORA_TARGETS))]),
-    ("qwen2vl7b_lora", RECIPES / "qwen2vl7b_sft.yaml", ["stage=lora", _lora("q_proj, v_proj")]),
+    ("qwen2vl7b_lora", RECIPES / "qwen2vl7b_sft.yaml", ["stage=lora", "model.trainable=null", _lora("q_proj, v_proj")]),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -82,7 +82,7 @@ def counted(tmp_path_factory) -> dict:
 def test_both_backends_hold_the_familys_parameters(counted, case):
     cid = case[0]
     spec = spec_of(case, "torch")
-    expected = families.analytic_counts(spec["model"]["arch"], spec["stage"], spec["lora"])
+    expected = families.analytic_counts(spec["model"]["arch"], spec["stage"], spec["lora"], spec["model"]["trainable"])
     got = {backend: counted[backend][cid] for backend in BACKENDS}
     for backend, entry in got.items():
         assert "status" not in entry, f"{backend}: {entry['status']}: {entry['message']}"

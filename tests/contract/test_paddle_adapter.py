@@ -154,7 +154,7 @@ SAME_WEIGHTS_LOGITS = """
     import numpy as np
     import paddle
     from xfw_paddle.families import llava
-    from xfw_paddle.session import canonical_names, load_weights
+    from xfw_paddle.session import canonical_names, device_batch, load_weights
 
     def load(model, family, directory, lora=False):
         # The production path: a neutral weight file under canonical names, converted and checked strictly.
@@ -165,9 +165,11 @@ SAME_WEIGHTS_LOGITS = """
     model = llava.build(arch, use_sdpa=True, recompute=False)
     model.eval()
     load(model, "llava", weights)
-    b = {k: paddle.to_tensor(batch[k]) for k in batch.files}
+    # The production path for a batch too: numpy in, the family's host-side inputs (AnyRes indices) added.
+    b = device_batch(llava, arch, {k: batch[k] for k in batch.files}, gpu=False)
     with paddle.no_grad():
-        logits = model(b["pixel_values"], b["input_ids"], b["attention_mask"], b.get("image_sizes"))
+        logits = model(b["pixel_values"], b["input_ids"], b["attention_mask"],
+                       anyres_tiles=b.get("anyres_tiles"), anyres_features=b.get("anyres_features"))
         loss = llava.causal_lm_loss(logits, b["labels"])
     np.savez(out, logits=logits.numpy(), loss=loss.numpy())
 """

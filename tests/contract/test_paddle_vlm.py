@@ -85,7 +85,7 @@ SAME_WEIGHTS_QWEN = """
     import numpy as np
     import paddle
     from xfw_paddle.families import qwen2vl
-    from xfw_paddle.session import canonical_names, load_weights
+    from xfw_paddle.session import canonical_names, device_batch, load_weights
 
     def load(model, family, directory, lora=False):
         # The production path: a neutral weight file under canonical names, converted and checked strictly.
@@ -96,9 +96,11 @@ SAME_WEIGHTS_QWEN = """
     model = qwen2vl.build(arch, use_sdpa=sys.argv[5] == "sdpa", recompute=False)
     model.eval()
     load(model, "qwen2vl", weights)
-    b = {k: paddle.to_tensor(batch[k]) for k in batch.files}
+    # The production path for a batch too: numpy in, the family's host-side inputs (grids' patches) added.
+    b = device_batch(qwen2vl, arch, {k: batch[k] for k in batch.files}, gpu=False)
     with paddle.no_grad():
-        logits = model(b["pixel_values"], b["input_ids"], b["position_ids"])
+        logits = model(b["pixel_values"], b["input_ids"], b["position_ids"], b["vision_positions"],
+                       b["vision_lengths"])
         loss = qwen2vl.causal_lm_loss(logits, b["labels"])
     np.savez(out, logits=logits.numpy(), loss=loss.numpy())
 """
@@ -169,7 +171,7 @@ SAME_WEIGHTS_LORA = """
     import importlib, json, sys
     import numpy as np
     import paddle
-    from xfw_paddle.session import apply_lora, lora_target
+    from xfw_paddle.session import apply_lora, device_batch, lora_target
 
     family = importlib.import_module("xfw_paddle.families." + sys.argv[1])
     from xfw_paddle.session import canonical_names, load_weights
@@ -186,10 +188,12 @@ SAME_WEIGHTS_LORA = """
     apply_lora(lora_target(arch, model), lora)
     load(model, sys.argv[1], weights, lora=True)
     model.eval()
-    b = {k: paddle.to_tensor(batch[k]) for k in batch.files}
+    b = device_batch(family, arch, {k: batch[k] for k in batch.files}, gpu=False)
     with paddle.no_grad():
-        logits = (model(b["pixel_values"], b["input_ids"], b["position_ids"]) if sys.argv[1] == "qwen2vl"
-                  else model(b["pixel_values"], b["input_ids"], b["attention_mask"], b.get("image_sizes")))
+        logits = (model(b["pixel_values"], b["input_ids"], b["position_ids"], b["vision_positions"], b["vision_lengths"])
+                  if sys.argv[1] == "qwen2vl" else
+                  model(b["pixel_values"], b["input_ids"], b["attention_mask"], anyres_tiles=b.get("anyres_tiles"),
+                        anyres_features=b.get("anyres_features")))
     np.savez(out, logits=logits.numpy())
 """
 

@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT, require_interpreter
 from xfw.run import launcher, parity
 from xfw.contract import weights
+from xfw.report.results import RunResult
 from xfw.run.recipe import load_recipe
 
 pytestmark = pytest.mark.contract
@@ -22,7 +23,10 @@ pytestmark = pytest.mark.contract
 STEPS = 3
 BACKENDS = ("torch", "paddle")  # the reference (exports the start) first
 RECIPES = {"llava": "recipes/tiny/llava_sft.yaml", "qwen2vl": "recipes/tiny/qwen2vl_sft.yaml",
-           "sd15": "recipes/tiny/sd15_pretrain.yaml", "llava-lora": "recipes/tiny/llava_lora.yaml"}
+           "sd15": "recipes/tiny/sd15_pretrain.yaml", "llava-lora": "recipes/tiny/llava_lora.yaml",
+           # Real batches (llava_json): LLaVA-1.6 grids mixed in one micro-batch, unpadding, a text-only
+           # sample, padding to the longest, clipping at 1.0; Qwen2-VL patch grids mixed likewise.
+           "llava-next-json": "recipes/tiny/llava_next_json_sft.yaml", "qwen2vl-json": "recipes/tiny/qwen2vl_json_sft.yaml"}
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +52,9 @@ def test_both_backends_train_the_same_model_from_the_same_weights(parity_runs, f
     for run_dir in report.run_dirs.values():  # every side ran fp32 O0 from the shared export
         spec = json.loads((ROOT / run_dir / "spec.json").read_text())
         assert spec["model"]["weights"] == report.weights_dir and spec["precision"]["amp_level"] == "O0"
+    # ... on bit-identical batches: every micro-batch's hash equal on both sides.
+    digests = {RunResult.load(ROOT / d).measurement.batch_digest for d in report.run_dirs.values()}
+    assert len(digests) == 1 and None not in digests
 
 
 def test_lora_runs_start_from_the_same_adapters_so_every_step_matches_to_rounding(parity_runs):

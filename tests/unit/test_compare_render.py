@@ -183,3 +183,25 @@ def test_the_params_column_shows_trainable_counts_and_a_cross_when_only_they_dif
     cell = contrast.fmt_params(rows[0], ["paddle", "torch"])
     assert cell == "7,063,000,000 / 7,063,000,000 (trainable 6,272 / 6,336) ✗ differ"
     assert any("6,272 trainable" in w for w in rows[0].warnings)
+
+
+def test_the_report_says_whether_both_sides_trained_on_identical_batches():
+    import dataclasses
+
+    def with_data(r, digest):
+        r.measurement = dataclasses.replace(r.measurement, batch_digest=digest, num_batches=40, padding_fraction=0.125,
+                                            seq_len_mean=68.0, seq_len_max=80)
+        return r
+
+    same = compare_runs([with_data(result("paddle", 82.0), "ab" * 16), with_data(result("torch", 65.0), "ab" * 16)],
+                        ["paddle", "torch"])
+    text = report_markdown(same)
+    assert "Batches: identical on both sides (40 micro-batch hashes equal, digest abababababab…)." in text
+    assert "| padding | 12.5% | 12.5% |" in text and "| seq_len_mean_max | 68.0 / 80 | 68.0 / 80 |" in text
+    assert "different batches" not in text
+    differ = compare_runs([with_data(result("paddle", 82.0), "ab" * 16), with_data(result("torch", 65.0), "cd" * 16)],
+                          ["paddle", "torch"])
+    text = report_markdown(differ)
+    assert "⚠ llava7b-sft: the sides trained on different batches (micro-batch hashes: paddle abababababab… over 40, " \
+           "torch cdcdcdcdcdcd… over 40)" in text
+    assert "Batches: **differ** between the sides" in text

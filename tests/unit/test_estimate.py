@@ -84,7 +84,7 @@ def test_sd15_blocks_count_what_diffusers_keeps_for_backward():
 
 
 def test_sd15_activations_scale_with_batch_and_pixels_and_recompute_keeps_only_block_inputs():
-    arch = spec_of(ROOT / "recipes" / "sd15_pretrain.yaml")["model"]["arch"]
+    arch = spec_of(ROOT / "recipes" / "sd15_lora.yaml")["model"]["arch"]  # 512 px
     small = {**arch, "data": {**arch["data"], "image_size": 256}}
     for fn in (lambda a, b: sd15.unet_activation_bytes(a, b, act=2, autocast=True, recompute=True),
                lambda a, b: sd15.unet_activation_bytes(a, b, act=2, autocast=True, recompute=False),

@@ -26,7 +26,7 @@ import time
 import traceback
 from typing import Any, Callable, Protocol
 
-from xfw.contract import lifeline
+from xfw.contract import batches, lifeline
 from xfw.contract import records as rec
 from xfw.contract import synthetic
 
@@ -53,6 +53,8 @@ class Session(Protocol):
     num_ranks: int
 
     def to_device(self, batch: dict) -> Any: ...
+    # Optional: ``batches(dataset)`` -> iterator of (device batch, description as numpy): the
+    # adapter's own DataLoader over a MicroBatches data set (prepared data; ``loader_settings``).
     def train_step(self, micro_batches: list) -> Any:
         """One optimizer step over the micro-batches (gradient accumulation); returns the
         loss as a framework scalar, still on the device."""
@@ -90,32 +92,76 @@ def wants_grad_norm(spec: dict) -> bool:
     return wanted
 
 
-def _micro_batches(pool: list, step: int, accum: int) -> list:
-    slot = step % (len(pool) // accum)
-    return [pool[slot * accum + i] for i in range(accum)]
+LOADER_KNOBS = ("loader_workers", "loader_prefetch")
+"""Backend knobs every adapter accepts for prepared data: its DataLoader's worker processes
+(default 0: batches are read in the training process, as PaddleMIX's scripts do) and batches
+each worker prefetches (default 2)."""
+
+
+def loader_settings(spec: dict) -> tuple[int, int]:
+    """(workers, prefetch per worker) from the backend knobs, checked (InvalidSpec)."""
+    knobs, out = spec["backend_knobs"], []
+    for knob, default, low in zip(LOADER_KNOBS, (0, 2), (0, 1)):
+        value = knobs.get(knob, default)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 256:
+            raise InvalidSpec(f"backends.{spec.get('backend', '<backend>')}.{knob}: must be an integer in "
+                              f"[{low}, 256], got {value!r}")
+        out.append(value)
+    return out[0], out[1]
+
+
+class _Steps:
+    """The micro-batches of each optimizer step, with their descriptions (``xfw.contract.batches``).
+
+    Synthetic data: a pool made and converted before anything is timed, cycled. Prepared data: the
+    adapter's own DataLoader over :class:`~xfw.contract.batches.MicroBatches` (``Session.batches``),
+    consumed inside the timed loop as real training consumes it; an adapter without one converts
+    each batch where it is read."""
+
+    def __init__(self, spec: dict, session: Session):
+        self.accum = spec["derived"]["grad_accum_steps"]
+        if spec["data"]["kind"] == "synthetic":
+            pool_np = synthetic.make_pool(spec, session.rank)
+            metas = [batches.unpack(batches.describe(b)) for b in pool_np]
+            pool = [session.to_device(b) for b in pool_np]  # converted before anything is timed
+            # Each pool slot's micro-batches and descriptions, ready to hand out as they are.
+            self.slots = [(pool[k:k + self.accum], metas[k:k + self.accum]) for k in range(0, len(pool), self.accum)]
+            self.stream = None
+        else:
+            dataset = batches.MicroBatches(spec, session.rank)
+            iterate = getattr(session, "batches", None)
+            self.stream = iter(iterate(dataset) if iterate else ((session.to_device(b), m) for b, m in dataset))
+
+    def next(self, step: int) -> tuple[list, list[tuple[int, int, int, str]]]:
+        if self.stream is None:
+            return self.slots[step % len(self.slots)]
+        items = [next(self.stream) for _ in range(self.accum)]
+        return [b for b, _ in items], [batches.unpack(m) for _, m in items]
 
 
 def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None:
     warmup, steps = spec["measure"]["warmup_steps"], spec["measure"]["steps"]
-    accum = spec["derived"]["grad_accum_steps"]
-    pool_np = synthetic.make_pool(spec, session.rank)
-    samples = spec["batch"]["micro"] * accum
-    tokens = sum(synthetic.num_tokens(pool_np[i]) for i in range(accum))
-    pool = [session.to_device(b) for b in pool_np]  # converted before anything is timed
+    samples = spec["batch"]["micro"] * spec["derived"]["grad_accum_steps"]
+    data = _Steps(spec, session)
     with_grad_norm = wants_grad_norm(spec)
     grad_norms: list[float] = []  # index: step; filled only when asked (parity)
+    described: list[list[tuple[int, int, int, str]]] = []  # index: step; each micro-batch's description
     writer.start(num_ranks=session.num_ranks, warmup_steps=warmup, steps=steps)
 
     def write_step(step: int, phase: str, time_s: float, loss: float | None) -> None:
         alloc, reserved = session.memory_peaks()
         extra = {"grad_norm_l2": grad_norms[step]} if with_grad_norm else {}
-        writer.write("step", step=step, phase=phase, step_time_s=time_s, samples=samples, tokens=tokens,
-                     loss=loss, mem_alloc_peak_bytes=alloc, mem_reserved_peak_bytes=reserved, **extra)
+        tokens, padded, longest, hashes = zip(*described[step])
+        writer.write("step", step=step, phase=phase, step_time_s=time_s, samples=samples, tokens=sum(tokens),
+                     loss=loss, mem_alloc_peak_bytes=alloc, mem_reserved_peak_bytes=reserved,
+                     padded_tokens=sum(padded), max_seq_len=max(longest), batch_hashes=list(hashes), **extra)
 
     # Warm-up: synchronised every step (it is excluded, so the syncs cost nothing we report).
     for step in range(warmup):
         t0 = time.perf_counter()
-        loss = session.train_step(_micro_batches(pool, step, accum))
+        micro_batches, metas = data.next(step)
+        described.append(metas)
+        loss = session.train_step(micro_batches)
         session.synchronize()  # SYNC: warm-up only
         if with_grad_norm:
             grad_norms.append(session.grad_norm())
@@ -124,12 +170,15 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
     # Measured window. Sync once before and once after; inside, only timestamps and
     # asynchronous loss copies, drained as the device passes them (for live progress).
     # Records are written at most once per DRAIN_INTERVAL_S inside the window, so the cost of
-    # writing them (json, flush, allocator stats) stays out of short steps' times.
+    # writing them (json, flush, allocator stats) stays out of short steps' times. Prepared data
+    # is read inside the window (each step's time includes fetching its micro-batches).
     session.synchronize()  # SYNC: window start
     t_start = t_drain = time.perf_counter()
     stamps, tokens_pending, written = [session.timestamp()], [], 0
     for i in range(steps):
-        loss = session.train_step(_micro_batches(pool, warmup + i, accum))
+        micro_batches, metas = data.next(warmup + i)
+        described.append(metas)
+        loss = session.train_step(micro_batches)
         tokens_pending.append(session.loss_token(loss))
         stamps.append(session.timestamp())
         if with_grad_norm:  # SYNC: parity only (wants_grad_norm); its step times are not a measurement
@@ -146,7 +195,10 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
     for j in range(written, steps):
         write_step(warmup + j, "measure", session.elapsed_s(stamps[j], stamps[j + 1]),
                    session.loss_value(tokens_pending[j]))
-    writer.write("window", window_time_s=window_s, num_steps=steps, samples=samples * steps, tokens=tokens * steps)
+    measured = described[warmup:]
+    writer.write("window", window_time_s=window_s, num_steps=steps, samples=samples * steps,
+                 tokens=sum(m[0] for metas in measured for m in metas),
+                 padded_tokens=sum(m[1] for metas in measured for m in metas))
     writer.write("applied", **session.applied())
 
 

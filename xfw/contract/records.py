@@ -8,8 +8,11 @@ keys. Each rank writes, in order: ``start``, ``step`` x (warm-up + measured), ``
      "samples": 16, "tokens": 65536, "loss": 3.218, "mem_alloc_peak_bytes": 1048576,
      "mem_reserved_peak_bytes": null}
 
-A step record may also carry ``grad_norm_l2`` (:data:`OPTIONAL`), only when the run asked for it;
-a run xfw attached to (``xfw.contract.probe``) adds a few ``applied`` fields, and a window parsed
+A step record may also carry (:data:`OPTIONAL`) ``grad_norm_l2``, only when the run asked for it,
+and what the step's data was: ``padded_tokens`` (sequence positions with padding; ``tokens``
+counts only the trained ones), ``max_seq_len`` (its longest sample) and ``batch_hashes`` (one
+hash per micro-batch, ``xfw.contract.batches.batch_hash``); the window record ``padded_tokens``.
+A run xfw attached to (``xfw.contract.probe``) adds a few ``applied`` fields, and a window parsed
 from a command's log says so (``"source": "command_log"``).
 
 The core tails the file for live progress and computes every statistic from it
@@ -27,7 +30,7 @@ from typing import Any, Iterable
 
 RECORD_SCHEMA = 1
 
-_INT, _NUM, _STR, _BOOL = (int,), (int, float), (str,), (bool,)
+_INT, _NUM, _STR, _BOOL, _LIST = (int,), (int, float), (str,), (bool,), (list,)
 _NONE = (type(None),)
 
 # kind -> {key: accepted types}. Keys beginning with "version_" are allowed in "applied".
@@ -50,14 +53,15 @@ FIELDS: dict[str, dict[str, tuple]] = {
 }
 # kind -> {key: accepted types} that a record may carry, only when asked for. ``grad_norm_l2``:
 # the global L2 norm of the trainable parameters' gradients before the optimizer step (parity
-# asks for it; reading it is a host sync every step, so measured runs never carry it).
+# asks for it; reading it is a host sync every step, so measured runs never carry it). The data
+# keys describe what the step trained on (module docstring); ``batch_hashes`` is a list of strings.
 OPTIONAL: dict[str, dict[str, tuple]] = {
-    "step": {"grad_norm_l2": _NUM + _NONE},
+    "step": {"grad_norm_l2": _NUM + _NONE, "padded_tokens": _INT, "max_seq_len": _INT, "batch_hashes": _LIST},
     # What a run xfw attached to (xfw.contract.probe) can see beyond the adapters' fields: the
     # micro-batch per process, Paddle's fp32 master gradients, and where its steps end.
     "applied": {"micro_batch": _INT, "master_grad": _BOOL, "step_boundary": _STR},
     # "command_log": the window was parsed from a command's log (xfw.run.logparse), not measured by xfw.
-    "window": {"source": _STR},
+    "window": {"source": _STR, "padded_tokens": _INT},
 }
 PHASES = ("warmup", "measure")
 _MAY_DIVERGE = ("loss", "grad_norm_l2")
@@ -91,6 +95,8 @@ def validate_record(record: Any) -> list[str]:
         if key in optional:
             if not isinstance(record[key], optional[key]) or (optional[key] is not _BOOL and isinstance(record[key], bool)):
                 problems.append(f"{kind}: {key!r} has type {type(record[key]).__name__}, expected {optional[key]}")
+            elif optional[key] is _LIST and not all(isinstance(v, str) for v in record[key]):
+                problems.append(f"{kind}: {key!r} must be a list of strings")
             continue
         if kind == "applied" and key.startswith("version_") and isinstance(record[key], str):
             continue

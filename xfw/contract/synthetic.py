@@ -12,14 +12,32 @@ framework RNG::
 
 The pool is generated before the timed window and cycled through it, so data generation is
 never timed.
+
+With ``data.text_tokens: {dist: uniform, min, max}`` every sample draws its own number of text
+tokens (seeded by its place, like the rest of it), and a micro-batch is padded to its longest
+sample (``xfw.contract.families.collate``): a stand-in for real data's length spread when the
+data itself is not at hand.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from xfw.contract.families import family_module
+from xfw.contract.batches import token_counts
+from xfw.contract.families import collate, family_module, fixed_tokens, with_seq_len
 from xfw.contract.families.llava import IGNORE_INDEX  # noqa: F401 - re-exported for adapters and tests
+
+DISTRIBUTIONS = ("uniform",)
+
+
+def text_length(spec: dict, slot: int, index: int) -> int | None:
+    """The sample's number of text tokens under ``data.text_tokens`` (None: the fixed ``seq_len``),
+    drawn from its own stream, so the rest of the sample is drawn as without a distribution."""
+    dist = spec["data"].get("text_tokens")
+    if not dist:
+        return None
+    rng = np.random.default_rng([spec["data"]["seed"], slot, index, 1])
+    return int(rng.integers(dist["min"], dist["max"] + 1))
 
 
 def sample(spec: dict, slot: int, index: int) -> dict[str, np.ndarray]:
@@ -27,12 +45,11 @@ def sample(spec: dict, slot: int, index: int) -> dict[str, np.ndarray]:
     global batch, never by rank, so 1 process x 8 micro-batches and 8 processes x 1 see the
     very same samples in every optimizer step."""
     arch = spec["model"]["arch"]
+    text = text_length(spec, slot, index)
+    if text is not None:
+        arch = with_seq_len(arch, fixed_tokens(arch) + text)
     rng = np.random.default_rng([spec["data"]["seed"], slot, index])
     return family_module(arch["family"]).make_batch(arch, 1, rng)
-
-
-def _stack(samples: list[dict[str, np.ndarray]], axes: dict[str, int]) -> dict[str, np.ndarray]:
-    return {k: np.concatenate([s[k] for s in samples], axis=axes.get(k, 0)) for k in samples[0]}
 
 
 def make_pool(spec: dict, rank: int) -> list[dict[str, np.ndarray]]:
@@ -42,18 +59,16 @@ def make_pool(spec: dict, rank: int) -> list[dict[str, np.ndarray]]:
     holds global samples ``(rank * accum + i) * micro`` onwards.
     """
     arch = spec["model"]["arch"]
-    axes = getattr(family_module(arch["family"]), "BATCH_AXES", {})
     micro, accum = spec["batch"]["micro"], spec["derived"]["grad_accum_steps"]
     pool = []
     for slot in range(spec["data"]["pool_size"]):
         for i in range(accum):
             first = (rank * accum + i) * micro
-            pool.append(_stack([sample(spec, slot, first + k) for k in range(micro)], axes))
+            pool.append(collate(arch, [sample(spec, slot, first + k) for k in range(micro)]))
     return pool
 
 
 def num_tokens(batch: dict[str, np.ndarray]) -> int:
-    """Sequence positions the language model trains on (image tokens included); 0 if none.
-    Only batches with LM labels count: SD1.5's input_ids are CLIP prompt ids, not trained tokens."""
-    ids = batch.get("input_ids") if "labels" in batch else None
-    return int(ids.size) if ids is not None else 0
+    """Sequence positions the language model trains on (image tokens included, padding not); 0 if
+    none. Only batches with LM labels count: SD1.5's input_ids are CLIP prompt ids, not trained tokens."""
+    return token_counts(batch)[0]

@@ -10,6 +10,10 @@ as in seed 003::
 Repeats of the same (recipe, variant, backend) collapse to their median, with the spread kept; a
 contrast smaller than the spread is flagged as within noise. A failed side keeps its row,
 with the status and reason in place of numbers.
+
+What each side trained on is compared too (``Measurement.batch_digest``): equal digests mean
+bit-identical micro-batches on both sides (``row.data_line`` says so); different ones are a
+warning. The padding fraction and the mean/longest sequence trained are shown per side.
 """
 
 from __future__ import annotations
@@ -65,6 +69,9 @@ class Side:
     env: dict = field(default_factory=dict)
     """The first run's env.json: host, Python, xfw commit, the backend's description."""
     run_dirs: list[str] = field(default_factory=list)
+    data: dict = field(default_factory=dict)
+    """What the side trained on (its first ok run's): padding_fraction, seq_len_mean, seq_len_max,
+    batch_digest, num_batches (``xfw.report.measure.Measurement``)."""
 
     @property
     def ok(self) -> bool:
@@ -94,6 +101,8 @@ class ComparisonRow:
     warnings: list[str] = field(default_factory=list)
     parity: dict | None = None
     """This recipe's parity status (``xfw.run.parity.find_parity``); None when nobody looked."""
+    data_line: str = ""
+    """Whether both sides trained on identical batches (their micro-batch hashes); "" when unknown."""
 
 
 def device_of(r: RunResult) -> str:
@@ -125,8 +134,38 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
         side.mem_alloc_peak_bytes = _median(x.mem_alloc_peak_bytes for x in m)
         side.mem_reserved_peak_bytes = _median(x.mem_reserved_peak_bytes for x in m)
         side.mem_source, side.mfu = m[0].mem_source, _median(r.mfu for r in ok)
+        side.data = {k: getattr(m[0], k) for k in DATA_KEYS}
         side.source = "command_log" if any(x.source == "command_log" for x in m) else "xfw"
     return side
+
+
+DATA_KEYS = ("padding_fraction", "seq_len_mean", "seq_len_max", "batch_digest", "num_batches")
+
+
+def compare_data(row: ComparisonRow) -> None:
+    """The sides' micro-batch hashes compared (a warning when they differ, ``data_line`` either way),
+    and each side's padding and sequence lengths in the settings."""
+    sides = {name: s for name, s in row.sides.items() if s.ok and s.data.get("batch_digest")}
+    if not sides:
+        return
+    digests = {name: s.data["batch_digest"] for name, s in sides.items()}
+    counts = {name: s.data["num_batches"] for name, s in sides.items()}
+    row.settings["batch_hashes"] = {name: f"{digests[name][:12]}… ({counts[name]} micro-batches)" for name in sides}
+    if any(s.data.get("padding_fraction") is not None for s in sides.values()):
+        row.settings["padding"] = {name: f"{s.data['padding_fraction']:.1%}" for name, s in sides.items()
+                                   if s.data.get("padding_fraction") is not None}
+        row.settings["seq_len_mean_max"] = {name: f"{s.data['seq_len_mean']:.1f} / {s.data['seq_len_max']}"
+                                            for name, s in sides.items() if s.data.get("seq_len_mean") is not None}
+    if len(sides) < 2:
+        return
+    if len(set(digests.values())) == 1 and len(set(counts.values())) == 1:
+        row.data_line = (f"Batches: identical on both sides ({next(iter(counts.values()))} micro-batch hashes equal, "
+                         f"digest {next(iter(digests.values()))[:12]}…).")
+    else:
+        row.differing.append("batch_hashes")
+        row.data_line = "Batches: **differ** between the sides (see the warnings)."
+        row.warnings.append("the sides trained on different batches (micro-batch hashes: "
+                            + ", ".join(f"{k} {v[:12]}… over {counts[k]}" for k, v in digests.items()) + ")")
 
 
 def collapse(results: list[RunResult]) -> list[Side]:
@@ -195,6 +234,7 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
             if len(values) >= 2 and len({repr(v) for v in values.values()}) > 1 and key not in _EXPECTED_TO_DIFFER:
                 row.differing.append(key)
                 row.warnings.append(f"{key} differs: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    compare_data(row)
     sources = {s.mem_source for s in sides.values() if s.ok and s.mem_source}  # a parsed log has none
     if len(sources) > 1:
         row.warnings.append("memory is measured from different sources (" + ", ".join(sorted(sources))

@@ -145,9 +145,9 @@ def settings_blocks(rows: list[ComparisonRow], backends: list[str]) -> list:
     settings and parity are the same (the points of a sweep, often) share one table."""
     groups: list[tuple[str, list[ComparisonRow]]] = []
     for row in rows:
-        if not row.settings and row.parity is None:
+        if not row.settings and row.parity is None and not row.data_line:
             continue
-        key = json.dumps([row.settings, row.differing, row.parity], sort_keys=True, default=str)
+        key = json.dumps([row.settings, row.differing, row.parity, row.data_line], sort_keys=True, default=str)
         same = next((g for k, g in groups if k == key), None)
         if same is None:
             groups.append((key, [row]))
@@ -163,6 +163,8 @@ def settings_blocks(rows: list[ComparisonRow], backends: list[str]) -> list:
         blocks.append(Heading(heading, level=4))
         if row.parity is not None:
             blocks.append(Paragraph(parity_line(row.parity)))
+        if row.data_line:
+            blocks.append(Paragraph(row.data_line))
         if row.settings:
             cells = [[key, *(str(values.get(b, "–")) for b in backends), "⚠ differs" if key in row.differing else ""]
                      for key, values in row.settings.items()]
@@ -254,6 +256,8 @@ def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict
                 f"{name}_num_params_total": s.applied.get("num_params_total"),
                 f"{name}_num_params_trainable": s.applied.get("num_params_trainable"),
                 f"{name}_compute_dtype": s.applied.get("compute_dtype"), f"{name}_num_repeats": s.num_repeats,
+                **{f"{name}_{k}": s.data.get(k) for k in ("padding_fraction", "seq_len_mean", "seq_len_max",
+                                                        "batch_digest")},
                 f"{name}_measured_by": PARSED_NOTE if is_parsed(s) else "xfw",
             })
         out.append(rec)

@@ -37,9 +37,17 @@ AMP_SETTINGS = (("fp32", "O0"), ("bf16", "O1"), ("bf16", "O2"))
 
 
 def trainable_params(spec: dict) -> tuple[int, int]:
-    """(trainable, total) parameters of the spec's model, LoRA adapters included."""
-    counts = families.analytic_counts(spec["model"]["arch"], spec["stage"], spec.get("lora"))
+    """(trainable, total) parameters of the spec's model, LoRA adapters and ``model.trainable`` included."""
+    counts = families.analytic_counts(spec["model"]["arch"], spec["stage"], spec.get("lora"),
+                                      spec["model"].get("trainable"))
     return counts["trainable"], counts["total"]
+
+
+def peak_arch(spec: dict) -> dict:
+    """The architecture at the longest sequence the run can train (``data.longest``: variable-length
+    synthetic data's or real data's longest sample; ``data.seq_len`` is then only a cap)."""
+    arch, longest = spec["model"]["arch"], spec["data"].get("longest")
+    return families.with_seq_len(arch, longest) if longest and arch["data"].get("seq_len") else arch
 
 
 def model_state_bytes(total: int, trainable: int, *, amp_level: str, sharding: str, num_processes: int) -> dict:
@@ -55,7 +63,7 @@ def model_state_bytes(total: int, trainable: int, *, amp_level: str, sharding: s
 
 def activation_bytes(spec: dict, *, recompute: bool) -> float | None:
     """Stored activations at the peak for one micro-batch on one GPU; None where not estimated."""
-    return families.activation_bytes(spec["model"]["arch"], spec["batch"]["micro"],
+    return families.activation_bytes(peak_arch(spec), spec["batch"]["micro"],
                                      dtype=spec["precision"]["dtype"], recompute=recompute)
 
 
@@ -87,6 +95,10 @@ def estimate(spec: dict) -> Estimate:
     note = families.activation_note(spec["model"]["arch"], spec["batch"]["micro"], dtype=spec["precision"]["dtype"],
                                     recompute=recompute)
     notes = [note] if note else []
+    longest, cap = spec["data"].get("longest"), spec["model"]["arch"]["data"].get("seq_len")
+    if longest and cap and longest != cap:
+        notes.append(f"activations at the longest sample the data can hold, {longest} tokens (data.seq_len {cap} "
+                     "is only a cap here)")
     if activations is None:
         notes.append(f"no activation estimate for the {spec['model']['arch']['family']} family: model states only")
     return Estimate(states=states, activations=activations,

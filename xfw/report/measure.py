@@ -7,13 +7,20 @@ memory are computed identically for every framework::
     >>> m.ips, m.step_time_median_s, m.mem_alloc_peak_bytes
 
 Throughput is global: each rank's samples in its measured window divided by that window's
-time, summed over ranks (seed 003's "ips"). Warm-up steps never enter a statistic of speed or
-memory; ``loss_first`` is the first recorded loss, warm-up included (the loss a run started from).
+time, summed over ranks (seed 003's "ips"); tokens/s counts trained tokens only, never padding.
+Warm-up steps never enter a statistic of speed or memory; ``loss_first`` is the first recorded
+loss, warm-up included (the loss a run started from).
+
+What the run trained on comes from the step records' data keys (``xfw.contract.records``): the
+padding fraction and the mean and longest sequence of the measured steps, and ``batch_digest``, one
+digest over every micro-batch's hash (warm-up included) in (step, rank) order: two runs with the
+same digest trained on bit-identical batches.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass, field
 
@@ -42,6 +49,16 @@ class Measurement:
     """Rank 0's first recorded loss (a warm-up step when there is one)."""
     loss_last: float | None
     per_rank: list[dict] = field(default_factory=list)
+    padding_fraction: float | None = None
+    """Share of the measured steps' sequence positions that were padding; None without a sequence."""
+    seq_len_mean: float | None = None
+    """Trained tokens per sample over the measured steps (image tokens included, padding not)."""
+    seq_len_max: int | None = None
+    """The longest sample of the measured steps."""
+    batch_digest: str | None = None
+    """A digest of every micro-batch's hash in (step, rank) order, warm-up included (module docstring)."""
+    num_batches: int = 0
+    """Micro-batch hashes the digest covers."""
     source: str = "xfw"
     """``xfw`` (measured by xfw: its adapter or its probe) or ``command_log`` (:data:`PARSED_NOTE`)."""
 
@@ -90,6 +107,11 @@ def summarize(records: list[dict]) -> Measurement:
         })
 
     complete = [p for p in per_rank if p["ips"] is not None]
+    padded = sum(r.get("padded_tokens", 0) for r in measured)
+    trained = sum(r["tokens"] for r in measured)
+    longest = [r["max_seq_len"] for r in measured if r.get("max_seq_len")]
+    hashes = [h for r in sorted(steps, key=lambda r: (r["step"], r["rank"])) for h in r.get("batch_hashes", ())]
+    digest = hashlib.blake2b("".join(hashes).encode(), digest_size=16).hexdigest() if hashes else None
     times = np.array([r["step_time_s"] for r in measured], dtype=float)
     losses = [r["loss"] for r in sorted(steps, key=lambda r: r["step"]) if r["rank"] == (ranks[0] if ranks else 0)]
     tokens_rate = sum(p["tokens_per_s"] for p in complete) if complete else None
@@ -109,6 +131,10 @@ def summarize(records: list[dict]) -> Measurement:
         loss_first=_finite_or_none(losses[0]) if losses else None,
         loss_last=_finite_or_none(losses[-1]) if losses else None,
         per_rank=per_rank,
+        padding_fraction=1 - trained / padded if padded else None,
+        seq_len_mean=trained / sum(r["samples"] for r in measured) if padded else None,
+        seq_len_max=max(longest) if longest else None,
+        batch_digest=digest, num_batches=len(hashes),
         source="command_log" if any(w.get("source") == "command_log" for w in windows.values()) else "xfw",
     )
 

@@ -42,8 +42,12 @@ def peak_flops(device_name: str, compute_dtype: str, tf32: bool = False) -> floa
 
 
 def mfu(*, arch: dict, stage: str, ips: float | None, device_name: str, compute_dtype: str, tf32: bool,
-        num_devices: int) -> float | None:
-    flops = families.flops_per_sample(arch, stage) if arch.get("family") in families.FAMILIES else None
+        num_devices: int, trainable: list | None = None, seq_len: float | None = None) -> float | None:
+    """``seq_len``: the mean sequence trained (variable-length data), else the architecture's;
+    ``trainable``: the recipe's ``model.trainable``, else the stage's parts."""
+    if seq_len and arch.get("data", {}).get("seq_len"):
+        arch = families.with_seq_len(arch, round(seq_len))
+    flops = families.flops_per_sample(arch, stage, trainable) if arch.get("family") in families.FAMILIES else None
     peak = peak_flops(device_name, compute_dtype, tf32)
     if flops is None or peak is None or not ips:
         return None

@@ -184,7 +184,8 @@ def compute_mfu(spec: dict, measurement: Measurement, applied: dict) -> float | 
         return None
     return mfu(arch=spec["model"]["arch"], stage=spec["stage"], ips=measurement.ips,
                device_name=applied.get("device_name", ""), compute_dtype=applied.get("compute_dtype", ""),
-               tf32=bool(applied.get("tf32")), num_devices=applied.get("num_processes", 1))
+               tf32=bool(applied.get("tf32")), num_devices=applied.get("num_processes", 1),
+               trainable=spec["model"].get("trainable"), seq_len=measurement.seq_len_mean)
 
 
 def find_run_dirs(paths: list[str | os.PathLike]) -> list[Path]:

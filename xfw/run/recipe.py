@@ -82,32 +82,111 @@ class ModelSpec:
     """Architecture fields that override the preset's, e.g. ``{text: {num_layers: 4}}``."""
     weights: str = "random"
     """``random`` (seeded init) or a local checkpoint directory."""
+    trainable: list[str] | None = None
+    """The family's parts that train (e.g. ``[text]``: Qwen2-VL with its merger frozen); None: the
+    stage's own (``STAGE_PARTS`` in ``xfw.contract.families.<family>``). LoRA adapters always train."""
 
     def __post_init__(self):
         if self.preset not in presets.PRESETS:
             known = ", ".join(sorted(presets.PRESETS))
             raise FieldError("preset", f"unknown preset {self.preset!r} (known: {known})")
+        if self.trainable is not None and len(set(self.trainable)) != len(self.trainable):
+            raise FieldError("trainable", f"names a part twice: {self.trainable}")
+
+
+DATA_KINDS = ("synthetic", "llava_json", "image_captions")
+TEMPLATES = ("auto", "vicuna_v1", "plain", "chatml", "tokenizer")
+INTERPOLATIONS = ("bilinear", "bicubic", "lanczos")
+DATA_FAMILIES = {"llava_json": ("llava", "qwen2vl"), "image_captions": ("sd15", "sd3")}
+"""The model families each kind of real data feeds."""
+DATA_PATHS = ("path", "image_root", "tokenizer", "cache")
+"""Data keys that name files or directories: relative ones are taken from the recipe's directory
+(from the current directory when given with --set), and the resolved spec holds them absolute."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TextTokensSpec:
+    dist: str = "uniform"
+    """How each synthetic sample's text length is drawn (seeded by its place): ``uniform`` in [min, max]."""
+    min: int = bounded(1, 1 << 20)
+    max: int = bounded(1, 1 << 20)
+
+    def __post_init__(self):
+        if self.dist != "uniform":
+            raise FieldError("dist", f"only 'uniform' is supported, got {self.dist!r}")
+        if self.min > self.max:
+            raise FieldError("max", f"{self.max} is below min {self.min}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DataSpec:
     kind: str = "synthetic"
-    """Only ``synthetic``: seeded numpy batches made by the core, identical for every backend."""
+    """``synthetic``: seeded numpy batches made by the core. ``llava_json``: LLaVA's conversation JSON
+    (LLaVA, Qwen2-VL). ``image_captions``: an image folder's metadata.jsonl (SD1.5, SD3). Real data
+    is prepared once by the core (``xfw.run.data``) and read by both backends (docs/data.md)."""
     image_size: int | None = bounded(1, 16384, default=None)
-    """Square image side in pixels (defaults to the preset's)."""
+    """Square image side in pixels (defaults to the preset's); for real data the tile / target size."""
     seq_len: int | None = bounded(1, 1 << 20, default=None)
-    """Language sequence length in tokens, image tokens included."""
+    """Language sequence length in tokens, image tokens included: exact for synthetic data without
+    ``text_tokens``, else the cap (real samples longer than it are cut, or refused without ``truncation``)."""
     pool_size: int = bounded(1, 1024, default=4)
-    """Optimizer steps' worth of distinct data generated before the timed window and cycled."""
+    """Synthetic: optimizer steps' worth of distinct data generated before the timed window and cycled."""
     seed: int = bounded(0, 2**32 - 1, default=0)
+    """Seeds synthetic samples, and real data's epoch order and per-step draws (noise, timesteps)."""
+    text_tokens: TextTokensSpec | None = None
+    """Synthetic only: text tokens per sample drawn from a seeded distribution (variable lengths,
+    micro-batches padded to their longest); None: every sample exactly ``seq_len``."""
+    path: str | None = None
+    """llava_json: the conversation JSON; image_captions: the metadata.jsonl."""
+    image_root: str | None = None
+    """Directory the samples' image paths are relative to (default: the data file's directory)."""
+    tokenizer: str | None = None
+    """A directory with a Hugging Face ``tokenizer.json`` (and ``tokenizer_config.json`` where it has one)."""
+    template: str = "auto"
+    """llava_json: how a conversation becomes text: ``vicuna_v1`` (LLaVA SFT), ``plain`` (LLaVA
+    pretraining: image + caption), ``chatml`` (Qwen2-VL), ``tokenizer`` (the chat template in
+    tokenizer_config.json); ``auto``: the tokenizer's template if it has one, else the family's."""
+    truncation: bool = True
+    """Cut samples longer than ``seq_len`` (never into their image tokens); false: refuse them."""
+    shuffle: bool = True
+    """Visit real data in a seeded order per epoch (false: file order)."""
+    max_samples: int | None = bounded(1, 1 << 31, default=None)
+    """Use only the data file's first N samples."""
+    max_image_side: int | None = bounded(1, 1 << 16, default=None)
+    """Qwen2-VL: first shrink (nearest) so the longer side is at most this (PaddleMIX: image_resolution 512)."""
+    min_pixels: int = bounded(1, 1 << 40, default=3136)
+    """Qwen2-VL smart resize: the fewest pixels an image keeps (Qwen2VLImageProcessor's min_pixels)."""
+    max_pixels: int = bounded(1, 1 << 40, default=12845056)
+    """Qwen2-VL smart resize: the most pixels an image keeps (Qwen2VLImageProcessor's max_pixels)."""
+    interpolation: str = "bilinear"
+    """image_captions: the resize filter (diffusers' scripts: bilinear; PaddleMIX's laion pretraining: lanczos)."""
+    cache: str | None = None
+    """Where prepared data is kept (default: $XFW_CACHE_DIR, else ~/.cache/xfw/data)."""
 
     def __post_init__(self):
-        if self.kind != "synthetic":
-            raise FieldError("kind", f"only 'synthetic' data is supported, got {self.kind!r}")
+        if self.kind not in DATA_KINDS:
+            raise FieldError("kind", f"must be one of {', '.join(DATA_KINDS)}, got {self.kind!r}")
         for name in ("image_size", "seq_len", "pool_size"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise FieldError(name, f"must be positive, got {value}")
+        if self.template not in TEMPLATES:
+            raise FieldError("template", f"must be one of {', '.join(TEMPLATES)}, got {self.template!r}")
+        if self.interpolation not in INTERPOLATIONS:
+            raise FieldError("interpolation", f"must be one of {', '.join(INTERPOLATIONS)}, got {self.interpolation!r}")
+        if self.min_pixels > self.max_pixels:
+            raise FieldError("max_pixels", f"{self.max_pixels} is below min_pixels {self.min_pixels}")
+        needed = {"synthetic": (), "llava_json": ("path", "tokenizer"), "image_captions": ("path",)}[self.kind]
+        for name in needed:
+            if not getattr(self, name):
+                raise FieldError(name, f"is required for data kind {self.kind!r}")
+        if self.kind == "synthetic":
+            stray = [n for n in ("path", "image_root", "tokenizer") if getattr(self, n)]
+            if stray:
+                raise FieldError(stray[0], "only applies to real data (kind llava_json or image_captions)")
+        elif self.text_tokens is not None:
+            raise FieldError("text_tokens", f"only applies to synthetic data (real data has its own lengths), "
+                             f"not kind {self.kind!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -181,6 +260,9 @@ class OptimizerSpec:
     weight_decay: float = bounded(0.0, 10.0, default=0.0)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = bounded(1e-30, 1.0, default=1e-8)
+    max_grad_norm: float | None = bounded(0.0, 1e6, default=None)
+    """Clip the global L2 norm of the trainable gradients to this before each step (PaddleNLP's and
+    transformers' ``max_grad_norm``); 0 or null: no clipping."""
 
     def __post_init__(self):
         if self.name != "adamw":
@@ -266,6 +348,11 @@ class Recipe:
         for name, knobs in self.backends.items():
             if not isinstance(knobs, dict):
                 raise FieldError(f"backends.{name}", f"must be a mapping of knobs, got {type(knobs).__name__}")
+        kinds = DATA_FAMILIES.get(self.data.kind)
+        if kinds is not None and family not in kinds:
+            raise FieldError("data.kind", f"{self.data.kind} data feeds {' and '.join(kinds)} models, not {family}")
+        if self.data.text_tokens is not None and family not in DATA_FAMILIES["llava_json"]:
+            raise FieldError("data.text_tokens", f"{family} models have no text sequence to vary")
 
     @property
     def num_processes(self) -> int:
@@ -391,8 +478,50 @@ def apply_override(data: dict, assignment: str, source: str) -> None:
         node = child
 
 
+def _absolute_paths(data: dict, overrides: list[str], recipe_dir: Path) -> None:
+    """``data.<path key>`` made absolute in place (:data:`DATA_PATHS`): from the current directory
+    when a ``--set`` gave it, else from the recipe's own directory."""
+    section = data.get("data")
+    if not isinstance(section, dict):
+        return
+    given = {a.split("=", 1)[0].strip() for a in overrides}
+    for key in DATA_PATHS:
+        value = section.get(key)
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            from_cli = f"data.{key}" in given or "data" in given
+            section[key] = str(((Path.cwd() if from_cli else recipe_dir) / value).resolve())
+        elif isinstance(value, str) and value:
+            section[key] = str(Path(value).expanduser())
+
+
+def check_data(recipe: Recipe, arch: dict, source: str) -> None:
+    """What the data section asks of the architecture, and real data prepared (``xfw.run.data``):
+    every problem a one-line RecipeError naming the file and the key or sample."""
+    from xfw.contract import families
+
+    try:
+        if recipe.model.trainable is not None:
+            families.check_parts(arch, recipe.model.trainable, recipe.stage)
+        tokens = recipe.data.text_tokens
+        if tokens is not None:
+            longest = families.fixed_tokens(arch) + tokens.max
+            if longest > arch["data"]["seq_len"]:
+                raise families.ArchError("data.text_tokens.max", f"{tokens.max} text tokens after "
+                                         f"{families.fixed_tokens(arch)} others exceed data.seq_len {arch['data']['seq_len']}")
+    except families.ArchError as err:
+        raise RecipeError(f"{source}: {err.key}: {err}") from None
+    if recipe.data.kind != "synthetic":
+        from xfw.run import data as real
+
+        try:
+            real.prepare(recipe, arch)
+        except real.DataError as err:
+            raise RecipeError(f"{source}: {err}") from None
+
+
 def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
-    """Read, override and validate one recipe file. Raises RecipeError with a one-line message."""
+    """Read, override and validate one recipe file; real data is prepared (or found prepared) here,
+    so bad data is refused before anything launches. Raises RecipeError with a one-line message."""
     source = str(path)
     try:
         data = load_file(path, "recipe")
@@ -402,15 +531,19 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
         data = {}
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: (top level): must be a mapping, got {type(data).__name__}")
+    _absolute_paths(data, [], Path(path).resolve().parent)
     for assignment in overrides:
         apply_override(data, assignment, source)
+    _absolute_paths(data, list(overrides), Path(path).resolve().parent)
     recipe = recipe_from_dict(data, source)
     _check_weights_dir(recipe.model.weights, source)
     try:
-        presets.resolve_arch(recipe.model.preset, recipe.model.arch, recipe.data.image_size, recipe.data.seq_len)
-        return command.resolve(recipe, Path(path).parent)  # backends that run a command (xfw.run.command)
+        arch = presets.resolve_arch(recipe.model.preset, recipe.model.arch, recipe.data.image_size, recipe.data.seq_len)
+        recipe = command.resolve(recipe, Path(path).parent)  # backends that run a command (xfw.run.command)
     except (presets.ArchError, command.CommandError) as err:
         raise RecipeError(f"{source}: {err.key}: {err}") from None
+    check_data(recipe, arch, source)
+    return recipe
 
 
 @functools.lru_cache(maxsize=64)
@@ -431,8 +564,22 @@ def _check_weights_dir(weights: str, source: str) -> None:
                           "(nor model.safetensors.index.json)")
 
 
+def longest_sample(recipe: Recipe, arch: dict, prepared: dict | None) -> int | None:
+    """The longest sequence a run can train (image tokens included): synthetic data's fixed length
+    or fixed part + the most text tokens, real data's longest prepared sample; None without a sequence."""
+    from xfw.contract import families
+
+    if arch["data"].get("seq_len") is None:
+        return None
+    if prepared is not None:
+        return prepared["stats"]["max_seq_len"] or None
+    tokens = recipe.data.text_tokens
+    return arch["data"]["seq_len"] if tokens is None else families.fixed_tokens(arch) + tokens.max
+
+
 def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
-    """The fully resolved spec.json an adapter reads: every default filled, preset expanded."""
+    """The fully resolved spec.json an adapter reads: every default filled, preset expanded, real
+    data's prepared directory in ``data.prepared`` (prepared here if it was not yet)."""
     arch = presets.resolve_arch(recipe.model.preset, recipe.model.arch, recipe.data.image_size, recipe.data.seq_len)
     spec = to_dict(recipe)
     spec["model"]["family"] = arch["family"]
@@ -442,6 +589,20 @@ def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
         _weights_fingerprint(recipe.model.weights)
     spec["data"]["image_size"] = arch["data"]["image_size"]
     spec["data"]["seq_len"] = arch["data"]["seq_len"]
+    prepared = None
+    if recipe.data.kind != "synthetic":
+        from xfw.run import data as real
+
+        try:
+            prepared = real.prepare(recipe, arch)
+        except real.DataError as err:
+            raise RecipeError(f"{recipe.name}: {err}") from None
+        spec["data"]["prepared"] = prepared["directory"]
+        spec["data"]["stats"] = prepared["stats"]
+        # Provenance (the compare report's data line): the preparation's content key and size.
+        spec["data"]["fingerprint"] = prepared["fingerprint"]
+        spec["data"]["num_samples"] = prepared["stats"]["num_samples"]
+    spec["data"]["longest"] = longest_sample(recipe, arch, prepared)
     spec["derived"] = {"num_processes": recipe.num_processes, "grad_accum_steps": recipe.grad_accum_steps}
     spec["backend"] = backend
     spec["backend_knobs"] = dict(recipe.backends.get(backend, {}))

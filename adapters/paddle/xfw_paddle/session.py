@@ -9,8 +9,14 @@ Neutral settings map to Paddle's native mechanisms:
   in ``notes``.
 * recompute: ``fleet.utils.recompute`` per decoder block (paddlenlp's for LLaVA's Llama, the
   family's own for Qwen2-VL).
-* what trains: the stage's parts, selected per parameter by its canonical name
-  (:func:`select_trainable`, the family's facts in ``xfw.contract.families``).
+* what trains: the stage's parts (or the recipe's ``model.trainable``), selected per parameter by
+  its canonical name (:func:`select_trainable`, the family's facts in ``xfw.contract.families``).
+* ``optimizer.max_grad_norm``: ``paddle.nn.ClipGradByGlobalNorm`` as the optimizer's ``grad_clip``
+  (with O2 it clips the fp32 master gradients; with a GradScaler, unscaled ones).
+* prepared data: ``paddle.io.DataLoader`` over the core's micro-batches, iterated inside the timed
+  loop (:meth:`PaddleSession.batches`; knobs ``loader_workers``, ``loader_prefetch``). A family may
+  derive host-side inputs from a batch's numpy arrays (``host_inputs``: e.g. LLaVA-1.6's tile and
+  feature indices from ``image_sizes``), so the step never reads a tensor back to the host.
 * LoRA: ``paddlenlp.peft`` adapters in the family's LoRA module (:func:`lora_target`, e.g. the
   decoder), on exactly the linears peft adapts on the PyTorch side, scaling alpha / r
   (:func:`lora_config_for`).
@@ -36,12 +42,13 @@ import paddle
 from xfw.contract import families, hf_names
 from xfw.contract import weights as neutral
 from xfw.contract.env import cpu_model, package_versions
-from xfw.contract.harness import GRAD_NORM_KNOB, InvalidSpec, Unsupported, wants_grad_norm
+from xfw.contract.harness import GRAD_NORM_KNOB, LOADER_KNOBS, InvalidSpec, Unsupported, loader_settings, wants_grad_norm
 from xfw_paddle import parallel
 from xfw_paddle.families import family_module
 
 AMP_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 KNOBS = {"attn_implementation": ("sdpa", "eager"), GRAD_NORM_KNOB: (True, False)}
+FREE_KNOBS = set(LOADER_KNOBS)  # checked by loader_settings
 VERSIONED = ("paddlepaddle", "paddlenlp", "ppdiffusers", "numpy")
 AMP_NOTES = {
     "O0": "fp32 throughout",
@@ -96,8 +103,10 @@ def check_spec(spec: dict) -> None:
     """Everything this adapter rejects, before anything heavy is imported or built."""
     knobs = spec["backend_knobs"]
     for knob, value in knobs.items():
+        if knob in FREE_KNOBS:
+            continue
         if knob not in KNOBS:
-            raise InvalidSpec(f"backends.paddle.{knob}: unknown knob (known: {', '.join(sorted(KNOBS))})")
+            raise InvalidSpec(f"backends.paddle.{knob}: unknown knob (known: {', '.join(sorted({*KNOBS, *FREE_KNOBS}))})")
         if value not in KNOBS[knob]:
             raise InvalidSpec(f"backends.paddle.{knob}: {value!r} is not one of {', '.join(KNOBS[knob])}")
 
@@ -194,11 +203,11 @@ def build_model(spec: dict, *, use_sdpa: bool, weights: bool = True) -> paddle.n
 
 def select_trainable(model: paddle.nn.Layer, spec: dict) -> None:
     """``stop_gradient`` per parameter from its canonical name (the family's ``canonical_names``):
-    the parts the spec's stage trains (``xfw.contract.families``; the PyTorch adapter selects by
-    the same facts)."""
+    the parts the spec trains (its ``model.trainable``, else its stage's; ``xfw.contract.families``;
+    the PyTorch adapter selects by the same facts)."""
     arch = spec["model"]["arch"]
     try:
-        parts = families.trainable_parts(arch, spec["stage"])
+        parts = families.spec_parts(spec)
     except KeyError as err:
         raise Unsupported(str(err)) from None
     names = canonical_names(family_module(spec["model"]["family"]), model)
@@ -240,6 +249,41 @@ def start_model(spec: dict, *, use_sdpa: bool, weights: bool = True) -> paddle.n
     return model
 
 
+def device_batch(family, arch: dict, batch: dict, *, gpu: bool) -> dict:
+    """A micro-batch as the family's loss takes it: its numpy arrays (or the CPU tensors Paddle's
+    DataLoader made of them) on the device, with the family's host-side inputs
+    (``host_inputs(arch, numpy batch)``, when it has one) computed from the numpy values first."""
+    host = getattr(family, "host_inputs", None)
+    if host is not None and not any(k in batch for k in getattr(family, "HOST_KEYS", ())):
+        numpy = {k: v.numpy() if isinstance(v, paddle.Tensor) else v for k, v in batch.items()}
+        batch = {**batch, **host(arch, numpy)}
+    out = {}
+    for key, value in batch.items():
+        if isinstance(value, np.ndarray):
+            value = paddle.to_tensor(value)
+        elif isinstance(value, paddle.Tensor) and gpu:
+            value = value.cuda()
+        out[key] = value
+    return out
+
+
+class PreparedDataset(paddle.io.Dataset):
+    """The core's micro-batches (``xfw.contract.batches.MicroBatches``) as a Paddle data set; the
+    family's host-side inputs are computed here, in the loader's worker, from numpy."""
+
+    def __init__(self, micro_batches, family, arch: dict):
+        super().__init__()
+        self.micro_batches, self.family, self.arch = micro_batches, family, arch
+
+    def __len__(self) -> int:
+        return len(self.micro_batches)
+
+    def __getitem__(self, k: int):
+        batch, meta = self.micro_batches[k]
+        host = getattr(self.family, "host_inputs", None)
+        return ({**batch, **host(self.arch, batch)} if host else batch), meta
+
+
 def _majority_dtype(params: list) -> str:
     counts: dict[str, int] = {}
     for p in params:
@@ -269,8 +313,12 @@ class PaddleSession:
         self.num_params_trainable = sum(int(p.size) for p in trainable)
 
         o = spec["optimizer"]
+        self.max_grad_norm = o.get("max_grad_norm") or 0.0
+        clip = paddle.nn.ClipGradByGlobalNorm(self.max_grad_norm) if self.max_grad_norm else None
         optimizer = paddle.optimizer.AdamW(learning_rate=o["lr"], beta1=o["betas"][0], beta2=o["betas"][1],
-                                           epsilon=o["eps"], weight_decay=o["weight_decay"], parameters=trainable)
+                                           epsilon=o["eps"], weight_decay=o["weight_decay"], parameters=trainable,
+                                           grad_clip=clip)
+        self.family, self.loader = family, loader_settings(spec)
         level, dtype = self.precision.amp_level, self.precision.compute_dtype
         self.master_weights = level == "O2"
         if level == "O2":
@@ -286,7 +334,17 @@ class PaddleSession:
 
     # -- the step ---------------------------------------------------------------------------
     def to_device(self, batch: dict) -> dict:
-        return {k: paddle.to_tensor(v) for k, v in batch.items()}
+        return device_batch(self.family, self.spec["model"]["arch"], batch, gpu=self.gpu)
+
+    def batches(self, dataset):
+        """The core's micro-batches of prepared data through Paddle's DataLoader (each item a whole
+        micro-batch; tensors stay on the host until moved here), on the device as they come."""
+        workers, prefetch = self.loader
+        loader = paddle.io.DataLoader(PreparedDataset(dataset, self.family, self.spec["model"]["arch"]),
+                                      batch_size=None, shuffle=False, num_workers=workers, prefetch_factor=prefetch,
+                                      use_buffer_reader=False, return_list=True)
+        for batch, meta in loader:
+            yield self.to_device(batch), meta.numpy()
 
     def _autocast(self):
         if self.precision.amp_level == "O0":
@@ -380,6 +438,8 @@ class PaddleSession:
             notes = self.precision.note
         if self.record_grad_norm:
             notes += "; gradient norm read every step (a host sync: parity, not a measurement)"
+        if self.max_grad_norm:
+            notes += f"; gradients clipped to global norm {self.max_grad_norm:g}"
         # TF32 for fp32 GEMMs: on by default in Paddle's CUDA builds (phi/backends/context_pool.cc,
         # allow_tf32_cublas = true), off by default in torch.
         tf32 = self.gpu and bool(paddle.base.core.get_cublas_switch())

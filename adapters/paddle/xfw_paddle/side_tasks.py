@@ -18,7 +18,7 @@ import paddle
 from xfw.contract import families
 from xfw.contract import weights as neutral
 from xfw_paddle.families import family_module
-from xfw_paddle.session import canonical_names, check_spec, start_model
+from xfw_paddle.session import canonical_names, check_spec, device_batch, start_model
 
 
 def _use_sdpa(spec: dict) -> bool:
@@ -68,7 +68,7 @@ def probe_modules(spec: dict, path: str) -> None:
     """``--probe-modules FILE``: as the PyTorch adapter's, with each layer named by the
     canonical name of the module its parameters map to (the family's ``canonical_names``)."""
     from xfw.contract.atomic import write_json_atomic
-    from xfw.contract.synthetic import make_pool
+    from xfw.contract.batches import first_batch
 
     check_spec(spec)
     paddle.set_device("cpu")
@@ -92,7 +92,7 @@ def probe_modules(spec: dict, path: str) -> None:
         if own is not None and f"{name}.{own[0]}" in names:
             canon = names[f"{name}.{own[0]}"][0].removesuffix(f".{own[0]}")
             layer.register_forward_post_hook(hook(canon))
-    batch = {k: paddle.to_tensor(v) for k, v in make_pool(spec, 0)[0].items()}
+    batch = device_batch(family, spec["model"]["arch"], first_batch(spec), gpu=False)
     with paddle.no_grad():
         family.loss_fn(model, batch, contextlib.nullcontext)
     write_json_atomic(path, {"modules": found})

@@ -139,7 +139,7 @@ def deepspeed_engine(module: LossModule, params: list, spec: dict):
         "optimizer": {"type": "AdamW", "params": {"lr": opt["lr"], "betas": list(opt["betas"]), "eps": opt["eps"],
                                                   "weight_decay": opt["weight_decay"], "torch_adam": True,
                                                   "adam_w_mode": True}},
-        "gradient_clipping": 0.0,
+        "gradient_clipping": float(opt.get("max_grad_norm") or 0.0),
         "steps_per_print": 2**31 - 1,  # no progress lines of its own inside the measured window
         "wall_clock_breakdown": False,
     }

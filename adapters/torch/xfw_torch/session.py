@@ -7,9 +7,13 @@ Neutral settings map to PyTorch's native mechanisms:
   losses), and fp32 master copies of the trainable weights owned by the optimizer
   (:class:`MasterWeights`) — what Paddle's ``decorate(level='O2', master_weight=True)`` does.
 * fp16 adds a ``GradScaler``. Recompute is transformers' per-layer activation checkpointing.
-* What trains: the stage's parts, selected per parameter by its canonical name
-  (:func:`select_trainable`, the family's facts in ``xfw.contract.families``); LoRA adapters go
-  into the family's LoRA module (:func:`lora_target`).
+* What trains: the stage's parts (or the recipe's ``model.trainable``), selected per parameter by
+  its canonical name (:func:`select_trainable`, the family's facts in ``xfw.contract.families``);
+  LoRA adapters go into the family's LoRA module (:func:`lora_target`).
+* ``optimizer.max_grad_norm``: ``clip_grad_norm_`` over the trainable (master) gradients, unscaled,
+  before the step (FSDP1's own ``clip_grad_norm_``; DeepSpeed's ``gradient_clipping``).
+* Prepared data: ``torch.utils.data.DataLoader`` over the core's micro-batches, iterated inside
+  the timed loop (:meth:`TorchSession.batches`; knobs ``loader_workers``, ``loader_prefetch``).
 
 Timestamps are CUDA events on GPU and ``perf_counter`` on CPU (where execution is
 synchronous); losses leave the GPU through pinned memory so reading them never syncs.
@@ -26,12 +30,13 @@ import torch
 from xfw.contract import families, hf_names
 from xfw.contract import weights as neutral
 from xfw.contract.env import cpu_model, package_versions
-from xfw.contract.harness import GRAD_NORM_KNOB, InvalidSpec, Unsupported, wants_grad_norm
+from xfw.contract.harness import GRAD_NORM_KNOB, LOADER_KNOBS, InvalidSpec, Unsupported, loader_settings, wants_grad_norm
 from xfw_torch import parallel
 from xfw_torch.families import family_module
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-KNOBS = {"fused_optimizer", "attn_implementation", "sharding_impl", "compile", "detect_anomaly", GRAD_NORM_KNOB}
+KNOBS = {"fused_optimizer", "attn_implementation", "sharding_impl", "compile", "detect_anomaly", GRAD_NORM_KNOB,
+         *LOADER_KNOBS}
 
 
 def _library_versions() -> dict[str, str]:
@@ -105,11 +110,12 @@ def build_model(spec: dict, device: torch.device, attn: str, *, weights: bool = 
 
 
 def select_trainable(model: torch.nn.Module, spec: dict) -> None:
-    """``requires_grad`` per parameter from its canonical name: the parts the spec's stage trains
-    (``xfw.contract.families``; the Paddle adapter selects by the same facts)."""
+    """``requires_grad`` per parameter from its canonical name: the parts the spec trains (its
+    ``model.trainable``, else its stage's; ``xfw.contract.families``; the Paddle adapter selects by
+    the same facts)."""
     arch = spec["model"]["arch"]
     try:
-        parts = families.trainable_parts(arch, spec["stage"])
+        parts = families.spec_parts(spec)
     except KeyError as err:
         raise Unsupported(str(err)) from None
     for name, param in model.named_parameters():
@@ -229,6 +235,8 @@ class TorchSession:
         self.spec, self.attn, self.level = spec, attn, level
         self.record_grad_norm = wants_grad_norm(spec)
         self._grad_norm = None
+        self.max_grad_norm = spec["optimizer"].get("max_grad_norm") or 0.0
+        self.loader = loader_settings(spec)
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
 
@@ -240,6 +248,18 @@ class TorchSession:
         if not self.autocast:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def batches(self, dataset):
+        """The core's micro-batches of prepared data through torch's DataLoader (no batching of its
+        own: each item is a whole micro-batch), moved to the device as they come."""
+        workers, prefetch = self.loader
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, shuffle=False, num_workers=workers,
+                                             prefetch_factor=prefetch if workers else None, pin_memory=self.cuda)
+        for batch, meta in loader:
+            yield {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}, meta.numpy()
+
+    def _trainable_grads(self) -> list:
+        return self.master.master_params if self.master else [p for p in self.module.parameters() if p.requires_grad]
 
     def train_step(self, micro_batches: list) -> torch.Tensor:
         if self.engine is not None:
@@ -254,8 +274,15 @@ class TorchSession:
             total += loss.detach().float()
         if self.master:
             self.master.grads_to_master()
+        if self.scaler and (self.record_grad_norm or self.max_grad_norm):
+            self.scaler.unscale_(self.optimizer)  # the step below then skips its own unscale
         if self.record_grad_norm:
             self._grad_norm = self._global_grad_norm()
+        if self.max_grad_norm:  # the global norm, before the step (PaddleNLP's and transformers' max_grad_norm)
+            if self.impl == "fsdp1":
+                self.module.clip_grad_norm_(self.max_grad_norm)
+            else:
+                torch.nn.utils.clip_grad_norm_(self._trainable_grads(), self.max_grad_norm)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -279,11 +306,8 @@ class TorchSession:
         return total
 
     def _global_grad_norm(self) -> torch.Tensor:
-        """L2 over every trainable gradient, in float64, on the device (no sync here)."""
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)  # the step below then skips its own unscale
-        params = self.master.master_params if self.master else [p for p in self.module.parameters() if p.requires_grad]
-        squares = [p.grad.detach().double().square().sum() for p in params if p.grad is not None]
+        """L2 over every trainable gradient (unscaled), in float64, on the device (no sync here)."""
+        squares = [p.grad.detach().double().square().sum() for p in self._trainable_grads() if p.grad is not None]
         return torch.stack(squares).sum().sqrt() if squares else torch.zeros((), dtype=torch.float64)
 
     def grad_norm(self) -> float:
@@ -349,6 +373,8 @@ class TorchSession:
             notes += "; gradient norm read every step (a host sync: parity, not a measurement)"
         if self.detect_anomaly:
             notes += "; autograd anomaly detection on"
+        if self.max_grad_norm:
+            notes += f"; gradients clipped to global norm {self.max_grad_norm:g}"
         versions = {f"version_{k}": v for k, v in _library_versions().items()}
         return dict(
             framework="torch", framework_version=torch.__version__, device=str(self.device),

@@ -50,10 +50,10 @@ def _first_tensor(output):
 
 def probe_modules(spec: dict, path: str) -> None:
     """``--probe-modules FILE``: one forward pass of the spec's starting model on the first
-    synthetic batch; the output norm of every module that owns a parameter, in call order
+    batch (synthetic or prepared); the output norm of every module that owns a parameter, in call order
     (first call only), under its canonical name (this model's own)."""
     from xfw.contract.atomic import write_json_atomic
-    from xfw.contract.synthetic import make_pool
+    from xfw.contract.batches import first_batch
 
     model = start_model(spec, torch.device("cpu"), _attn(spec))
     model.train()  # as a run's first step computes it
@@ -71,7 +71,7 @@ def probe_modules(spec: dict, path: str) -> None:
     for name, module in model.named_modules():
         if next(module.parameters(recurse=False), None) is not None:  # peft's q_proj.base_layer is q_proj
             module.register_forward_hook(hook(hf_names.peft_to_canonical(f"{name}.").removesuffix(".")))
-    batch = {k: torch.from_numpy(v) for k, v in make_pool(spec, 0)[0].items()}
+    batch = {k: torch.from_numpy(v) for k, v in first_batch(spec).items()}
     with torch.no_grad():
         family_module(spec["model"]["family"]).loss_fn(model, batch)
     write_json_atomic(path, {"modules": found})

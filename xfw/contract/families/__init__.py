@@ -13,9 +13,14 @@ A family module (``xfw.contract.families.llava`` ...) owns, for its neutral arch
 * ``LORA_MODULE``: the canonical name of the module LoRA adapters go into; ``LORA_TARGETS``: the
   module names a recipe's ``lora.targets`` may use; ``lora_linears(arch)``: (in, out) of every
   linear under ``LORA_MODULE`` each of those names matches;
-* ``flops_per_sample(arch, stage)``: model training FLOPs of one sample, None where not counted;
+* ``flops_per_sample(arch, trained)``: model training FLOPs of one sample when the parts ``trained``
+  train, None where not counted;
 * ``activation_bytes(arch, micro, *, dtype, recompute)``: stored activations at the peak, and
-  optionally ``activation_note(...)``, a sentence for the estimate's report.
+  optionally ``activation_note(...)``, a sentence for the estimate's report;
+* optionally ``PAD``: ``{key: (axis, value)}`` for the batch keys whose length varies per sample
+  (a value may be a function of the architecture), used by :func:`collate`, and ``BATCH_AXES``:
+  ``{key: axis}`` where samples stack on another axis than 0; ``fixed_tokens(arch)``: the
+  sequence positions of a sample that are not text (image tokens and their markers).
 
 The functions below ask those facts for any architecture; both adapters select what trains with
 them, and ``xfw.report.estimate`` / ``xfw.report.mfu`` count with them. For LLaVA-1.6 pretraining::
@@ -36,6 +41,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 from typing import Iterable
+
+import numpy as np
 
 from xfw.contract.hf_names import is_lora
 
@@ -79,12 +86,28 @@ def part_of(arch: dict, name: str) -> str:
                    f"(parts: {', '.join(_facts(arch).PARTS)})")
 
 
-def trainable_parts(arch: dict, stage: str) -> tuple[str, ...]:
-    """The parts ``stage`` trains, besides the LoRA adapters of stage lora."""
+def trainable_parts(arch: dict, stage: str, chosen: Iterable[str] | None = None) -> tuple[str, ...]:
+    """The parts ``stage`` trains, besides the LoRA adapters of stage lora; ``chosen`` (a recipe's
+    ``model.trainable``, checked by :func:`check_parts`) replaces the stage's own choice."""
     table = _facts(arch).STAGE_PARTS
     if stage not in table:
         raise KeyError(f"stage {stage!r} for the {arch['family']} family (known: {', '.join(table)})")
-    return table[stage]
+    return table[stage] if chosen is None else tuple(chosen)
+
+
+def check_parts(arch: dict, names: Iterable[str], stage: str) -> None:
+    """A recipe's ``model.trainable``: every name must be one of the family's parts, and in stage lora
+    none may hold the LoRA module (its base weights stay frozen under the adapters) (ArchError)."""
+    facts = _facts(arch)
+    known = tuple(facts.PARTS)
+    for name in names:
+        if name not in known:
+            raise ArchError("model.trainable", f"{name!r} is not a part of the {arch['family']} model "
+                            f"(parts: {', '.join(known)})")
+        if stage == "lora" and any(f"{facts.LORA_MODULE}.".startswith(p) or p.startswith(f"{facts.LORA_MODULE}.")
+                                   for p in facts.PARTS[name]):
+            raise ArchError("model.trainable", f"{name!r} holds {facts.LORA_MODULE}, where stage lora trains only "
+                            "the adapters")
 
 
 def trains(arch: dict, parts: Iterable[str], name: str) -> bool:
@@ -105,15 +128,16 @@ def count_lora_params(arch: dict, lora: dict) -> int:
     return sum(lora["r"] * (n_in + n_out) for target in lora["targets"] for n_in, n_out in linears[target])
 
 
-def analytic_counts(arch: dict, stage: str, lora: dict | None = None) -> dict:
+def analytic_counts(arch: dict, stage: str, lora: dict | None = None, trainable: Iterable[str] | None = None) -> dict:
     """What a model built for ``stage`` must hold, from the architecture alone::
 
         {"total": N, "trainable": M, "parts": {part: N_part, ..., "lora": N_lora},
          "trainable_parts": {part: M_part, ...}}        # parts that train, none empty
 
-    ``lora`` (the spec's lora section) only for stage lora; the same shape as :func:`tally`."""
+    ``lora`` (the spec's lora section) only for stage lora; ``trainable`` the recipe's
+    ``model.trainable`` (None: the stage's parts); the same shape as :func:`tally`."""
     parts = {part: n for part, n in _facts(arch).count_params(arch).items() if part != "total"}
-    trained = trainable_parts(arch, stage)
+    trained = trainable_parts(arch, stage, trainable)
     if stage == "lora":
         parts[LORA] = count_lora_params(arch, lora)
         trained = (*trained, LORA)
@@ -134,10 +158,50 @@ def tally(arch: dict, params: Iterable[tuple[str, int, bool]]) -> dict:
             "trainable_parts": trainable}
 
 
-def flops_per_sample(arch: dict, stage: str) -> float | None:
+def flops_per_sample(arch: dict, stage: str, trainable: Iterable[str] | None = None) -> float | None:
     """Model training FLOPs of one sample (``xfw.report.mfu``); None where the family has no count yet."""
     count = getattr(_facts(arch), "flops_per_sample", None)
-    return count(arch, stage) if count else None
+    return count(arch, trainable_parts(arch, stage, trainable)) if count else None
+
+
+def spec_parts(spec: dict) -> tuple[str, ...]:
+    """The parts a resolved spec trains (its ``model.trainable``, else its stage's)."""
+    return trainable_parts(spec["model"]["arch"], spec["stage"], spec["model"].get("trainable"))
+
+
+# -- batches --------------------------------------------------------------------------------------
+
+def fixed_tokens(arch: dict) -> int:
+    """Sequence positions of one sample that are not text (image tokens and their markers); 0
+    for families without a language sequence."""
+    count = getattr(_facts(arch), "fixed_tokens", None)
+    return count(arch) if count else 0
+
+
+def with_seq_len(arch: dict, seq_len: int) -> dict:
+    """The architecture with another ``data.seq_len`` (a shallow copy: the rest is shared)."""
+    return {**arch, "data": {**arch["data"], "seq_len": seq_len}}
+
+
+def collate(arch: dict, samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Batches of one sample each, joined into one micro-batch: every key concatenated on its batch
+    axis (``BATCH_AXES``, else 0), the keys of the family's ``PAD`` padded first, at the end of
+    their axis, to the micro-batch's longest sample. Samples of equal length are only stacked."""
+    facts = _facts(arch)
+    axes, pads = getattr(facts, "BATCH_AXES", {}), getattr(facts, "PAD", {})
+    out = {}
+    for key in samples[0]:
+        arrays = [s[key] for s in samples]
+        if key in pads:
+            axis, value = pads[key]
+            longest = max(a.shape[axis] for a in arrays)
+            if any(a.shape[axis] != longest for a in arrays):
+                fill = value(arch) if callable(value) else value
+                arrays = [a if a.shape[axis] == longest else
+                          np.pad(a, [(0, longest - a.shape[axis]) if i == axis else (0, 0) for i in range(a.ndim)],
+                                 constant_values=fill) for a in arrays]
+        out[key] = np.concatenate(arrays, axis=axes.get(key, 0))
+    return out
 
 
 def activation_bytes(arch: dict, micro: int, *, dtype: str, recompute: bool) -> float | None:

@@ -41,6 +41,73 @@ LORA_MODULE = "model.language_model"  # the decoder, without lm_head
 LORA_TARGETS = decoder.DECODER_LINEARS
 
 
+def pad_id(arch: dict) -> int:
+    """The id padding positions carry: 0 (LLaVA pads with Llama's <unk>), or 1 where 0 is the image
+    placeholder. Padding is masked out of attention and loss, so only its difference from the
+    image token matters (transformers finds image positions by id)."""
+    return 1 if arch["image_token_id"] == 0 else 0
+
+
+# Keys whose length varies per sample (xfw.contract.families.collate): the sequence, and with AnyRes
+# the tiles of each image (an image's grid depends on its size).
+PAD = {"input_ids": (1, pad_id), "labels": (1, IGNORE_INDEX), "attention_mask": (1, 0), "pixel_values": (1, 0.0)}
+
+
+def fixed_tokens(arch: dict) -> int:
+    """Positions of a synthetic sample that are not text: BOS and the image tokens."""
+    return 1 + num_image_tokens(arch, arch["data"]["image_size"])
+
+
+def select_best_resolution(image_hw: tuple[int, int], pinpoints: list) -> tuple[int, int]:
+    """The grid pinpoint (height, width) an image of ``image_hw`` is resized to (LLaVA-1.6, and
+    transformers' ``select_best_resolution``): the most effective resolution kept after downscaling,
+    ties broken by the least wasted area."""
+    height, width = image_hw
+    best, best_effective, best_wasted = None, 0, float("inf")
+    for ph, pw in pinpoints:
+        scale = min(pw / width, ph / height)
+        effective = min(int(width * scale) * int(height * scale), width * height)
+        wasted = ph * pw - effective
+        if effective > best_effective or (effective == best_effective and wasted < best_wasted):
+            best, best_effective, best_wasted = (ph, pw), effective, wasted
+    return best
+
+
+def anyres_layout(arch: dict, image_hw: tuple[int, int]) -> dict:
+    """Where an image of (height, width) lands with AnyRes (LLaVA-1.6's "spatial_unpad"): its tile
+    grid, and the rows and columns of the grid's patch map kept once the padding the resize added
+    is cut away again (transformers' ``unpad_image``)::
+
+        {"rows": R, "cols": C, "tiles": 1 + R*C, "keep_rows": (r0, r1), "keep_cols": (c0, c1),
+         "tokens": g*g + (r1 - r0) * (c1 - c0 + 1)}      # base tile, then each kept row + newline
+    """
+    v = arch["vision"]
+    tile, g = v["image_size"], v["image_size"] // v["patch_size"]
+    height, width = image_hw
+    best_h, best_w = select_best_resolution((height, width), [list(p) for p in arch["anyres"]["grid_pinpoints"]])
+    rows, cols = -(-best_h // tile), -(-best_w // tile)
+    cur_h, cur_w = rows * g, cols * g
+    keep_rows, keep_cols = (0, cur_h), (0, cur_w)
+    if width / height > cur_w / cur_h:
+        padding = (cur_h - int(round(height * (cur_w / width), 7))) // 2
+        keep_rows = (padding, cur_h - padding)
+    else:
+        padding = (cur_w - int(round(width * (cur_h / height), 7))) // 2
+        keep_cols = (padding, cur_w - padding)
+    newline = 1 if arch["anyres"]["image_newline"] else 0
+    tokens = g * g + (keep_rows[1] - keep_rows[0]) * (keep_cols[1] - keep_cols[0] + newline)
+    return {"rows": rows, "cols": cols, "tiles": 1 + rows * cols, "keep_rows": keep_rows, "keep_cols": keep_cols,
+            "tokens": tokens}
+
+
+def image_tokens_for(arch: dict, image_hw: tuple[int, int]) -> int:
+    """Image tokens one image of (height, width) puts in the sequence: one tile's patches, or with
+    AnyRes the base tile plus its unpadded grid (:func:`anyres_layout`)."""
+    if arch.get("anyres"):
+        return anyres_layout(arch, image_hw)["tokens"]
+    return num_image_tokens(arch, arch["vision"]["image_size"])
+
+
 def num_tiles(arch: dict) -> int:
     """Vision-tower passes per image: 1, or with AnyRes the base tile plus the grid's tiles."""
     if not arch.get("anyres"):
@@ -124,6 +191,26 @@ def make_batch(arch: dict, micro: int, rng: np.random.Generator) -> dict[str, np
     return batch
 
 
+def from_prepared(arch: dict, stored: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A prepared sample (``xfw.run.data``: ``input_ids``, ``labels``, ``pixel_values`` of all its
+    images, with AnyRes ``tiles`` and ``image_sizes`` per image) as a batch of one, in the layout
+    :func:`make_batch` gives: pixel values ``[images, 3, S, S]``, or with AnyRes
+    ``[images, tiles, 3, S, S]`` zero-padded to the sample's largest grid."""
+    ids = stored["input_ids"].astype(np.int64)[None]
+    batch = {"input_ids": ids, "labels": stored["labels"].astype(np.int64)[None], "attention_mask": np.ones_like(ids)}
+    pixels = np.asarray(stored["pixel_values"], dtype=np.float32)
+    if arch.get("anyres"):
+        tiles = [int(t) for t in stored["tiles"]]
+        packed = np.zeros((len(tiles), max(tiles, default=1), *pixels.shape[1:]), np.float32)
+        for i, (start, count) in enumerate(zip(np.cumsum([0, *tiles[:-1]]), tiles)):
+            packed[i, :count] = pixels[start:start + count]
+        batch["pixel_values"] = packed
+        batch["image_sizes"] = stored["image_sizes"].astype(np.int64).reshape(-1, 2)
+    else:
+        batch["pixel_values"] = pixels
+    return batch
+
+
 def count_params(arch: dict) -> dict[str, int]:
     """Analytic parameter counts per part (transformers' LlavaForConditionalGeneration layout)."""
     v, t = arch["vision"], arch["text"]
@@ -151,11 +238,10 @@ def lora_linears(arch: dict) -> dict[str, list[tuple[int, int]]]:
     return decoder.decoder_lora_linears(arch["text"])
 
 
-def flops_per_sample(arch: dict, stage: str) -> float:
+def flops_per_sample(arch: dict, trained: tuple[str, ...]) -> float:
     """Model training FLOPs of one sample (``decoder``'s docstring): every tile through the
     vision tower and projector, then the language model over the whole sequence."""
     v, t = arch["vision"], arch["text"]
-    trained = STAGE_PARTS[stage]
     patches = (v["image_size"] // v["patch_size"]) ** 2
     tiles = num_tiles(arch)
     vision = tiles * (decoder.vit_forward_flops(patches + 1, v["hidden_size"], v["intermediate_size"], v["num_layers"])

@@ -33,6 +33,50 @@ PARTS = {
 STAGE_PARTS = {"sft": ("merger", "text"), "lora": ("merger",)}  # stage lora adds adapters on LORA_MODULE
 LORA_MODULE = "model.language_model"  # the decoder, without lm_head
 LORA_TARGETS = decoder.DECODER_LINEARS
+PAD_ID = 0
+# Keys whose length varies per sample (xfw.contract.families.collate); images' patches concatenate.
+PAD = {"input_ids": (1, PAD_ID), "labels": (1, IGNORE_INDEX), "attention_mask": (1, 0), "position_ids": (2, 0)}
+
+
+def fixed_tokens(arch: dict) -> int:
+    """Positions of a synthetic sample that are not text: vision start, image tokens, vision end."""
+    return 2 + num_image_tokens(arch, arch["data"]["image_size"])
+
+
+def patchify(image: np.ndarray, arch: dict) -> np.ndarray:
+    """One resized, normalised still image ``[3, H, W]`` as Qwen2-VL's image processor flattens it:
+    repeated to fill one temporal patch, then ``[t*h*w, 3*T*P*P]`` patches in 2x2-merge-window order
+    (Qwen2VLImageProcessor's reshape and transpose, nothing computed)."""
+    v = arch["vision"]
+    p, m, tp = v["patch_size"], v["spatial_merge_size"], v["temporal_patch_size"]
+    channels, height, width = image.shape
+    gh, gw = height // p, width // p
+    frames = np.broadcast_to(image[None], (tp, channels, height, width))
+    patches = frames.reshape(1, tp, channels, gh // m, m, p, gw // m, m, p)
+    patches = patches.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return np.ascontiguousarray(patches.reshape(gh * gw, channels * tp * p * p), dtype=np.float32)
+
+
+def rope_index(arch: dict, input_ids: np.ndarray, grids: np.ndarray) -> np.ndarray:
+    """M-RoPE ids ``[3, len]`` of one unpadded sample with any number of images (transformers'
+    ``get_rope_index``): text counts up on all three axes; each image's tokens take (t, row, col)
+    offset by the position after the text before them; text after an image resumes at the
+    largest id so far + 1. ``grids``: ``[images, 3]`` (t, h, w) in patches."""
+    merge = arch["vision"]["spatial_merge_size"]
+    image_positions = np.flatnonzero(input_ids == arch["image_token_id"])
+    pieces, start, next_id = [], 0, 0
+    for t, h, w in np.asarray(grids, np.int64).reshape(-1, 3):
+        gh, gw = h // merge, w // merge
+        first = image_positions[image_positions >= start][0]
+        text = first - start
+        pieces.append(np.broadcast_to(np.arange(text) + next_id, (3, text)))
+        tt, rows, cols = np.meshgrid(np.arange(t), np.arange(gh), np.arange(gw), indexing="ij")
+        pieces.append(np.stack([tt.ravel(), rows.ravel(), cols.ravel()]) + next_id + text)
+        next_id = int(pieces[-1].max()) + 1
+        start = first + t * gh * gw
+    rest = len(input_ids) - start
+    pieces.append(np.broadcast_to(np.arange(rest) + next_id, (3, rest)))
+    return np.concatenate(pieces, axis=1).astype(np.int64)
 
 
 def grid(arch: dict) -> tuple[int, int, int]:
@@ -119,6 +163,30 @@ def make_batch(arch: dict, micro: int, rng: np.random.Generator) -> dict[str, np
     }
 
 
+def from_prepared(arch: dict, stored: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A prepared sample (``xfw.run.data``: ``input_ids``, ``labels``, its resized and normalised
+    images flattened one after another in ``images``, their ``image_grid_thw``) as a batch of one in
+    :func:`make_batch`'s layout: every image's patches (:func:`patchify`), the grids, and the
+    sample's M-RoPE ids (:func:`rope_index`)."""
+    ids = stored["input_ids"].astype(np.int64)
+    grids = stored["image_grid_thw"].astype(np.int64).reshape(-1, 3)
+    patch, flat, start, patches = arch["vision"]["patch_size"], stored["images"], 0, []
+    for _, h, w in grids:
+        size = 3 * h * patch * w * patch
+        patches.append(patchify(np.asarray(flat[start:start + size], np.float32).reshape(3, h * patch, w * patch), arch))
+        start += size
+    v = arch["vision"]
+    patch_dim = 3 * v["temporal_patch_size"] * patch ** 2
+    return {
+        "pixel_values": np.concatenate(patches) if patches else np.zeros((0, patch_dim), np.float32),
+        "image_grid_thw": grids,
+        "input_ids": ids[None],
+        "labels": stored["labels"].astype(np.int64)[None],
+        "attention_mask": np.ones((1, len(ids)), np.int64),
+        "position_ids": rope_index(arch, ids, grids)[:, None, :],
+    }
+
+
 def count_params(arch: dict) -> dict[str, int]:
     """Analytic counts in transformers' Qwen2VLForConditionalGeneration layout."""
     v, t = arch["vision"], arch["text"]
@@ -141,11 +209,10 @@ def lora_linears(arch: dict) -> dict[str, list[tuple[int, int]]]:
     return decoder.decoder_lora_linears(arch["text"])
 
 
-def flops_per_sample(arch: dict, stage: str) -> float:
+def flops_per_sample(arch: dict, trained: tuple[str, ...]) -> float:
     """Model training FLOPs of one sample (``decoder``'s docstring): patch embedding and vision
     blocks, the 2x2 merger, then the language model over the whole sequence."""
     v, t = arch["vision"], arch["text"]
-    trained = STAGE_PARTS[stage]
     d, side = v["embed_dim"], arch["data"]["image_size"] // v["patch_size"]
     patches, merge = side * side, v["spatial_merge_size"] ** 2
     vision = decoder.vit_forward_flops(patches, d, d * v["mlp_ratio"], v["depth"])

@@ -107,6 +107,22 @@ def make_batch(arch: dict, micro: int, rng: np.random.Generator) -> dict[str, np
     }
 
 
+def from_prepared(arch: dict, stored: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A prepared sample (``xfw.run.data``: the image resized, cropped and scaled to [-1, 1], and
+    ``text_seed``, a digest of its caption) as a batch of one. The text embeddings stand in for
+    the precomputed CLIP-L/G + T5 outputs (the text encoders are no part of the trained system):
+    drawn from the caption's seed, so one caption always gets one embedding, as precomputing gives."""
+    text = arch["text"]
+    words = np.random.default_rng(int(stored["text_seed"]))
+    return {
+        "pixel_values": np.asarray(stored["pixel_values"], np.float32)[None],
+        "prompt_embeds": words.standard_normal((1, text["seq_len"], text["dim"]), dtype=np.float32),
+        "pooled_prompt_embeds": words.standard_normal((1, text["pooled_dim"]), dtype=np.float32),
+        "noise": rng.standard_normal(latent_shape(arch, 1), dtype=np.float32),
+        "sigmas": sample_sigmas(arch["scheduler"], 1, rng),
+    }
+
+
 def count_transformer(t: dict) -> int:
     """SD3Transformer2DModel: patch embedding, timestep + pooled-text conditioning, joint blocks.
 
@@ -143,7 +159,7 @@ def lora_linears(arch: dict) -> dict[str, list[tuple[int, int]]]:
     return {**{name: every for name in LORA_TARGETS[:-1]}, "to_add_out": [(d, d)] * (layers - 1)}
 
 
-def flops_per_sample(arch: dict, stage: str) -> None:
+def flops_per_sample(arch: dict, trained: tuple[str, ...]) -> None:
     """No analytic FLOPs count for SD3 yet."""
     return None
 

@@ -11,10 +11,11 @@ architecture (``xfw.contract.presets``, family ``llava``):
 * projector: Linear - GELU (exact) - Linear, as ``LlavaMultiModalProjector``;
 * language model: paddlenlp's own ``LlamaForCausalLM``;
 * AnyRes (LLaVA-1.6): the base tile's features, then the grid tiles' features re-arranged into
-  one spatial map whose rows each end with the ``image_newline`` parameter (transformers'
-  ``pack_image_features``, "spatial_unpad"). The grid is fixed by the architecture's
-  ``data.anyres_image_hw`` when the model is built, so the step never reads ``image_sizes``
-  back to the host; sizes that would need unpadding are rejected at build time.
+  one spatial map, unpadded, whose rows each end with the ``image_newline`` parameter
+  (transformers' ``pack_image_features``, "spatial_unpad"). Each image has its own grid (from its
+  size), so a micro-batch mixes grids: :func:`host_inputs` turns the batch's ``image_sizes``
+  (numpy, before the step) into the indices of the real tiles and of each image token's feature,
+  and the step gathers with them, never reading a tensor back to the host.
 
 Checked numerically against transformers (tests/contract/test_paddle_adapter.py): loaded with
 the same weights, the two give the same logits and loss (to 1e-5, fp32 on CPU).
@@ -29,10 +30,12 @@ Parameter names match transformers' after :func:`hf_name` (Paddle stores Linear 
 
 from __future__ import annotations
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from xfw.contract.families import llava as llava_facts
 from xfw.contract.harness import Unsupported
 from xfw.contract.synthetic import IGNORE_INDEX
 
@@ -205,8 +208,12 @@ class LlavaForConditionalGeneration(nn.Layer):
             _llama_config(t, arch["data"]["seq_len"], use_sdpa=use_sdpa, recompute=recompute))
         # paddlenlp leaves recompute off until its Trainer turns it on; "full" = per decoder layer.
         self.language_model.llama.enable_recompute = recompute
-        self.anyres_grid = anyres_grid(arch) if arch.get("anyres") else None
-        if self.anyres_grid:
+        self.anyres = bool(arch.get("anyres"))
+        if self.anyres:
+            if not arch["anyres"]["image_newline"]:
+                raise Unsupported("LLaVA-NeXT without the image-newline parameter")
+            if not v["drop_cls"]:  # transformers' "full" strategy cannot tile either (views fail)
+                raise Unsupported("AnyRes with the CLS token kept (vision.drop_cls = false)")
             # transformers: randn(hidden) / sqrt(hidden), the embedding scale of the text model.
             self.image_newline = self.create_parameter([t["hidden_size"]], attr=_normal(t["hidden_size"] ** -0.5))
 
@@ -214,40 +221,33 @@ class LlavaForConditionalGeneration(nn.Layer):
     def recompute_enabled(self) -> bool:
         return bool(self.language_model.llama.enable_recompute)
 
-    def image_features(self, pixel_values: paddle.Tensor) -> paddle.Tensor:
-        """Projected image features, ``[batch, image tokens, text hidden]`` (all tiles packed)."""
-        if self.anyres_grid:  # [b, tiles, 3, H, W]: every tile through the tower in one pass
-            b, tiles = pixel_values.shape[:2]
-            pixel_values = pixel_values.reshape([b * tiles, *pixel_values.shape[2:]])
+    def image_features(self, pixel_values: paddle.Tensor, anyres_tiles=None, anyres_features=None) -> paddle.Tensor:
+        """Projected image features in sequence order, ``[image tokens, text hidden]``. With AnyRes,
+        ``pixel_values`` is ``[images, max tiles, 3, S, S]`` (zero-padded), ``anyres_tiles`` the real
+        tiles' places in it and ``anyres_features`` each image token's row of the tiles' features
+        (the last row being ``image_newline``), both from :func:`host_inputs`."""
+        if self.anyres:  # every real tile through the tower in one pass
+            pixel_values = paddle.gather(pixel_values.reshape([-1, *pixel_values.shape[2:]]), anyres_tiles)
         # Like transformers, the whole tower runs (last layer and post_layernorm included) and
         # one layer's hidden states are taken: the same work on both sides.
         _, hidden_states = self.vision_tower(pixel_values)
         selected = hidden_states[self.feature_index]
         features = self.multi_modal_projector(selected[:, 1:] if self.drop_cls else selected)
-        return self.pack_tiles(features.reshape([b, tiles, *features.shape[1:]])) if self.anyres_grid else features
+        features = features.reshape([-1, features.shape[-1]])
+        if not self.anyres:
+            return features
+        newline = self.image_newline.astype(features.dtype).reshape([1, -1])
+        return paddle.gather(paddle.concat([features, newline], axis=0), anyres_features)
 
-    def pack_tiles(self, features: paddle.Tensor) -> paddle.Tensor:
-        """``[b, tiles, g*g, d]`` -> ``[b, g*g + R*g*(C*g + 1), d]``: base tile, then the grid's
-        rows, each followed by ``image_newline`` (transformers' ``pack_image_features``)."""
-        rows, cols = self.anyres_grid
-        b, _, n, d = features.shape
-        g = round(n ** 0.5)
-        grid = features[:, 1:].reshape([b, rows, cols, g, g, d]).transpose([0, 1, 3, 2, 4, 5])
-        grid = grid.reshape([b, rows * g, cols * g, d])
-        newline = self.image_newline.astype(grid.dtype).reshape([1, 1, 1, d]).expand([b, rows * g, 1, d])
-        grid = paddle.concat([grid, newline], axis=2).reshape([b, -1, d])
-        return paddle.concat([features[:, 0], grid], axis=1)
-
-    def merge_image_features(self, input_ids: paddle.Tensor, image_features: paddle.Tensor) -> paddle.Tensor:
+    def forward(self, pixel_values, input_ids, attention_mask, image_sizes=None, anyres_tiles=None,
+                anyres_features=None) -> paddle.Tensor:
+        """Logits ``[batch, seq, vocab]``; a micro-batch without images (text-only samples) skips the tower."""
         embeds = self.language_model.llama.embed_tokens(input_ids)
-        return scatter_image_features(embeds, input_ids == self.image_token_id, image_features)
-
-    def forward(self, pixel_values, input_ids, attention_mask, image_sizes=None) -> paddle.Tensor:
-        """Logits ``[batch, seq, vocab]``. ``image_sizes`` is accepted for the batch's sake; the
-        AnyRes layout it implies was fixed (and checked) from the architecture at build time."""
-        inputs_embeds = self.merge_image_features(input_ids, self.image_features(pixel_values))
-        out = self.language_model(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                  use_cache=False, return_dict=False)
+        if pixel_values is not None and pixel_values.shape[0] > 0:
+            features = self.image_features(pixel_values, anyres_tiles, anyres_features)
+            embeds = scatter_image_features(embeds, input_ids == self.image_token_id, features)
+        out = self.language_model(inputs_embeds=embeds, attention_mask=attention_mask, use_cache=False,
+                                  return_dict=False)
         return out[0] if isinstance(out, (tuple, list)) else out
 
 
@@ -276,46 +276,41 @@ def causal_lm_loss(logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tenso
 def loss_fn(model: LlavaForConditionalGeneration, batch: dict, autocast) -> paddle.Tensor:
     """The training loss of one micro-batch: forward under ``autocast()``, the loss in fp32 outside it."""
     with autocast():
-        logits = model(batch["pixel_values"], batch["input_ids"], batch["attention_mask"])
+        logits = model(batch["pixel_values"], batch["input_ids"], batch["attention_mask"],
+                       anyres_tiles=batch.get("anyres_tiles"), anyres_features=batch.get("anyres_features"))
     return causal_lm_loss(logits, batch["labels"])
 
 
-def select_best_resolution(image_hw: tuple[int, int], pinpoints: list) -> tuple[int, int]:
-    """The pinpoint transformers (and LLaVA's image processor) resize an image to: the most
-    effective resolution kept after downscaling, ties broken by the least wasted area."""
-    height, width = image_hw
-    best, best_fit = None, (-1, 0.0)
-    for ph, pw in pinpoints:
-        scale = min(pw / width, ph / height)
-        effective = min(int(width * scale) * int(height * scale), width * height)
-        fit = (effective, -(ph * pw - effective))
-        if fit > best_fit:
-            best, best_fit = (ph, pw), fit
-    return best
+HOST_KEYS = ("anyres_tiles", "anyres_features")
 
 
-def anyres_grid(arch: dict) -> tuple[int, int]:
-    """(rows, cols) of grid tiles for the architecture's image size, checked to need no unpadding."""
-    v, anyres = arch["vision"], arch["anyres"]
-    if not anyres["image_newline"]:
-        raise Unsupported("LLaVA-NeXT without the image-newline parameter")
-    if not v["drop_cls"]:  # transformers' "full" strategy cannot tile either (views fail)
-        raise Unsupported("AnyRes with the CLS token kept (vision.drop_cls = false)")
-    height, width = arch["data"]["anyres_image_hw"]
-    best_h, best_w = select_best_resolution((height, width), [list(p) for p in anyres["grid_pinpoints"]])
-    tile = v["image_size"]
-    rows, cols = best_h // tile, best_w // tile
-    # transformers' unpad_image: the padding added when the image's aspect differs from the grid's.
-    g = tile // v["patch_size"]
-    cur_h, cur_w = rows * g, cols * g
-    if width / height > cur_w / cur_h:
-        padding = (cur_h - int(round(height * cur_w / width, 7))) // 2
-    else:
-        padding = (cur_w - int(round(width * cur_h / height, 7))) // 2
-    if padding:
-        raise Unsupported(f"AnyRes image {height}x{width} needs unpadding on a {best_h}x{best_w} grid; "
-                          f"only images that are exactly a grid pinpoint are built")
-    return rows, cols
+def host_inputs(arch: dict, batch: dict) -> dict:
+    """From a batch's numpy arrays, before the step: with AnyRes, which tiles of the zero-padded
+    ``pixel_values`` are real (``anyres_tiles``, flat indices) and, for each image token in order,
+    the row of the real tiles' stacked features it takes (``anyres_features``; the row after the
+    last tile's is ``image_newline``): base tile, then the unpadded grid row by row, each row
+    closed by the newline (``xfw.contract.families.llava.anyres_layout``, transformers'
+    ``pack_image_features``)."""
+    if not arch.get("anyres"):
+        return {}
+    v = arch["vision"]
+    g = v["image_size"] // v["patch_size"]
+    per_tile = g * g
+    max_tiles = batch["pixel_values"].shape[1] if batch["pixel_values"].ndim == 5 else 1
+    tiles, rows, first = [], [], 0
+    for j, (height, width) in enumerate(np.asarray(batch.get("image_sizes", np.zeros((0, 2))), np.int64)):
+        layout = llava_facts.anyres_layout(arch, (int(height), int(width)))
+        tiles.append(np.arange(layout["tiles"]) + j * max_tiles)
+        (r0, r1), (c0, c1) = layout["keep_rows"], layout["keep_cols"]
+        y, x = np.meshgrid(np.arange(r0, r1), np.arange(c0, c1), indexing="ij")
+        grid = first + (1 + (y // g) * layout["cols"] + x // g) * per_tile + (y % g) * g + (x % g)
+        newline = np.full((r1 - r0, 1), -1, np.int64)
+        rows += [np.arange(per_tile) + first, np.concatenate([grid, newline], axis=1).ravel()]
+        first += layout["tiles"] * per_tile
+    features = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
+    features[features < 0] = first  # image_newline: the row after every tile's features
+    return {"anyres_tiles": np.concatenate(tiles).astype(np.int64) if tiles else np.zeros(0, np.int64),
+            "anyres_features": features}
 
 
 def build(arch: dict, *, use_sdpa: bool, recompute: bool) -> LlavaForConditionalGeneration:

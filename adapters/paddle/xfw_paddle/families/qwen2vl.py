@@ -13,9 +13,12 @@ M-RoPE), so both halves are written here in plain ``paddle.nn`` from the neutral
   the batch's ``position_ids`` [3, b, L] and ``mrope_section``; tied embeddings when the
   preset says so (then there is no ``lm_head`` parameter, as in transformers' count).
 
-The image grid is fixed by the architecture (``xfw.contract.families.qwen2vl.grid``), so the step never
-reads ``image_grid_thw`` back to the host; the batches carry no padding (attention is causal
-only). Checked against transformers with the same weights (tests/contract/test_paddle_vlm.py).
+Each image has its own patch grid: :func:`host_inputs` turns the batch's ``image_grid_thw``
+(numpy, before the step) into every patch's rotary (row, col) and each image's patch count, so
+the step never reads a tensor back to the host; images of one size attend as one batch, images
+of different sizes one by one (attention stays inside each image, as transformers' ``cu_seqlens``).
+Padding sits after each sample's last token and attention is causal, so it changes no trained
+position. Checked against transformers with the same weights (tests/contract/test_paddle_vlm.py).
 Parameter names map one-to-one onto transformers' through :func:`hf_name`::
 
     >>> hf_name("language_model.layers.0.self_attn.q_proj.bias")
@@ -75,14 +78,28 @@ def rotate_half(x: paddle.Tensor) -> paddle.Tensor:
 
 # -- vision tower (transformers' Qwen2VisionTransformerPretrainedModel) ---------------------------
 
-def vision_rotary_positions(arch: dict) -> np.ndarray:
-    """(row, col) ``[t*h*w, 2]`` of one image's patches in the processor's order (2x2 merge
-    windows, row by row): the positions of transformers' ``rot_pos_emb``."""
-    t, h, w = grid(arch)
-    m = arch["vision"]["spatial_merge_size"]
-    rows = np.broadcast_to(np.arange(h)[:, None], (h, w)).reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3)
-    cols = np.broadcast_to(np.arange(w)[None, :], (h, w)).reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3)
-    return np.tile(np.stack([rows.ravel(), cols.ravel()], axis=-1), (t, 1)).astype(np.int64)
+def vision_rotary_positions(grids: np.ndarray, merge: int) -> np.ndarray:
+    """(row, col) ``[patches, 2]`` of every image's patches in the processor's order (2x2 merge
+    windows, row by row, each frame alike): the positions of transformers' ``rot_pos_emb``."""
+    out = []
+    for t, h, w in np.asarray(grids, np.int64).reshape(-1, 3):
+        rows = np.broadcast_to(np.arange(h)[:, None], (h, w)).reshape(h // merge, merge, w // merge, merge)
+        cols = np.broadcast_to(np.arange(w)[None, :], (h, w)).reshape(h // merge, merge, w // merge, merge)
+        pairs = np.stack([rows.transpose(0, 2, 1, 3).ravel(), cols.transpose(0, 2, 1, 3).ravel()], axis=-1)
+        out.append(np.tile(pairs, (t, 1)))
+    return np.concatenate(out).astype(np.int64) if out else np.zeros((0, 2), np.int64)
+
+
+HOST_KEYS = ("vision_positions", "vision_lengths")
+
+
+def host_inputs(arch: dict, batch: dict) -> dict:
+    """From a batch's numpy ``image_grid_thw``, before the step: each patch's rotary (row, col) and
+    each image frame's number of patches (a list: the step splits by it without a host read)."""
+    grids = np.asarray(batch["image_grid_thw"], np.int64).reshape(-1, 3)
+    lengths = [int(h * w) for t, h, w in grids for _ in range(t)]
+    return {"vision_positions": vision_rotary_positions(grids, arch["vision"]["spatial_merge_size"]),
+            "vision_lengths": lengths}
 
 
 def inv_freq(theta: float, dim: int) -> paddle.Tensor:
@@ -161,32 +178,42 @@ class Qwen2VisionTransformer(nn.Layer):
     def __init__(self, arch: dict, use_sdpa: bool):
         super().__init__()
         v = arch["vision"]
-        t, h, w = grid(arch)
-        self.frames, self.patches, self.head_dim = t, h * w, v["embed_dim"] // v["num_heads"]
+        self.head_dim = v["embed_dim"] // v["num_heads"]
         self.patch_embed = PatchEmbed(v)
         self.blocks = nn.LayerList([Qwen2VLVisionBlock(v, use_sdpa) for _ in range(v["depth"])])
         self.merger = PatchMerger(v)
-        positions = vision_rotary_positions(arch)[: h * w]  # every frame alike
-        self.register_buffer("rope_positions", paddle.to_tensor(positions), persistable=False)  # int: never cast
 
-    def rotary_cos_sin(self) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """cos, sin ``[1, patches, 1, head_dim]``: angles of rows in the first half of each
-        rotary half, of columns in the second (VisionRotaryEmbedding(head_dim / 2), theta 1e4)."""
+    def rotary_cos_sin(self, positions: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """cos, sin ``[patches, 1, head_dim]``: angles of rows in the first half of each rotary
+        half, of columns in the second (VisionRotaryEmbedding(head_dim / 2), theta 1e4)."""
         with _fp32():
             angles = inv_freq(VISION_ROPE_THETA, self.head_dim // 2)
-            freqs = self.rope_positions.astype("float32").unsqueeze(-1) * angles
-            freqs = freqs.reshape([1, self.patches, 1, -1])  # [rows' angles, cols' angles]
+            freqs = positions.astype("float32").unsqueeze(-1) * angles  # [patches, 2, head_dim / 4]
+            freqs = freqs.reshape([positions.shape[0], 1, -1])  # [rows' angles, cols' angles]
             emb = paddle.concat([freqs, freqs], axis=-1)
             return paddle.cos(emb), paddle.sin(emb)
 
-    def forward(self, patches: paddle.Tensor) -> paddle.Tensor:
-        """Flattened patches ``[images*t*h*w, 3*T*P*P]`` -> merged tokens ``[images*t*h*w/4, out]``."""
-        x = self.patch_embed(patches)
-        x = x.reshape([-1, self.patches, x.shape[-1]])  # one attention group per frame of each image
-        cos, sin = self.rotary_cos_sin()
+    def _blocks(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
         for block in self.blocks:
             x = block(x, cos, sin)
-        return self.merger(x.reshape([-1, x.shape[-1]]))
+        return x
+
+    def forward(self, patches: paddle.Tensor, positions: paddle.Tensor, lengths: list[int]) -> paddle.Tensor:
+        """Flattened patches ``[patches, 3*T*P*P]`` of images with ``lengths`` patches each ->
+        merged tokens ``[patches / 4, out]``; attention stays inside each image."""
+        x = self.patch_embed(patches)
+        cos, sin = self.rotary_cos_sin(positions)
+        d = x.shape[-1]
+        if len(set(lengths)) == 1:  # images of one size: one batched pass
+            n, length = len(lengths), lengths[0]
+            x = self._blocks(x.reshape([n, length, d]), cos.reshape([n, length, 1, -1]), sin.reshape([n, length, 1, -1]))
+            return self.merger(x.reshape([-1, d]))
+        outs, start = [], 0
+        for length in lengths:
+            piece = slice(start, start + length)
+            outs.append(self._blocks(x[piece].unsqueeze(0), cos[piece].unsqueeze(0), sin[piece].unsqueeze(0))[0])
+            start += length
+        return self.merger(paddle.concat(outs, axis=0))
 
 
 # -- language model (transformers' Qwen2VLTextModel) ---------------------------------------------
@@ -299,11 +326,13 @@ class Qwen2VLForConditionalGeneration(nn.Layer):
     def recompute_enabled(self) -> bool:
         return self.language_model.recompute
 
-    def forward(self, pixel_values, input_ids, position_ids) -> paddle.Tensor:
-        """Logits ``[batch, seq, vocab]``."""
+    def forward(self, pixel_values, input_ids, position_ids, vision_positions=None, vision_lengths=()) -> paddle.Tensor:
+        """Logits ``[batch, seq, vocab]``; a micro-batch without images skips the vision tower."""
         embed = self.language_model.embed_tokens
-        inputs_embeds = scatter_image_features(embed(input_ids), input_ids == self.image_token_id,
-                                               self.visual(pixel_values))
+        inputs_embeds = embed(input_ids)
+        if vision_lengths:
+            inputs_embeds = scatter_image_features(inputs_embeds, input_ids == self.image_token_id,
+                                                   self.visual(pixel_values, vision_positions, list(vision_lengths)))
         hidden = self.language_model(inputs_embeds, position_ids)
         if self.tied:
             return paddle.matmul(hidden, embed.weight, transpose_y=True)
@@ -312,7 +341,8 @@ class Qwen2VLForConditionalGeneration(nn.Layer):
 
 def loss_fn(model: Qwen2VLForConditionalGeneration, batch: dict, autocast) -> paddle.Tensor:
     with autocast():
-        logits = model(batch["pixel_values"], batch["input_ids"], batch["position_ids"])
+        logits = model(batch["pixel_values"], batch["input_ids"], batch["position_ids"],
+                       batch.get("vision_positions"), batch.get("vision_lengths", ()))
     return causal_lm_loss(logits, batch["labels"])
 
 

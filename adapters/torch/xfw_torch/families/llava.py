@@ -57,8 +57,14 @@ def build(arch: dict, *, attn_implementation: str = "sdpa") -> torch.nn.Module:
     return cls(config)
 
 
+IMAGE_KEYS = ("pixel_values", "image_sizes", "image_grid_thw")
+
+
 def loss_fn(model: torch.nn.Module, batch: dict) -> torch.Tensor:
-    """Causal-LM loss over the text tokens (transformers shifts labels inside)."""
+    """Causal-LM loss over the answer tokens (transformers shifts labels inside). A micro-batch of
+    text-only samples (real data may have some) goes in without image inputs."""
+    if "pixel_values" in batch and batch["pixel_values"].shape[0] == 0:
+        batch = {k: v for k, v in batch.items() if k not in IMAGE_KEYS}
     return model(**batch).loss
 
 

@@ -37,7 +37,7 @@ LORA_MODULE = "unet"
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")  # the attention linears (params.lora_linears)
 
 
-def flops_per_sample(arch: dict, stage: str) -> None:
+def flops_per_sample(arch: dict, trained: tuple[str, ...]) -> None:
     """No analytic FLOPs count for SD1.5 yet."""
     return None
 
@@ -143,10 +143,22 @@ def make_batch(arch: dict, micro: int, rng: np.random.Generator) -> dict[str, np
     input_ids[:, 0] = vocab - 2
     input_ids[:, 1:-1] = rng.integers(0, vocab - 2, size=(micro, length - 2), dtype=np.int64)
     input_ids[:, -1] = vocab - 1
+    return {"pixel_values": pixel_values, "input_ids": input_ids, **step_draws(arch, micro, rng)}
+
+
+def step_draws(arch: dict, micro: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The random draws of a training step: the noise to add and the timesteps to add it at."""
     noise = rng.standard_normal(latent_shape(arch, micro), dtype=np.float32)
     # Uniform over the training timesteps, as diffusers' and PaddleMIX's SD training scripts draw them.
     timesteps = rng.integers(0, arch["scheduler"]["num_train_timesteps"], size=micro, dtype=np.int64)
-    return {"pixel_values": pixel_values, "input_ids": input_ids, "noise": noise, "timesteps": timesteps}
+    return {"noise": noise, "timesteps": timesteps}
+
+
+def from_prepared(arch: dict, stored: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A prepared sample (``xfw.run.data``: the image resized, cropped and scaled to [-1, 1], its
+    caption's CLIP ids padded to max_length) as a batch of one, with its step's draws from ``rng``."""
+    return {"pixel_values": np.asarray(stored["pixel_values"], np.float32)[None],
+            "input_ids": stored["input_ids"].astype(np.int64)[None], **step_draws(arch, 1, rng)}
 
 
 # -- constructor arguments ------------------------------------------------------------------------

@@ -1,0 +1,191 @@
+"""Micro-batches of prepared real data, read with numpy alone, identical for every backend.
+
+The core prepares a data set once, before any launch (``xfw.run.data``), into a directory both
+adapters read (``spec["data"]["prepared"]``)::
+
+    DIR/index.json                 format, family, samples, fields, the preparation's statistics
+    DIR/<field>.npy                every sample's values of one field, flattened and concatenated
+    DIR/<field>.offsets.npy        int64 [samples + 1]: where each sample's values start
+    DIR/<field>.shapes.npy         int64 [samples, ndim]: each sample's shape of that field
+
+The ``.npy`` files are memory-mapped, so a data set larger than memory costs only what a batch
+reads. :class:`MicroBatches` is a map-style data set of one rank's micro-batches in training order:
+item ``k`` is micro-batch ``k % accum`` of optimizer step ``k // accum``, and holds global
+positions ``step * global + (rank * accum + i) * micro`` onwards, the same rule the synthetic data
+follows (``xfw.contract.synthetic``): a sample depends on its place in the global batch, never on
+the rank, so 1 process x 8 micro-batches and 8 processes x 1 train on the same samples. Positions
+walk through the data set epoch by epoch, each epoch in an order drawn from ``data.seed``.
+Samples are padded to the micro-batch's longest (``xfw.contract.families.collate``)::
+
+    dataset = MicroBatches(spec, rank=0)
+    batch, meta = dataset[0]          # numpy arrays; meta: tokens, padding, longest, hash
+    # each adapter iterates it with its own framework's DataLoader, inside the timed loop
+
+Every micro-batch, synthetic or prepared, is described by :func:`describe` (an int64 array that
+crosses a framework's DataLoader as a tensor): its trained tokens (padding excluded), its padded
+positions, its longest sample and a hash of its bytes, so a report can show that both sides
+trained on bit-identical batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from xfw.contract.families import collate, family_module
+
+FORMAT = 1
+INDEX_FILE = "index.json"
+META_LEN = 5
+"""describe() -> int64 [tokens, padded tokens, longest sample, hash bytes 0-7, hash bytes 8-15]."""
+
+
+# -- describing a micro-batch ------------------------------------------------------------------------
+
+def batch_hash(batch: dict[str, np.ndarray]) -> str:
+    """A 128-bit hex digest of a micro-batch: every key's name, dtype, shape and bytes, in key order."""
+    digest = hashlib.blake2b(digest_size=16)
+    for key in sorted(batch):
+        value = np.asarray(batch[key], order="C")
+        digest.update(f"{key}|{value.dtype.str}|{value.shape}|".encode())
+        digest.update(value.data if value.size else b"")
+    return digest.hexdigest()
+
+
+def token_counts(batch: dict[str, np.ndarray]) -> tuple[int, int, int]:
+    """(trained tokens, padded positions, longest sample) of a language-model batch; zeros for
+    batches without LM labels (SD1.5's input_ids are CLIP prompt ids, not trained tokens)."""
+    if "labels" not in batch or "input_ids" not in batch:
+        return 0, 0, 0
+    ids = batch["input_ids"]
+    mask = batch.get("attention_mask")
+    lengths = mask.sum(axis=1) if mask is not None else np.full(ids.shape[0], ids.shape[1])
+    return int(lengths.sum()), int(ids.size), int(lengths.max()) if lengths.size else 0
+
+
+def describe(batch: dict[str, np.ndarray]) -> np.ndarray:
+    """The micro-batch's int64 description (:data:`META_LEN`): what the harness records for it."""
+    digest = np.frombuffer(bytes.fromhex(batch_hash(batch)), dtype=np.int64)
+    return np.array([*token_counts(batch), *digest], dtype=np.int64)
+
+
+def unpack(meta) -> tuple[int, int, int, str]:
+    """(tokens, padded, longest, hash) from :func:`describe`'s array (or a list of its values)."""
+    values = np.asarray(meta, dtype=np.int64).reshape(-1)
+    return int(values[0]), int(values[1]), int(values[2]), values[3:5].tobytes().hex()
+
+
+# -- the prepared cache --------------------------------------------------------------------------------
+
+class PreparedError(ValueError):
+    """A prepared directory that is missing or not of this format; one line naming it."""
+
+
+def read_index(directory: str | os.PathLike) -> dict:
+    path = Path(directory) / INDEX_FILE
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise PreparedError(f"{path}: cannot read the prepared data's index ({err})") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        raise PreparedError(f"{path}: not a prepared data set of format {FORMAT}")
+    return index
+
+
+class PreparedData:
+    """One prepared directory: ``len()`` samples, ``sample(i)`` a dict of numpy arrays (views of the
+    memory-mapped files). Files are opened on first use, so the object crosses a fork cheaply."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        self.index = read_index(self.directory)
+        self.fields = list(self.index["fields"])
+        self._arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+
+    def __len__(self) -> int:
+        return int(self.index["num_samples"])
+
+    def _open(self) -> dict:
+        if self._arrays is None:
+            arrays = {}
+            for name in self.fields:
+                load = lambda suffix: np.load(self.directory / f"{name}{suffix}", mmap_mode="r")  # noqa: E731
+                arrays[name] = (load(".npy"), np.load(self.directory / f"{name}.offsets.npy"),
+                                np.load(self.directory / f"{name}.shapes.npy"))
+            self._arrays = arrays
+        return self._arrays
+
+    def sample(self, i: int) -> dict[str, np.ndarray]:
+        out = {}
+        for name, (values, offsets, shapes) in self._open().items():
+            out[name] = np.asarray(values[offsets[i]:offsets[i + 1]]).reshape(tuple(shapes[i]))
+        return out
+
+    def __getstate__(self):  # a DataLoader worker started by spawn reopens the files itself
+        return {"directory": self.directory, "index": self.index, "fields": self.fields, "_arrays": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The order samples are visited in during ``epoch``: a permutation drawn from (seed, epoch)."""
+    if not shuffle:
+        return np.arange(num_samples)
+    return np.random.default_rng([seed, epoch]).permutation(num_samples)
+
+
+class MicroBatches:
+    """One rank's micro-batches of a prepared data set, in training order (module docstring).
+    ``len()`` = (warm-up + measured steps) x accumulation; item ``k`` -> (batch, :func:`describe`)."""
+
+    def __init__(self, spec: dict, rank: int):
+        self.arch = spec["model"]["arch"]
+        self.data = PreparedData(spec["data"]["prepared"])
+        self.family = family_module(self.arch["family"])
+        self.seed, self.shuffle = spec["data"]["seed"], bool(spec["data"].get("shuffle", True))
+        self.micro, self.accum = spec["batch"]["micro"], spec["derived"]["grad_accum_steps"]
+        self.global_size, self.rank = spec["batch"]["global"], rank
+        self.num_steps = spec["measure"]["warmup_steps"] + spec["measure"]["steps"]
+        self._orders: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self.num_steps * self.accum
+
+    def positions(self, k: int) -> range:
+        """Global positions (places in the run's stream of samples) of micro-batch ``k``."""
+        step, i = divmod(k, self.accum)
+        first = step * self.global_size + (self.rank * self.accum + i) * self.micro
+        return range(first, first + self.micro)
+
+    def sample_index(self, position: int) -> int:
+        epoch, j = divmod(position, len(self.data))
+        if epoch not in self._orders:
+            self._orders = {epoch: epoch_order(len(self.data), self.seed, epoch, self.shuffle)}
+        return int(self._orders[epoch][j])
+
+    def sample(self, position: int) -> dict[str, np.ndarray]:
+        """The prepared sample at ``position`` as a batch of one, with every random draw of its step
+        (diffusion noise, timesteps) seeded by its place: (seed, step, index in the global batch)."""
+        step, index = divmod(position, self.global_size)
+        rng = np.random.default_rng([self.seed, step, index])
+        return self.family.from_prepared(self.arch, self.data.sample(self.sample_index(position)), rng)
+
+    def __getitem__(self, k: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        batch = collate(self.arch, [self.sample(p) for p in self.positions(k)])
+        return batch, describe(batch)
+
+
+def first_batch(spec: dict) -> dict[str, np.ndarray]:
+    """Rank 0's first micro-batch, synthetic or prepared (what the module probe runs on)."""
+    if spec["data"]["kind"] == "synthetic":
+        from xfw.contract.synthetic import make_pool
+
+        return make_pool(spec, 0)[0]
+    return MicroBatches(spec, 0)[0][0]
