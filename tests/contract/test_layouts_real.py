@@ -132,7 +132,7 @@ def test_the_sweep_ran_every_point_on_both_backends_and_only_cpu_gaps_are_unsupp
 
 def test_strategies_has_the_seed_000_columns_and_one_row_per_gpu_count_framework_and_strategy(runs, reports):
     tables = tables_in(reports[0]["strategies"])
-    assert [t["title"].split("x ")[0] for t in tables] == ["For 2", "For 1"]
+    assert [t["title"].split(" on ")[0] for t in tables] == ["For 2 processes", "For 1 process"]  # a CPU: processes
     seen = set()
     for table, gpus in zip(tables, (2, 1)):
         assert table["header"] == SEED_000
@@ -208,7 +208,7 @@ def test_cost_per_million_samples_follows_from_the_price_and_each_runs_throughpu
     assert len(table["rows"]) == len(runs)
     for model, gpu, recipe, usd, notes in table["rows"]:
         framework = notes.split(",")[0].split(":")[0]
-        gpus = int(gpu.split("x ")[0])
+        gpus = int(gpu.split(" ")[0])  # "2 processes on AMD EPYC": a CPU says processes
         sharding = next(s for s in SHARDINGS if recipe.endswith(f"parallel.sharding={s})"))
         run = runs[(gpus, sharding, framework)]
         assert model == "Tiny LLaVA"
@@ -222,12 +222,12 @@ def test_cost_per_million_samples_follows_from_the_price_and_each_runs_throughpu
 def test_batch_lists_every_run_with_its_throughput_or_status_in_the_seed_002_form(runs, reports):
     (table,) = tables_in(reports[0]["batch"])
     assert table["header"] == SEED_002 and len(table["rows"]) == len(runs)
-    for hardware, framework, _, variant, size, throughput in table["rows"]:
-        run = runs[(int(hardware.split("x ")[0]), variant.removeprefix("parallel.sharding="), framework)]
-        assert size.split(" ")[0] == str(run["spec"]["batch"]["global"])
-        assert throughput == (f"~{run['measurement']['ips']:,.3g}" if ok(run) else "**unsupported**")
-    bullet = re.compile(r"^- \*[12]x .+\* \((torch|paddle), tiny-layouts\): global batch size 2[^:]*: "
-                        r"(~ [\d.,]+ samples/s|unsupported)$")
+    for hardware, framework, _, variant, size, micro, throughput in table["rows"]:
+        run = runs[(int(hardware.split(" ")[0]), variant.removeprefix("parallel.sharding="), framework)]
+        assert size == str(run["spec"]["batch"]["global"]) and micro == str(run["spec"]["batch"]["micro"])
+        assert throughput == (f"{run['measurement']['ips']:,.3g}" if ok(run) else "**unsupported**")
+    bullet = re.compile(r"^- \*[12] process(es)? on .+\* \((torch|paddle), tiny-layouts\): global batch size 2 "
+                        r"\(micro-batch \d+\)[^:]*: ([\d.,]+ samples/s|unsupported)$")
     assert len([n for n in table["notes"] if bullet.match(n)]) == len(runs)
 
 
