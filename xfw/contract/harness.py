@@ -169,9 +169,9 @@ def _export(export_weights: Callable[[dict, str], None] | None, spec: dict, dire
 
 
 def _count(count_params: Callable[[dict], dict] | None, spec_paths: list[str], path: str) -> int:
-    """``--count-params FILE``: every spec's model counted in this one process (the framework is
-    imported once), the results written to FILE together; a spec that fails is recorded as
-    failed and the others are still counted. Exit code: 0, or the first failure's."""
+    """``--count-params FILE`` (and ``--count-flops FILE``): every spec's model counted in this one
+    process (the framework is imported once), the results written to FILE together; a spec that
+    fails is recorded as failed and the others are still counted. Exit code: 0, or the first failure's."""
     from xfw.contract.atomic import write_json_atomic
 
     if count_params is None:
@@ -201,7 +201,8 @@ def _count(count_params: Callable[[dict], dict] | None, spec_paths: list[str], p
 def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
          argv: list[str] | None = None, *, export_weights: Callable[[dict, str], None] | None = None,
          probe_modules: Callable[[dict, str], None] | None = None,
-         count_params: Callable[[dict], dict] | None = None) -> int:
+         count_params: Callable[[dict], dict] | None = None,
+         count_flops: Callable[[dict], dict] | None = None) -> int:
     """Entry point for ``python -m xfw_<backend>``: spec in, records out, status as exit code.
 
     ``--describe`` prints one JSON object (framework, versions, device, multi-process launcher)
@@ -219,11 +220,16 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
         {"counts": [{"spec": "a.json", "total": N, "trainable": M, "parts": {part: n, ...},
                      "trainable_parts": {part: m, ...}},
                     {"spec": "b.json", "status": "unsupported", "message": "..."}]}
+
+    ``--count-flops FILE --spec a.json ...`` likewise calls the optional ``count_flops(spec) -> dict``:
+    one training step's forward and backward on the spec's first micro-batch, its FLOPs counted
+    per ledger term (``xfw.contract.families.flops``) without allocating weights; the same file
+    shape, each entry ``{"spec", "samples", "total", "terms": {term: n}, "recompute": {term: n}}``.
     """
     parser = argparse.ArgumentParser(description="Run one xfw spec and append records.")
     parser.add_argument("--describe", action="store_true", help="print this backend's description as JSON")
     parser.add_argument("--spec", action="append", help="resolved spec.json written by the core "
-                                                        "(several only with --count-params)")
+                                                        "(several only with --count-params/--count-flops)")
     parser.add_argument("--records", help="steps.jsonl to append records to")
     parser.add_argument("--rank", type=int, default=None, help="this process's rank (default: from the launcher)")
     parser.add_argument("--export-weights", metavar="DIR",
@@ -232,17 +238,22 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
                         help="write per-module output norms of one forward pass to FILE (JSON) and exit")
     parser.add_argument("--count-params", metavar="FILE",
                         help="write each --spec's parameter counts, built without weights, to FILE (JSON) and exit")
+    parser.add_argument("--count-flops", metavar="FILE",
+                        help="write each --spec's counted FLOPs of one training step, built without weights, "
+                             "to FILE (JSON) and exit")
     args = parser.parse_args(argv)
     lifeline.watch_parent()  # every process of a run (each rank) ends if the xfw that started it dies
     if args.describe:
         print(json.dumps(describe()))
         return EXIT_OK
-    if args.count_params:
-        if not args.spec:
-            parser.error("--count-params needs --spec")
-        return _count(count_params, args.spec, args.count_params)
+    for flag, target, hook in (("--count-params", args.count_params, count_params),
+                               ("--count-flops", args.count_flops, count_flops)):
+        if target:
+            if not args.spec:
+                parser.error(f"{flag} needs --spec")
+            return _count(hook, args.spec, target)
     if args.spec and len(args.spec) > 1:
-        parser.error("one --spec only (several are for --count-params)")
+        parser.error("one --spec only (several are for --count-params and --count-flops)")
     for flag, target, hook in (("--export-weights", args.export_weights, export_weights),
                                ("--probe-modules", args.probe_modules, probe_modules)):
         if target:

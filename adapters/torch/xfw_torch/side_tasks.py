@@ -4,6 +4,7 @@ the model a run of the spec starts from (:func:`xfw_torch.session.start_model`):
     python -m xfw_torch --export-weights DIR --spec spec.json          # initial weights, canonical names
     python -m xfw_torch --probe-modules FILE --spec spec.json          # per-module output norms
     python -m xfw_torch --count-params FILE --spec a.json --spec b.json   # sizes, built on the meta device
+    python -m xfw_torch --count-flops FILE --spec a.json --spec b.json    # one step's FLOPs, on the meta device
 
 The file formats are ``xfw.contract.harness``'s.
 """
@@ -30,6 +31,21 @@ def count_params(spec: dict) -> dict:
         model = start_model(spec, torch.device("meta"), _attn(spec), weights=False)
     return families.tally(spec["model"]["arch"], ((hf_names.peft_to_canonical(n), p.numel(), p.requires_grad)
                                                   for n, p in model.named_parameters()))
+
+
+def count_flops(spec: dict) -> dict:
+    """``--count-flops``: the spec's starting model built on the meta device as for
+    ``--count-params``, recompute enabled when the spec asks, one training step's forward and
+    backward on its first micro-batch under FlopCounterMode, by ledger term (:mod:`xfw_torch.flops`)."""
+    from xfw_torch.flops import count_step
+
+    family = family_module(spec["model"]["family"])
+    with torch.device("meta"):
+        model = start_model(spec, torch.device("meta"), _attn(spec), weights=False)
+    if spec["recompute"]:
+        family.enable_recompute(model)
+    model.train()
+    return count_step(spec, model, family.loss_fn)
 
 
 def export_weights(spec: dict, directory: str) -> None:
