@@ -28,7 +28,7 @@ from typing import Any, Callable, Protocol
 
 from xfw.contract import lifeline
 from xfw.contract import records as rec
-from xfw.contract import synthetic
+from xfw.contract import rss, synthetic
 
 EXIT_OK, EXIT_INVALID, EXIT_UNSUPPORTED, EXIT_OOM = 0, 2, 3, 4
 DRAIN_INTERVAL_S = 1.0
@@ -96,6 +96,9 @@ def _micro_batches(pool: list, step: int, accum: int) -> list:
 
 
 def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None:
+    # The model is built: the process's resident memory counts from here, the same way for every
+    # backend (xfw.contract.rss), beside the framework's own figure (memory_peaks).
+    rss_after_build, rss_since_build = rss.reset_peak()
     warmup, steps = spec["measure"]["warmup_steps"], spec["measure"]["steps"]
     accum = spec["derived"]["grad_accum_steps"]
     pool_np = synthetic.make_pool(spec, session.rank)
@@ -104,13 +107,15 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
     pool = [session.to_device(b) for b in pool_np]  # converted before anything is timed
     with_grad_norm = wants_grad_norm(spec)
     grad_norms: list[float] = []  # index: step; filled only when asked (parity)
-    writer.start(num_ranks=session.num_ranks, warmup_steps=warmup, steps=steps)
+    writer.start(num_ranks=session.num_ranks, warmup_steps=warmup, steps=steps,
+                 rss_after_build_bytes=rss_after_build, rss_peak_since_build=rss_since_build)
 
     def write_step(step: int, phase: str, time_s: float, loss: float | None) -> None:
         alloc, reserved = session.memory_peaks()
         extra = {"grad_norm_l2": grad_norms[step]} if with_grad_norm else {}
         writer.write("step", step=step, phase=phase, step_time_s=time_s, samples=samples, tokens=tokens,
-                     loss=loss, mem_alloc_peak_bytes=alloc, mem_reserved_peak_bytes=reserved, **extra)
+                     loss=loss, mem_alloc_peak_bytes=alloc, mem_reserved_peak_bytes=reserved,
+                     rss_peak_bytes=rss.peak_bytes(), **extra)
 
     # Warm-up: synchronised every step (it is excluded, so the syncs cost nothing we report).
     for step in range(warmup):

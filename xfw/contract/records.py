@@ -8,7 +8,10 @@ keys. Each rank writes, in order: ``start``, ``step`` x (warm-up + measured), ``
      "samples": 16, "tokens": 65536, "loss": 3.218, "mem_alloc_peak_bytes": 1048576,
      "mem_reserved_peak_bytes": null}
 
-A step record may also carry ``grad_norm_l2`` (:data:`OPTIONAL`), only when the run asked for it.
+Optional fields (:data:`OPTIONAL`; runs written before them lack them and still load): a step's
+``grad_norm_l2``, only when the run asked for it; ``rss_peak_bytes`` on every step and
+``rss_after_build_bytes`` / ``rss_peak_since_build`` on ``start``, the process's resident memory
+(``xfw.contract.rss``), the one memory measure both backends share on a CPU.
 
 The core tails the file for live progress and computes every statistic from it
 (``xfw.report.measure``); stdout is never parsed.
@@ -46,10 +49,15 @@ FIELDS: dict[str, dict[str, tuple]] = {
     "error": {"status": _STR, "message": _STR},
     "end": {},
 }
-# kind -> {key: accepted types} that a record may carry, only when asked for. ``grad_norm_l2``:
-# the global L2 norm of the trainable parameters' gradients before the optimizer step (parity
-# asks for it; reading it is a host sync every step, so measured runs never carry it).
-OPTIONAL: dict[str, dict[str, tuple]] = {"step": {"grad_norm_l2": _NUM + _NONE}}
+# kind -> {key: accepted types} that a record may carry. ``grad_norm_l2``: the global L2 norm of
+# the trainable parameters' gradients before the optimizer step (parity asks for it; reading it is a
+# host sync every step, so measured runs never carry it). ``rss_*``: the harness's resident-memory
+# readings (xfw.contract.rss): the peak so far on each step; on ``start`` the resident set right after
+# the model is built, and whether the peak counts from there (else from the process's start).
+OPTIONAL: dict[str, dict[str, tuple]] = {
+    "step": {"grad_norm_l2": _NUM + _NONE, "rss_peak_bytes": _INT + _NONE},
+    "start": {"rss_after_build_bytes": _INT + _NONE, "rss_peak_since_build": _BOOL},
+}
 PHASES = ("warmup", "measure")
 _MAY_DIVERGE = ("loss", "grad_norm_l2")
 ERROR_STATUSES = ("unsupported", "invalid", "oom", "crashed")
@@ -79,7 +87,8 @@ def validate_record(record: Any) -> list[str]:
         if key in ("schema", "kind", "rank") or key in expected:
             continue
         if key in optional:
-            if not isinstance(record[key], optional[key]) or isinstance(record[key], bool):
+            types = optional[key]
+            if not isinstance(record[key], types) or (types is not _BOOL and isinstance(record[key], bool)):
                 problems.append(f"{kind}: {key!r} has type {type(record[key]).__name__}, expected {optional[key]}")
             continue
         if kind == "applied" and key.startswith("version_") and isinstance(record[key], str):
@@ -114,8 +123,9 @@ class RecordWriter:
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
         self._file.flush()
 
-    def start(self, *, num_ranks: int, warmup_steps: int, steps: int) -> None:
-        self.write("start", num_ranks=num_ranks, warmup_steps=warmup_steps, steps=steps, t_unix_s=time.time())
+    def start(self, *, num_ranks: int, warmup_steps: int, steps: int, **optional: Any) -> None:
+        self.write("start", num_ranks=num_ranks, warmup_steps=warmup_steps, steps=steps, t_unix_s=time.time(),
+                   **optional)
 
     def close(self) -> None:
         self._file.close()

@@ -55,7 +55,15 @@ class Side:
     mem_alloc_peak_bytes: int | None = None
     mem_reserved_peak_bytes: int | None = None
     mem_source: str | None = None
+    """The source of ``mem_*``: the framework's own figure (an allocator's, or PyTorch's peak RSS on a CPU)."""
+    memory_bytes: int | None = None
+    """The measure both backends share (``Measurement.memory_bytes``): what the contrast shows."""
+    memory_source: str | None = None
+    rss_after_build_bytes: int | None = None
     mfu: float | None = None
+    mfu_peak: str = ""
+    """The peak ``mfu`` divides by and its datasheet, or why there is none (``RunResult.mfu_peak``)."""
+    flops_per_sample: float | None = None
     num_repeats: int = 0
     applied: dict = field(default_factory=dict)
     run_dirs: list[str] = field(default_factory=list)
@@ -63,6 +71,10 @@ class Side:
     @property
     def ok(self) -> bool:
         return self.status == "ok" and self.ips is not None
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.ok and self.applied.get("device", "cpu") != "cpu"
 
     @property
     def num_processes(self) -> int:
@@ -119,6 +131,9 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
         side.mem_alloc_peak_bytes = _median(x.mem_alloc_peak_bytes for x in m)
         side.mem_reserved_peak_bytes = _median(x.mem_reserved_peak_bytes for x in m)
         side.mem_source, side.mfu = m[0].mem_source, _median(r.mfu for r in ok)
+        side.memory_bytes, side.memory_source = _median(x.memory_bytes for x in m), m[0].memory_source
+        side.rss_after_build_bytes = _median(x.rss_after_build_bytes for x in m)
+        side.mfu_peak, side.flops_per_sample = ok[0].mfu_peak, ok[0].flops_per_sample
     return side
 
 
@@ -186,7 +201,7 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
             if len(values) >= 2 and len({repr(v) for v in values.values()}) > 1 and key not in _EXPECTED_TO_DIFFER:
                 row.differing.append(key)
                 row.warnings.append(f"{key} differs: " + ", ".join(f"{k}={v}" for k, v in values.items()))
-    sources = {s.mem_source for s in sides.values() if s.ok}
+    sources = {s.memory_source for s in sides.values() if s.ok and s.memory_source}
     if len(sources) > 1:
         row.warnings.append("memory is measured from different sources (" + ", ".join(sorted(sources))
                             + "): not directly comparable")
