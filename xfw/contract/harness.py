@@ -214,8 +214,8 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
     and exits; the core uses it for ``xfw env`` and to check an interpreter before launching.
     ``--export-weights DIR --spec spec.json`` calls the adapter's optional ``export_weights``;
     ``--probe-modules FILE --spec spec.json`` its optional ``probe_modules``: one forward pass on
-    the first synthetic batch, every parameter-owning module's output norm written to FILE as
-    ``{"modules": [{"name": canonical module name, "norm": float}, ...]}`` in call order.
+    the first synthetic batch, every parameter-owning module's output in call order, written to
+    FILE and FILE's ``.safetensors`` sibling by ``xfw.contract.probe.write_probe``.
 
     ``--count-params FILE --spec a.json [--spec b.json ...]`` calls the adapter's optional
     ``count_params(spec) -> dict`` once per spec: the model a run would start from (stage

@@ -2,7 +2,7 @@
 the model a run of the spec starts from (:func:`xfw_torch.session.start_model`)::
 
     python -m xfw_torch --export-weights DIR --spec spec.json          # initial weights, canonical names
-    python -m xfw_torch --probe-modules FILE --spec spec.json          # per-module output norms
+    python -m xfw_torch --probe-modules FILE --spec spec.json          # per-module outputs (xfw.contract.probe)
     python -m xfw_torch --count-params FILE --spec a.json --spec b.json   # sizes, built on the meta device
     python -m xfw_torch --count-flops FILE --spec a.json --spec b.json    # one step's FLOPs, on the meta device
 
@@ -66,14 +66,14 @@ def _first_tensor(output):
 
 def probe_modules(spec: dict, path: str) -> None:
     """``--probe-modules FILE``: one forward pass of the spec's starting model on the first
-    synthetic batch; the output norm of every module that owns a parameter, in call order
-    (first call only), under its canonical name (this model's own)."""
-    from xfw.contract.atomic import write_json_atomic
+    synthetic batch; the output of every module that owns a parameter, in call order (first call
+    only), under its canonical name (this model's own), written by ``xfw.contract.probe``."""
+    from xfw.contract.probe import write_probe
     from xfw.contract.synthetic import make_pool
 
     model = start_model(spec, torch.device("cpu"), _attn(spec))
     model.train()  # as a run's first step computes it
-    found: list[dict] = []
+    found: list[tuple[str, object]] = []
     seen: set[str] = set()
 
     def hook(name):
@@ -81,7 +81,7 @@ def probe_modules(spec: dict, path: str) -> None:
             tensor = _first_tensor(output)
             if name not in seen and tensor is not None and tensor.is_floating_point():
                 seen.add(name)
-                found.append({"name": name, "norm": float(tensor.detach().double().norm())})
+                found.append((name, tensor.detach().float().cpu().numpy()))
         return record
 
     for name, module in model.named_modules():
@@ -90,4 +90,4 @@ def probe_modules(spec: dict, path: str) -> None:
     batch = {k: torch.from_numpy(v) for k, v in make_pool(spec, 0)[0].items()}
     with torch.no_grad():
         family_module(spec["model"]["family"]).loss_fn(model, batch)
-    write_json_atomic(path, {"modules": found})
+    write_probe(path, found)
