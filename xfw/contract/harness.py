@@ -215,7 +215,7 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
     ``--export-weights DIR --spec spec.json`` calls the adapter's optional ``export_weights``;
     ``--probe-modules FILE --spec spec.json`` its optional ``probe_modules``: one forward pass on
     the first synthetic batch, every parameter-owning module's output in call order, written to
-    FILE and FILE's ``.safetensors`` sibling by ``xfw.contract.probe.write_probe``.
+    FILE and FILE's ``.safetensors`` sibling by ``xfw.contract.module_outputs.write_probe``.
 
     ``--count-params FILE --spec a.json [--spec b.json ...]`` calls the adapter's optional
     ``count_params(spec) -> dict`` once per spec: the model a run would start from (stage

@@ -240,7 +240,7 @@ CPU, every tiny recipe): at most 1.5e-6 (docs/parity.md); a changed weight moves
 by far more, and a negated one by 2x its magnitude while its norm stays the same."""
 
 Probe = tuple[list[dict], dict]
-"""A side's module probe (``xfw.contract.probe.read_probe``): modules in call order, their outputs."""
+"""A side's module probe (``xfw.contract.module_outputs.read_probe``): modules in call order, their outputs."""
 
 
 def module_differences(reference: Probe, other: Probe, rel_tol: float = MODULE_REL_TOL) -> list[dict]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from xfw.contract import records as rec
 from xfw.contract.atomic import write_json_atomic
 from xfw.contract.harness import GRAD_NORM_KNOB
-from xfw.contract.probe import read_probe
+from xfw.contract.module_outputs import read_probe
 from xfw.report.parity import PARITY_FILE, ParityReport, Probe, Tolerances, compare_losses
 from xfw.run import jobs, launcher
 from xfw.run.recipe import Recipe, RecipeError, load_recipe, resolve_spec, to_dict
@@ -42,7 +42,7 @@ class ParityError(ValueError):
 
 def probe(backend: launcher.Backend, run_dir: Path, timeout_s: float) -> Probe | None:
     """``--probe-modules`` on the spec a run used (its own starting weights): every module's output
-    on the first batch (``xfw.contract.probe``); None if the adapter could not."""
+    on the first batch (``xfw.contract.module_outputs``); None if the adapter could not."""
     path = run_dir / "modules.json"
     try:
         launcher.adapter_task(backend, ["--probe-modules", str(path), "--spec", str(run_dir / "spec.json")],

@@ -2,7 +2,7 @@
 the model a run of the spec starts from (:func:`xfw_paddle.session.start_model`)::
 
     python -m xfw_paddle --export-weights DIR --spec spec.json          # initial weights, canonical names
-    python -m xfw_paddle --probe-modules FILE --spec spec.json          # per-module outputs (xfw.contract.probe)
+    python -m xfw_paddle --probe-modules FILE --spec spec.json          # per-module outputs (xfw.contract.module_outputs)
     python -m xfw_paddle --count-params FILE --spec a.json --spec b.json   # sizes, built lazily
 
 The file formats are ``xfw.contract.harness``'s.
@@ -68,7 +68,7 @@ def probe_modules(spec: dict, path: str) -> None:
     """``--probe-modules FILE``: as the PyTorch adapter's (outputs in the same layout: a Linear's
     output is [..., out] on both sides), with each layer named by the canonical name of the module
     its parameters map to (the family's ``canonical_names``)."""
-    from xfw.contract.probe import write_probe
+    from xfw.contract.module_outputs import write_probe
     from xfw.contract.synthetic import make_pool
 
     check_spec(spec)

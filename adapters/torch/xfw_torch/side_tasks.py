@@ -2,7 +2,7 @@
 the model a run of the spec starts from (:func:`xfw_torch.session.start_model`)::
 
     python -m xfw_torch --export-weights DIR --spec spec.json          # initial weights, canonical names
-    python -m xfw_torch --probe-modules FILE --spec spec.json          # per-module outputs (xfw.contract.probe)
+    python -m xfw_torch --probe-modules FILE --spec spec.json          # per-module outputs (xfw.contract.module_outputs)
     python -m xfw_torch --count-params FILE --spec a.json --spec b.json   # sizes, built on the meta device
     python -m xfw_torch --count-flops FILE --spec a.json --spec b.json    # one step's FLOPs, on the meta device
 
@@ -67,8 +67,8 @@ def _first_tensor(output):
 def probe_modules(spec: dict, path: str) -> None:
     """``--probe-modules FILE``: one forward pass of the spec's starting model on the first
     synthetic batch; the output of every module that owns a parameter, in call order (first call
-    only), under its canonical name (this model's own), written by ``xfw.contract.probe``."""
-    from xfw.contract.probe import write_probe
+    only), under its canonical name (this model's own), written by ``xfw.contract.module_outputs``."""
+    from xfw.contract.module_outputs import write_probe
     from xfw.contract.synthetic import make_pool
 
     model = start_model(spec, torch.device("cpu"), _attn(spec))

@@ -1,5 +1,5 @@
-"""The module probe's file format: every parameter-owning module's output on the first batch, in call
-order, under its canonical name, written by each adapter's ``--probe-modules FILE`` side task::
+"""Parity's module probe, its file format: every parameter-owning module's output on the first
+batch, in call order, under its canonical name, written by each adapter's ``--probe-modules FILE``::
 
     write_probe("run/modules.json", [("model.language_model.norm", array), ...])
     # run/modules.json          {"modules": [{"name", "norm", "shape"}, ...], "outputs": "modules.safetensors"}
