@@ -259,7 +259,9 @@ def estimate(recipe, overrides, run_dir) -> None:
 @main.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
 @click.option("--backends", default=None, help="Comma-separated backends and their order (default: as found).")
-@out_option
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Where report.md/.csv/.html (report-<layout>.*) go (default: the first directory given, "
+                   "replacing its report).")
 @click.option("--layout", type=click.Choice(LAYOUT_NAMES), default="contrast", show_default=True,
               help="contrast: backends side by side (seed 003); strategies: per GPU count and sharding (seed 000); "
                    "ranks: per-rank time and memory (seed 001); batch: throughput per global batch with OOM rows "
@@ -270,6 +272,17 @@ def report(run_dirs, backends, out_dir, layout, price_per_gpu_hour) -> None:
     """Rebuild a report (table, CSV, HTML; chart for contrast) from existing run directories."""
     _finish(lambda: workflow.report(list(run_dirs), _backend_list(backends) if backends else None, out_dir,
                                     layout=layout, price_per_gpu_hour=price_per_gpu_hour))
+
+
+@main.command()
+@click.argument("node_dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True,
+              help="Where the assembled runs and their report go (may be one of the node directories).")
+@force_option
+def assemble(node_dirs, out_dir, force) -> None:
+    """Assemble multi-node runs from the directories each node wrote (its --out): every rank's records,
+    the global throughput, a per-rank table. On a shared --out the nodes assemble their runs themselves."""
+    _finish(lambda: workflow.assemble(list(node_dirs), out_dir, force=force))
 
 
 @main.command()
@@ -305,7 +318,9 @@ def parity(recipe, backends, steps, overrides, pythons, out_dir, weights, force)
 @click.option("--backends", "only_backends", default=None, metavar="A,B",
               help="Run only these of the suite's backends (e.g. torch on a node without a Paddle GPU build).")
 @click.option("--report-only", is_flag=True, help="Run nothing: rewrite the night's report from what is recorded.")
-def nightly(suite, history_dir, night, overrides, only_backends, pythons, report_only) -> None:
+@rendezvous_options
+def nightly(suite, history_dir, night, overrides, only_backends, pythons, report_only, node_rank, master_addr,
+            master_port) -> None:
     """Run a suite, add it to the history, flag regressions against earlier nights, write report.html.
 
     Exit 0: no regression; 1: a regression or a failed run (listed first in the report); 2: bad input.
@@ -313,7 +328,29 @@ def nightly(suite, history_dir, night, overrides, only_backends, pythons, report
     _finish(lambda: workflow.nightly(
         suite, history_dir, night=night, overrides=list(overrides), report_only=report_only,
         only_backends=_backend_list(only_backends) if only_backends is not None else None,
-        interpreters=_interpreters(pythons), progress=None if report_only else _progress(), log=_log))
+        interpreters=_interpreters(pythons), rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port),
+        progress=None if report_only else _progress(), log=_log))
+
+
+@main.command()
+@click.option("--backends", default="paddle,torch", show_default=True, help="Comma-separated backends to check.")
+@click.option("--families", default="llava,qwen2vl,sd15,sd3", show_default=True,
+              help="Model families, each through its tiny recipe.")
+@click.option("--paths", default=None, metavar="P1,P2,...",
+              help="Settings paths (default: all): fp32, bf16-o1, bf16-o2, fp16-o2, recompute, attention-eager, "
+                   "stage2, stage3.")
+@python_option
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Where the runs and selfcheck.json go (default: runs/selfcheck, where compare looks).")
+def selfcheck(backends, families, paths, pythons, out_dir) -> None:
+    """The first command on a new machine: check every settings path the seed rows use, on every
+    backend, and say which work here; compare warns about runs through unchecked paths."""
+    from xfw.report.selfcheck import BY_NAME
+
+    _finish(lambda: workflow.selfcheck(
+        _backend_list(backends), families=_backend_list(families),
+        paths=_backend_list(paths) if paths else list(BY_NAME), interpreters=_interpreters(pythons),
+        out_dir=out_dir, progress=_progress(), log=_log))
 
 
 @main.command(name="env")

@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import os
 import shlex
+import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,12 +34,15 @@ from xfw.report import estimate as est
 from xfw.report.plot import plot_comparison
 from xfw.report.results import RunResult, load_runs
 from xfw.report.table import Page
-from xfw.run import jobs, launcher, lock
+from xfw.run import command, jobs, launcher, lock
 from xfw.run import maxbatch as mb
 from xfw.run import sweep as sw
 from xfw.run.recipe import Recipe, RecipeError, load_recipe, resolve_spec
 
 Log = Callable[[str], None]
+NODE_WAIT_S = 120.0
+"""How long one node of a multi-node run waits for the other nodes' parts to finish beside its own
+(a shared --out) before reporting its part alone."""
 
 
 class UsageError(ValueError):
@@ -77,8 +82,9 @@ def load_all(paths: list[str], overrides: list[str]) -> list[Recipe]:
     return recipes
 
 
-def prepare_backends(names: list[str], interpreters: dict[str, str]) -> jobs.Backends:
-    """Resolve and describe each backend (fails fast, before any launch)."""
+def prepare_backends(names: list[str], interpreters: dict[str, str], recipes: list[Recipe] = ()) -> jobs.Backends:
+    """Resolve and describe each backend (fails fast, before any launch). A backend that runs a
+    command in every one of ``recipes`` needs no interpreter and no description (xfw.run.command)."""
     if not names:
         raise UsageError("no backends given")
     stray = sorted(set(interpreters) - set(names))
@@ -87,6 +93,12 @@ def prepare_backends(names: list[str], interpreters: dict[str, str]) -> jobs.Bac
                          f"(it runs {', '.join(names)})")
     out, problems = {}, []
     for name in names:
+        if command.is_command(list(recipes), name):
+            if name in interpreters:
+                problems.append(f"--python {name}=...: backend {name!r} runs the recipe's command "
+                                f"(backends.{name}.command), not an interpreter; set the command's first item instead")
+            out[name] = (launcher.Backend(name, ""), {"command": True})
+            continue
         try:
             backend = launcher.resolve_backend(name, interpreters)
             out[name] = (backend, launcher.describe_backend(backend))
@@ -95,6 +107,12 @@ def prepare_backends(names: list[str], interpreters: dict[str, str]) -> jobs.Bac
     if problems:
         raise UsageError("\n".join(problems))
     return out
+
+
+def _refuse_commands(recipe: Recipe, backend_names: list[str], why: str) -> None:
+    attached = [name for name in backend_names if command.command_of(recipe, name) is not None]
+    if attached:
+        raise UsageError(f"{recipe.name}: backends.{attached[0]}.command: {why}; use compare, sweep or nightly")
 
 
 def _recipe_error(fn, *args):
@@ -124,7 +142,7 @@ def write_page(page: Page, out_dir: Path, stem: str = "report") -> Outcome:
 
 
 def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *, chart: bool = True,
-                 parity: dict[str, dict] | None = None) -> Outcome:
+                 parity: dict[str, dict] | None = None, warnings: list[str] = ()) -> Outcome:
     """report.md/csv/html and chart.png; ``parity`` (recipe name -> status) adds the parity lines.
     Exit code 1 when any run is not ok."""
     rows = cmp.compare_runs(results, backends, parity=parity)
@@ -134,7 +152,7 @@ def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *
         chart_path, problem = None, f"could not write {out_dir / 'chart.png'}: {err.strerror or err}"
     else:
         problem = ""
-    outcome = write_page(contrast.contrast_page(rows, backends, chart=chart_path), out_dir)
+    outcome = write_page(contrast.contrast_page(rows, backends, chart=chart_path, warnings=list(warnings)), out_dir)
     if chart_path is not None:
         outcome.paths["chart"] = chart_path
     if problem:
@@ -147,18 +165,19 @@ def _judge_runs(outcome: Outcome, results: list[RunResult]) -> Outcome:
     """Exit code 1 (and a note) when any run is not ok: failed, unreadable or incomplete."""
     failed = [r for r in results if not r.ok]
     if failed:
-        outcome.notes.append(f"{len(failed)} of {len(results)} runs did not succeed (see 'Failed runs' above)")
+        outcome.notes.append(f"{len(failed)} of {len(results)} runs did not succeed (their status is in the report)")
         outcome.exit_code = 1
     return outcome
 
 
 @contextlib.contextmanager
-def _guarded(out_dir: Path) -> Iterator[None]:
-    """While a command runs jobs: its output directory locked, SIGTERM handled as Ctrl-C (the running
-    adapter is stopped and recorded as cut off), and a refused job reported as bad input."""
+def _guarded(out_dir: Path, node_rank: int | None = None) -> Iterator[None]:
+    """While a command runs jobs: its output directory locked (per node for one node of a multi-node
+    run), SIGTERM handled as Ctrl-C (the running adapter is stopped and recorded as cut off), and a
+    refused job reported as bad input."""
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        with lock.hold(out_dir):
+        with lock.hold(out_dir, node_rank=node_rank):
             yield
     except (lock.LockedError, jobs.JobError) as err:
         raise UsageError(str(err)) from None
@@ -188,8 +207,9 @@ def default_out_dir(recipes: list[Recipe], root: Path = Path("runs")) -> Path:
     return root / f"{stamp}-{label}"
 
 
-def _jobs(recipes: list[Recipe], backends: list[str], out_dir: Path) -> list[jobs.Job]:
-    return [job for recipe in recipes for job in jobs.jobs_for(recipe, backends, out_dir, (recipe.name,))]
+def _jobs(recipes: list[Recipe], backends: list[str], out_dir: Path, node_rank: int = 0) -> list[jobs.Job]:
+    return [job for recipe in recipes
+            for job in jobs.jobs_for(recipe, backends, out_dir, (recipe.name,), node_rank=node_rank)]
 
 
 def launch_commands(recipes: list[Recipe], backends: jobs.Backends, out_dir: Path,
@@ -197,19 +217,28 @@ def launch_commands(recipes: list[Recipe], backends: jobs.Backends, out_dir: Pat
     """The exact shell lines ``run`` would execute, with their environment; writes each spec.json
     (so a line can be run by hand) and launches nothing."""
     lines = []
-    for job in _jobs(recipes, list(backends), out_dir):
+    for job in _jobs(recipes, list(backends), out_dir, rendezvous.node_rank):
         if job.repeat_index:
             continue
         backend, description = backends[job.backend]
         job.run_dir.mkdir(parents=True, exist_ok=True)
         spec_path = job.run_dir / "spec.json"
         write_json_atomic(spec_path, launcher.spec_for(job.recipe, job.backend, job.run_dir))
-        cmd = launcher.build_command(backend, description, job.recipe, spec_path, job.run_dir / "steps.jsonl",
-                                     rendezvous)
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launcher.run_env(job.recipe).items())
-        lines.append(f"# {job.backend}: {job.recipe.name} (timeout {job.recipe.measure.timeout_s:g} s)\n"
-                     f"{env} {shlex.join(cmd)}")
+        run = launcher.invocation(backend, description, job.recipe, spec_path, job.run_dir / "steps.jsonl",
+                                  rendezvous)
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**launcher.run_env(job.recipe), **run.env}.items())
+        inherited = {k: v for k, v in sorted(os.environ.items()) if k.startswith(INHERITED_PREFIXES)}
+        lines.append(f"# {job.backend}: {job.recipe.name} (timeout {job.recipe.measure.timeout_s:g} s); the adapter "
+                     "gets this shell's environment plus the variables in front of the command"
+                     + (f"; of that environment these matter to the frameworks: "
+                        + " ".join(f"{k}={shlex.quote(v)}" for k, v in inherited.items()) if inherited else "")
+                     + f"\ncd {shlex.quote(run.cwd or str(Path.cwd()))} && {env} {shlex.join(run.argv)}")
     return lines
+
+
+INHERITED_PREFIXES = ("CUDA_", "NCCL_", "NVIDIA_", "FLAGS_", "PADDLE_", "TORCH_", "PYTORCH_", "OMP_", "MKL_",
+                      "PYTHONPATH", "LD_LIBRARY_PATH", "HF_", "TRANSFORMERS_", "XFW_")
+"""The caller's variables ``--print-command`` shows: the ones the frameworks and their launchers read."""
 
 
 def parity_statuses(recipes: list[Recipe], out_dir: Path, extra: list[Path] = ()) -> dict[str, dict]:
@@ -229,22 +258,65 @@ def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: lis
     """``xfw run`` (one backend) and ``xfw compare``: run every recipe on every backend and report.
     ``parity_dirs`` (a list, possibly empty): look up and show each recipe's parity status."""
     recipes = load_all(recipe_paths, overrides)
-    backends = prepare_backends(backend_names, interpreters)
+    backends = prepare_backends(backend_names, interpreters, recipes)
     out_dir = out_dir or default_out_dir(recipes)
     if print_command:
         return Outcome(text="\n".join(launch_commands(recipes, backends, out_dir, rendezvous)))
-    with _guarded(out_dir):
+    multi_node = any(r.parallel.nnodes > 1 for r in recipes)
+    _check_node(recipes, rendezvous)
+    with _guarded(out_dir, rendezvous.node_rank if multi_node else None):
         _refuse_foreign(out_dir, recipes, force)
-        todo = _jobs(recipes, list(backends), out_dir)
+        todo = _jobs(recipes, list(backends), out_dir, rendezvous.node_rank)
         jobs.check_jobs(todo, force=force)
-        log(f"runs in {out_dir}")
+        unchecked = _unchecked(todo, backends)
+        for warning in unchecked:
+            log(f"warning: {warning}")
+        log(f"runs in {out_dir}" + (f" (node {rendezvous.node_rank}'s part)" if multi_node else ""))
         try:
             results, _ = jobs.run_jobs(todo, backends, resume=False, force=force, progress=progress,
                                        rendezvous=rendezvous, log=_silent)
         except jobs.JobsInterrupted as stop:
             return _interrupted(write_report(stop.results, backend_names, out_dir))
+        results, notes = _with_sibling_parts(results, log)
         parity = None if parity_dirs is None else parity_statuses(recipes, out_dir, parity_dirs)
-        return write_report(results, backend_names, out_dir, parity=parity)
+        outcome = write_report(results, backend_names, out_dir, parity=parity, warnings=unchecked)
+        outcome.notes += notes
+        return outcome
+
+
+def _unchecked(todo: list[jobs.Job], backends: jobs.Backends) -> list[str]:
+    """Settings paths these jobs take that ``xfw selfcheck`` has not passed on this machine."""
+    from xfw.report.results import setup_from_spec
+    from xfw.run.selfcheck import unchecked_paths
+
+    setups = []
+    for job in todo:
+        spec = launcher.spec_for(job.recipe, job.backend, job.run_dir)
+        setups.append((job.backend, setup_from_spec(spec), spec["backend_knobs"]))
+    return unchecked_paths(setups, backends)
+
+
+def _check_node(recipes: list[Recipe], rendezvous: launcher.Rendezvous) -> None:
+    """The rendezvous flags fit the recipes: a node rank inside parallel.nnodes, one port for all nodes."""
+    for recipe in recipes:
+        nnodes = recipe.parallel.nnodes
+        if not 0 <= rendezvous.node_rank < nnodes:
+            raise UsageError(f"--node-rank {rendezvous.node_rank}: {recipe.name} runs on parallel.nnodes = {nnodes} "
+                             f"node(s), so the rank is 0" + (f"..{nnodes - 1}" if nnodes > 1 else ""))
+        if nnodes > 1 and rendezvous.master_port is None:
+            raise UsageError(f"{recipe.name}: parallel.nnodes = {nnodes} needs --master-port (the same on every node)")
+
+
+def _one_node(recipes: list[Recipe], command: str) -> None:
+    multi = next((r for r in recipes if r.parallel.nnodes > 1), None)
+    if multi is not None:
+        raise UsageError(f"{multi.name}: parallel.nnodes = {multi.parallel.nnodes}: xfw {command} runs on one node; "
+                         "run each node with xfw run or compare --node-rank R (docs/multinode.md)")
+
+
+def _with_sibling_parts(results: list[RunResult], log: Log) -> tuple[list[RunResult], list[str]]:
+    pairs = [jobs.with_sibling_parts(r, wait_s=NODE_WAIT_S, log=log) for r in results]
+    return [r for r, _ in pairs], [note for _, note in pairs if note]
 
 
 # --- studies --------------------------------------------------------------------------------------
@@ -255,7 +327,8 @@ def sweep(recipe_path: str, axes: list[str], backend_names: list[str], *, fixed:
     """Every combination of the axes' values, one run at a time; the same ``out_dir`` resumes.
     ``fixed`` overrides (``--repeat``) apply to every point without being part of its variant."""
     points = _recipe_error(sw.plan, recipe_path, axes, fixed)
-    backends = prepare_backends(backend_names, interpreters)
+    _one_node([p.recipe for p in points], "sweep")
+    backends = prepare_backends(backend_names, interpreters, [p.recipe for p in points])
     out_dir = out_dir or Path("runs") / f"sweep-{points[0].recipe.name}"  # no timestamp: a rerun resumes
     with _guarded(out_dir):
         _refuse_foreign(out_dir, [points[0].recipe], force)
@@ -275,6 +348,8 @@ def maxbatch(recipe_path: str, backend_names: list[str], *, overrides: list[str]
     Exit code 1 unless every search found its edge through ok and OOM probes only."""
     values = _recipe_error(mb.parse_candidates, candidates) if candidates else None
     (recipe,) = load_all([recipe_path], overrides)
+    _one_node([recipe], "maxbatch")
+    _refuse_commands(recipe, backend_names, "maxbatch changes batch.micro, which the command itself decides")
     for micro in values or []:
         _recipe_error(mb.probe_recipe, recipe_path, micro, overrides)
     backends = prepare_backends(backend_names, interpreters)
@@ -349,6 +424,84 @@ def report(paths: list[str], backend_names: list[str] | None, out_dir: Path | No
                        results)
 
 
+def assemble(paths: list[str], out_dir: Path, *, force: bool = False) -> Outcome:
+    """Bring the parts each node of multi-node runs wrote (each node's --out) under ``out_dir`` and
+    report the whole runs: every rank, the global throughput, a table per run's ranks."""
+    from xfw.report.results import find_run_dirs
+
+    with _guarded(out_dir):
+        copied = 0
+        for root in map(Path, paths):
+            try:
+                found = find_run_dirs([root])
+            except FileNotFoundError as err:
+                raise UsageError(str(err)) from None
+            for part_dir in found:
+                part = RunResult.load(part_dir)
+                if "rank" not in part.node:
+                    continue
+                target = out_dir / part_dir.relative_to(root)
+                if target.resolve() == part_dir.resolve():
+                    continue  # already here (a shared --out)
+                if target.exists() and not force and not _same_part(part_dir, target):
+                    raise UsageError(f"{target} holds another run's part; choose another --out or pass --force")
+                shutil.copytree(part_dir, target, dirs_exist_ok=True)
+                copied += 1
+        results = [r for r in load_runs([out_dir]) if r.node]
+        if not results:
+            raise UsageError(f"no part of a multi-node run under {', '.join(paths)}")
+        page = contrast.contrast_page(cmp.compare_runs(results, cmp.backends_in(results)), cmp.backends_in(results),
+                                      title="Multi-node runs, assembled")
+        page.blocks += [table.Heading("Ranks", 3), *layouts.ranks(results)]
+        outcome = _judge_runs(write_page(page, out_dir), results)
+        outcome.notes.insert(0, f"{copied} node part(s) copied into {out_dir}")
+        return outcome
+
+
+def _same_part(a: Path, b: Path) -> bool:
+    try:
+        return (a / "summary.json").read_bytes() == (b / "summary.json").read_bytes()
+    except OSError:
+        return False
+
+
+def selfcheck(backend_names: list[str], *, families: list[str], paths: list[str], interpreters: dict[str, str],
+              out_dir: Path | None = None, progress: launcher.Progress | None = None, log: Log = _silent) -> Outcome:
+    """Every family through every settings path on every backend; a verdict per (backend, path);
+    exit 1 if a path fails (not checked is not a failure: it says why)."""
+    from xfw.report import selfcheck as judge
+    from xfw.run import selfcheck as sc
+
+    unknown = [f for f in families if f not in sc.FAMILY_RECIPES] + [p for p in paths if p not in judge.BY_NAME]
+    if unknown:
+        raise UsageError(f"{unknown[0]!r}: not a family ({', '.join(sc.FAMILY_RECIPES)}) nor a path "
+                         f"({', '.join(judge.BY_NAME)})")
+    paths = ["fp32", *(p for p in paths if p != "fp32")]  # the reference every other path is held to
+    backends = prepare_backends(backend_names, interpreters)
+    out_dir = out_dir or sc.DEFAULT_OUT
+    with _guarded(out_dir):
+        try:
+            verdicts = sc.run_selfcheck(launcher.PROJECT_ROOT, families, paths, backends, out_dir,
+                                        progress=progress, log=log)
+        except jobs.JobsInterrupted:
+            return Outcome(notes=["interrupted: the same command resumes (finished runs are kept)"], exit_code=130)
+        except ValueError as err:  # ParityError (the export) and RecipeError: one line
+            raise UsageError(str(err)) from None
+    cells = [[v.backend, judge.BY_NAME[v.path].title, table.Strong(v.verdict) if v.verdict != "pass" else "pass",
+              v.detail] for v in verdicts]
+    skipped = [f"{v.backend}, {judge.BY_NAME[v.path].title}: {v.detail}" for v in verdicts if v.verdict == "not checked"]
+    page = Page(title="xfw selfcheck", subtitle=f"{', '.join(families)} through {len(paths)} paths on "
+                                                f"{', '.join(backends)}, each from one exported start",
+                blocks=[table.Table(header=["Backend", "Path", "Verdict", "Detail"], cells=cells, name="selfcheck",
+                                    records=[v.to_dict() for v in verdicts])])
+    if skipped:
+        page.blocks += [table.Heading("Could not be checked on this machine", 3), table.Bullets(skipped)]
+    outcome = write_page(page, out_dir, "selfcheck")
+    outcome.paths["verdicts"] = out_dir / sc.VERDICTS_FILE
+    outcome.exit_code = 1 if any(v.verdict == "fail" for v in verdicts) else 0
+    return outcome
+
+
 def describe_backends(backend_names: list[str], interpreters: dict[str, str]) -> Outcome:
     """``xfw env``: each backend's interpreter, device and versions; exit 1 if one is unusable."""
     lines, code = [], 0
@@ -381,6 +534,8 @@ def parity(recipe_path: str, backend_names: list[str], *, steps: int, overrides:
     if len(backend_names) != 2:
         raise UsageError(f"--backends {','.join(backend_names)!r}: parity compares exactly two backends")
     (recipe,) = load_all([recipe_path], overrides)
+    _refuse_commands(recipe, backend_names, "parity starts both sides from one exported model, which only "
+                     "xfw's own adapters do")
     for name, directory in (weights or {}).items():
         if name not in backend_names:
             raise UsageError(f"--weights {name}={directory}: {name!r} is not one of the compared backends "
@@ -410,7 +565,8 @@ def _raise_keyboard_interrupt(signum, frame):
 
 def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides: list[str],
             only_backends: list[str] | None, interpreters: dict[str, str], report_only: bool = False,
-            progress: launcher.Progress | None = None, log: Log = _silent) -> Outcome:
+            rendezvous: launcher.Rendezvous = launcher.Rendezvous(), progress: launcher.Progress | None = None,
+            log: Log = _silent) -> Outcome:
     """Run (or resume) a night of a suite, judge it against the history, write its report.
     Exit 0: no regression; 1: a regression or a failed run; 130: interrupted (the same command resumes)."""
     from xfw.report.history import NIGHTS_DIR, History
@@ -439,16 +595,25 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
             raise UsageError(f"--backends {stray[0]}: not a backend of {suite_path} "
                              f"(it runs {', '.join(suite.backends)})")
         names = only_backends
-    backends = prepare_backends(names, interpreters)
+    multi = [e.recipe for e in suite.entries if e.recipe.parallel.nnodes > 1]
+    _check_node(multi, rendezvous)
+    if rendezvous.node_rank > 0 and night is None:
+        raise UsageError(f"--node-rank {rendezvous.node_rank}: give every node the same --night (node 0 names it)")
+    backends = prepare_backends(names, interpreters, [e.recipe for e in suite.entries])
     # A scheduler's polite stop (cron's `timeout`, Slurm's time limit) arrives as SIGTERM: the
     # running adapter is stopped the way Ctrl-C stops it, recorded as cut off and rerun on resume.
-    with _guarded(history_dir):
+    with _guarded(history_dir, rendezvous.node_rank if multi else None):
         try:
             result = nt.run_night(suite, backends, history_dir, night=night, overrides=overrides,
-                                  progress=progress, log=log)
+                                  progress=progress, log=log, rendezvous=rendezvous)
         except KeyboardInterrupt:
             return Outcome(notes=["interrupted: finished runs are kept; the same command resumes this night"],
                            exit_code=130)
+    if rendezvous.node_rank > 0:
+        failed = [r for r in result.results if not r.ok]
+        return Outcome(text=f"night {result.night}, node {rendezvous.node_rank}: {len(result.results)} part(s) run, "
+                            f"{len(failed)} failed; node 0 records the assembled runs",
+                       exit_code=1 if failed else 0)
     report_path = write_night_report(history_dir, result.night, suite_name=suite.name)
     nt.finish_night(result)
     flagged = result.regressions

@@ -67,3 +67,28 @@ def test_the_compare_report_shows_the_parity_run_of_the_same_recipe(tmp_path):
                 "--set", "batch.micro=2", *quick)
     assert "Parity: no parity run" in other.stdout and "passed" not in next(
         line for line in other.stdout.splitlines() if "Parity:" in line)
+
+
+def test_the_compare_html_is_the_whole_report_and_a_browser_renders_it(tmp_path):
+    import shutil
+
+    out = tmp_path / "out"
+    result = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "paddle,torch", "--out", out,
+                 "--set", "measure.warmup_steps=1", "--set", "measure.steps=2")
+    assert result.returncode == 0, result.stderr
+    page = (out / "report.html").read_text()
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.fail("chromium is not installed: `make test` installs Debian's chromium for this test")
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                          "--dump-dom", (out / "report.html").as_uri()], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    for heading in ("Training benchmark", "Settings as applied", "Provenance"):
+        assert f">{heading}</h" in dom
+    assert dom.count("data:image/png;base64,") == 1  # the chart, inside the page
+    assert 'class="contrast"' in dom and 'class="provenance"' in dom and "random init (seed 0)" in dom
+    import re
+
+    text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", dom)
+    assert "NaN" not in text and ">None<" not in text  # numbers formatted, never a raw frame dump

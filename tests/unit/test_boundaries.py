@@ -89,14 +89,17 @@ def test_cli_commands_and_options_are_frozen():
     # Changing the CLI breaks users' nightly scripts: update this test deliberately.
     commands = {name: sorted(p.name for p in cmd.params) for name, cmd in cli.main.commands.items()}
     assert commands == {
+        "assemble": ["force", "node_dirs", "out_dir"],
         "compare": ["backends", "force", "master_addr", "master_port", "node_rank", "out_dir", "overrides",
                     "parity_dirs", "pythons", "recipes", "repeat"],
         "env": ["backends", "pythons"],
         "parity": ["backends", "force", "out_dir", "overrides", "pythons", "recipe", "steps", "weights"],
         "estimate": ["overrides", "recipe", "run_dir"],
         "maxbatch": ["backends", "candidates", "force", "max_micro", "out_dir", "overrides", "pythons", "recipe"],
-        "nightly": ["history_dir", "night", "only_backends", "overrides", "pythons", "report_only", "suite"],
+        "nightly": ["history_dir", "master_addr", "master_port", "night", "node_rank", "only_backends", "overrides",
+                    "pythons", "report_only", "suite"],
         "report": ["backends", "layout", "out_dir", "price_per_gpu_hour", "run_dirs"],
+        "selfcheck": ["backends", "families", "out_dir", "paths", "pythons"],
         "run": ["backend", "force", "master_addr", "master_port", "node_rank", "out_dir", "overrides",
                 "print_command", "pythons", "recipe", "repeat"],
         "sweep": ["axes", "backends", "force", "out_dir", "pythons", "recipe", "repeat"],
@@ -106,7 +109,8 @@ def test_cli_commands_and_options_are_frozen():
 
 def test_help_lists_every_command():
     out = CliRunner().invoke(cli.main, ["--help"]).output
-    for name in ("compare", "env", "estimate", "maxbatch", "nightly", "report", "run", "sweep", "validate"):
+    for name in ("assemble", "compare", "env", "estimate", "maxbatch", "nightly", "parity", "report", "run", "selfcheck",
+                 "sweep", "validate"):
         assert name in out
 
 

@@ -175,3 +175,11 @@ def test_runs_from_separate_commands_are_configurations_not_repeats():
     stage2 = by_variant["parallel.sharding=stage2"]
     assert stage2.sides["torch"].ips == pytest.approx(60.5) and stage2.contrast is not None  # paired, repeats folded
     assert by_variant["parallel.sharding=stage3, backends.torch.sharding_impl=deepspeed"].sides["torch"].ips == 40.0
+
+
+def test_the_params_column_shows_trainable_counts_and_a_cross_when_only_they_differ():
+    rows = compare_runs([result("paddle", 1.0, num_params_trainable=6_272),
+                         result("torch", 1.0, num_params_trainable=6_336)], ["paddle", "torch"])
+    cell = contrast.fmt_params(rows[0], ["paddle", "torch"])
+    assert cell == "7,063,000,000 / 7,063,000,000 (trainable 6,272 / 6,336) ✗ differ"
+    assert any("6,272 trainable" in w for w in rows[0].warnings)

@@ -14,11 +14,12 @@ from xfw.report.compare import Side
 from xfw.report.results import load_runs
 
 # The header rows of the seeds, copied verbatim (shared/seeds/000, 001, 004).
-SEED_000 = ["Framework", "Strategy", "Time for 100 iters (s)", "Throughput (batches/s)", "VRAM / GPU (GB)",
+# The seeds' headers as CPU runs show them: processes and memory, never GPUs and VRAM.
+SEED_000 = ["Framework", "Strategy", "Time for 100 iters (s)", "Throughput (batches/s)", "Memory / process (GB)",
             "GB / batch"]
 SEED_001 = ["Rank", "Time", "Max Memory Allocated"]
-SEED_004_SCALING = ["GPUs", "Batch Size", "Throughput", "Linear Scaling"]
-SEED_004_COST = ["Model", "GPU", "Recipe", "Cost/1M Samples", "Notes"]
+SEED_004_SCALING = ["Processes", "Batch Size", "Throughput", "Linear Scaling"]
+SEED_004_COST = ["Model", "Hardware", "Recipe", "Cost/1M Samples", "Notes"]
 
 
 def invoke(*args):
@@ -46,7 +47,7 @@ def strategy_runs(write_recipe, tmp_path, fake_backend):
 
 def test_strategies_has_one_seed_000_table_per_gpu_count(strategy_runs):
     tables = layouts.strategies(load_runs([strategy_runs]))
-    assert [t.title for t in tables] == ["For 2x none:", "For 1x none:"]
+    assert [t.title for t in tables] == ["For 2 processes on none:", "For 1 process on none:"]
     two = tables[0]
     assert two.header == SEED_000
     assert [row[:2] for row in two.cells] == [["fake", "DDP"], ["fake", "ZeRO-1"], ["fake2", "DDP"],
@@ -55,7 +56,7 @@ def test_strategies_has_one_seed_000_table_per_gpu_count(strategy_runs):
     # 4 samples per rank at 90/s -> 100 steps in 4.44 s; peak reserved 2 x (1 MiB + 2 x 1e8) + rank 1's 4 KiB
     assert two.cells[0][2:] == ["4.4", "22.5", "0.402", "0.201"]
     assert two.records[0]["batches_per_s"] == pytest.approx(22.5)
-    assert tables[1].cells[0][1] == "single GPU"
+    assert tables[1].cells[0][1] == "single device"
 
 
 def test_ranks_lists_every_rank_with_time_memory_and_the_final_loss(strategy_runs):
@@ -81,7 +82,7 @@ def test_cost_per_million_samples_follows_from_price_and_throughput(strategy_run
     (table,) = layouts.cost(load_runs([strategy_runs]), price_per_gpu_hour=3.6)
     assert table.header == SEED_004_COST
     # fake, 1 GPU, 100 samples/s: 10^6 / 100 = 10^4 s = 2.78 h x $3.6 = $10.00
-    row = next(c for c, r in zip(table.cells, table.records) if r["framework"] == "fake" and r["gpu"] == "1x none"
+    row = next(c for c, r in zip(table.cells, table.records) if r["framework"] == "fake" and r["gpu"] == "1 process on none"
                and "sharding=none" in r["variant"])
     assert row[3] == "$10.00"
 
@@ -93,9 +94,10 @@ def test_batch_keeps_oom_rows_next_to_the_throughput_rows(write_recipe, tmp_path
                     "--out", out, "--python", f"fake={fake_backend['fake']}")
     assert result.exit_code == 1  # one point ran out of memory
     (table,) = layouts.batch(load_runs([out]))
-    assert table.header == ["Hardware", "Framework", "Recipe", "Global batch size", "Throughput (samples/s)"]
-    assert [row[-2:] for row in table.cells] == [["8", "OOM"], ["8 (micro 4)", "~40"], ["8 (micro 2)", "~40"]]
-    assert "global batch size 8: OOM" in table.notes[0]
+    assert table.header == ["Hardware", "Framework", "Recipe", "Global batch size", "Micro-batch",
+                            "Throughput (samples/s)"]
+    assert [row[-3:] for row in table.cells] == [["8", "8", "OOM"], ["8", "4", "40"], ["8", "2", "40"]]
+    assert "global batch size 8 (micro-batch 8): OOM" in table.notes[0]
 
 
 def test_report_layouts_write_markdown_csv_and_html(strategy_runs, tmp_path):
@@ -140,3 +142,16 @@ def test_csv_and_html_lead_with_the_seed_columns_without_markdown_emphasis(strat
     assert frame["Linear Scaling"].tolist()[:2] == ["1.00x", "0.90x"]
     html = (tmp_path / "report-scaling.html").read_text()
     assert "<th>Linear Scaling</th>" in html and "**" not in html
+
+
+def test_a_micro_batch_sweep_is_not_presented_as_scaling(write_recipe, tmp_path, fake_backend):
+    recipe = write_recipe(batch={"global": 8, "micro": 1}, backends={"fake": {"ips": 40}})
+    out = tmp_path / "sweep"
+    assert invoke("sweep", recipe, "--set", "batch.micro=1,2,4", "--backends", "fake", "--out", out,
+                  "--python", f"fake={fake_backend['fake']}").exit_code == 0
+    result = CliRunner().invoke(cli.main, ["report", str(out), "--layout", "scaling"])
+    assert result.exit_code == 2 and "form no series at several process counts" in result.output
+    assert "batch.micro" in result.output
+    (table,) = layouts.batch(load_runs([out]))  # the batch layout is where a micro-batch sweep belongs
+    assert [row[3:] for row in table.cells] == [["8", "4", "40"], ["8", "2", "40"], ["8", "1", "40"]]
+    assert table.cells[0][0] == "1 process on none"  # a CPU run says processes, never GPUs

@@ -67,7 +67,9 @@ def test_cli_reports_the_edge_writes_json_and_probes_render_in_the_batch_layout(
     assert saved["edge_micro"] == 4 and saved["oom_micro"] == 8
     assert {r.variant["batch.micro"] for r in load_runs([out])} == {8, 16, 4}
     table = invoke("report", out, "--layout", "batch", "--out", tmp_path / "rep").output
-    assert "| 1x none | fake | tiny-test | 8 | OOM |" in table and "| 4 | ~40 |" in table
+    assert "| 1 process on none | fake | tiny-test | 8 | 8 | OOM |" in table and "| 4 | 4 | 40 |" in table
+    # the recipe's global batch (4) is kept where the micro-batch divides it, and said where it is not
+    assert "| 4 | 4 | ok |" in result.output and "| 8 | 8 | **oom** |" in result.output
     again = invoke("maxbatch", oom_recipe(write_recipe, 4), "--backends", "fake", "--candidates", "16,8,4",
                    "--out", out, "--python", f"fake={fake_backend['fake']}")
     assert again.output.count("kept from an earlier run") == 3

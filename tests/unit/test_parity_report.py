@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 
+from xfw.contract import weights
 from xfw.report import parity
 from xfw.run import parity as run_parity
 from xfw.run.recipe import load_recipe
@@ -136,7 +137,12 @@ def test_parity_asks_every_backend_for_gradient_norms():
 def test_a_compare_finds_the_parity_run_of_the_same_recipe_by_fingerprint(write_recipe, tmp_path):
     recipe = load_recipe(write_recipe(), [])
     assert run_parity.recipe_fingerprint(recipe) == run_parity.recipe_fingerprint(
-        load_recipe(write_recipe(), run_parity.forced_overrides(10, "w", ("torch",))))  # what parity forces is ignored
+        load_recipe(write_recipe(), run_parity.forced_overrides(10, None, ("torch",))))  # what parity forces is ignored
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    weights.save_file({"w": np.ones(3, np.float32)}, checkpoint / weights.WEIGHTS_FILE)
+    from_checkpoint = load_recipe(write_recipe(), [f"model.weights={checkpoint}"])
+    assert run_parity.recipe_fingerprint(from_checkpoint) != run_parity.recipe_fingerprint(recipe)  # another start
     other = load_recipe(write_recipe(), ["batch.micro=4"])
     assert run_parity.recipe_fingerprint(other) != run_parity.recipe_fingerprint(recipe)
     assert run_parity.find_parity(recipe, [tmp_path]) == {"status": "none", "path": None, "note": ""}

@@ -11,7 +11,9 @@ keys. Each rank writes, in order: ``start``, ``step`` x (warm-up + measured), ``
 Optional fields (:data:`OPTIONAL`; runs written before them lack them and still load): a step's
 ``grad_norm_l2``, only when the run asked for it; ``rss_peak_bytes`` on every step and
 ``rss_after_build_bytes`` / ``rss_peak_since_build`` on ``start``, the process's resident memory
-(``xfw.contract.rss``), the one memory measure both backends share on a CPU.
+(``xfw.contract.rss``), the one memory measure both backends share on a CPU. A run xfw attached to
+(``xfw.contract.probe``) adds a few ``applied`` fields, and a window parsed from a command's log
+says so (``"source": "command_log"``).
 
 The core tails the file for live progress and computes every statistic from it
 (``xfw.report.measure``); stdout is never parsed.
@@ -57,11 +59,17 @@ FIELDS: dict[str, dict[str, tuple]] = {
 OPTIONAL: dict[str, dict[str, tuple]] = {
     "step": {"grad_norm_l2": _NUM + _NONE, "rss_peak_bytes": _INT + _NONE},
     "start": {"rss_after_build_bytes": _INT + _NONE, "rss_peak_since_build": _BOOL},
+    # What a run xfw attached to (xfw.contract.probe) can see beyond the adapters' fields: the
+    # micro-batch per process, Paddle's fp32 master gradients, and where its steps end.
+    "applied": {"micro_batch": _INT, "master_grad": _BOOL, "step_boundary": _STR},
+    # "command_log": the window was parsed from a command's log (xfw.run.logparse), not measured by xfw.
+    "window": {"source": _STR},
 }
 PHASES = ("warmup", "measure")
 _MAY_DIVERGE = ("loss", "grad_norm_l2")
 ERROR_STATUSES = ("unsupported", "invalid", "oom", "crashed")
 MEM_SOURCES = ("cuda_allocator", "host_allocator", "peak_rss")
+WINDOW_SOURCES = ("xfw", "command_log")
 
 
 def validate_record(record: Any) -> list[str]:
@@ -87,8 +95,7 @@ def validate_record(record: Any) -> list[str]:
         if key in ("schema", "kind", "rank") or key in expected:
             continue
         if key in optional:
-            types = optional[key]
-            if not isinstance(record[key], types) or (types is not _BOOL and isinstance(record[key], bool)):
+            if not isinstance(record[key], optional[key]) or (optional[key] is not _BOOL and isinstance(record[key], bool)):
                 problems.append(f"{kind}: {key!r} has type {type(record[key]).__name__}, expected {optional[key]}")
             continue
         if kind == "applied" and key.startswith("version_") and isinstance(record[key], str):
@@ -98,6 +105,8 @@ def validate_record(record: Any) -> list[str]:
         problems.append(f"step: phase must be one of {PHASES}, got {record.get('phase')!r}")
     if kind == "error" and record.get("status") not in ERROR_STATUSES:
         problems.append(f"error: status must be one of {ERROR_STATUSES}, got {record.get('status')!r}")
+    if kind == "window" and record.get("source", "xfw") not in WINDOW_SOURCES:
+        problems.append(f"window: source must be one of {WINDOW_SOURCES}, got {record.get('source')!r}")
     if kind == "applied" and record.get("mem_source") not in MEM_SOURCES:
         problems.append(f"applied: mem_source must be one of {MEM_SOURCES}, got {record.get('mem_source')!r}")
     for key, value in record.items():  # a loss or gradient norm may diverge; a time or a count may not
@@ -129,6 +138,14 @@ class RecordWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+def applied_settings(records: list[dict]) -> dict:
+    """The lowest rank's ``applied`` record without its envelope (rank 0's, or the first rank of a
+    node's part of a multi-node run); {} when there is none."""
+    applied = [r for r in records if r.get("kind") == "applied" and isinstance(r.get("rank"), int)]
+    first = min(applied, key=lambda r: r["rank"], default={})
+    return {k: v for k, v in first.items() if k not in ("schema", "kind", "rank")}
 
 
 def parse_lines(lines: Iterable[str]) -> list[dict]:

@@ -26,8 +26,10 @@ from xfw.report.results import RunResult
 SETTINGS = ("device", "weight_dtype", "compute_dtype", "amp_level", "master_weights", "sharding_impl",
             "attention_impl", "tf32", "fused_optimizer", "recompute", "num_params_total",
             "num_params_trainable", "num_processes", "grad_accum_steps", "mem_source", "framework_version")
+# Settings only a run xfw attached to can report (xfw.contract.probe): shown where a side has them.
+SEEN_SETTINGS = ("micro_batch", "master_grad", "step_boundary")
 # Settings that differ by nature between frameworks: shown, never warned about.
-_EXPECTED_TO_DIFFER = {"framework_version", "mem_source"}
+_EXPECTED_TO_DIFFER = {"framework_version", "mem_source", "step_boundary"}
 
 STAGE_NAMES = {"pretrain": "Pretrain", "sft": "SFT", "lora": "LoRA", "dreambooth": "SFT (Dreambooth)"}
 
@@ -64,8 +66,12 @@ class Side:
     mfu_peak: str = ""
     """The peak ``mfu`` divides by and its datasheet, or why there is none (``RunResult.mfu_peak``)."""
     flops_per_sample: float | None = None
+    source: str = "xfw"
+    """Where the numbers come from (``Measurement.source``): ``command_log`` is not measured by xfw."""
     num_repeats: int = 0
     applied: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    """The first run's env.json: host, Python, xfw commit, the backend's description."""
     run_dirs: list[str] = field(default_factory=list)
 
     @property
@@ -122,7 +128,7 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
                 stage=STAGE_NAMES.get(first.stage, first.stage), variant=dict(first.variant),
                 setup=first.setup or {"num_processes": first.applied.get("num_processes", 1)},
                 device=device_of(first), num_repeats=len(ok) if ok else len(runs), applied=first.applied,
-                run_dirs=[r.run_dir for r in runs])
+                env=first.env, run_dirs=[r.run_dir for r in runs])
     if ok:
         m = [r.measurement for r in ok]
         side.ips, side.ips_spread = _median(x.ips for x in m), spread([x.ips for x in m])
@@ -134,6 +140,7 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
         side.memory_bytes, side.memory_source = _median(x.memory_bytes for x in m), m[0].memory_source
         side.rss_after_build_bytes = _median(x.rss_after_build_bytes for x in m)
         side.mfu_peak, side.flops_per_sample = ok[0].mfu_peak, ok[0].flops_per_sample
+        side.source = "command_log" if any(x.source == "command_log" for x in m) else "xfw"
     return side
 
 
@@ -194,14 +201,16 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
             row.warnings.append("parameter counts differ: the two sides did not build or train the same model ("
                                 + ", ".join(f"{k} {_count(total)} total, {_count(trainable)} trainable"
                                             for k, (total, trainable) in counts.items()) + ")")
-    for key in SETTINGS:
+    for key in SETTINGS + SEEN_SETTINGS:
         values = {name: s.applied.get(key) for name, s in sides.items() if s.applied}
+        if key in SEEN_SETTINGS:
+            values = {name: v for name, v in values.items() if v is not None}
         if values:
             row.settings[key] = values
             if len(values) >= 2 and len({repr(v) for v in values.values()}) > 1 and key not in _EXPECTED_TO_DIFFER:
                 row.differing.append(key)
                 row.warnings.append(f"{key} differs: " + ", ".join(f"{k}={v}" for k, v in values.items()))
-    sources = {s.memory_source for s in sides.values() if s.ok and s.memory_source}
+    sources = {s.memory_source for s in sides.values() if s.ok and s.memory_source}  # a parsed log has none
     if len(sources) > 1:
         row.warnings.append("memory is measured from different sources (" + ", ".join(sorted(sources))
                             + "): not directly comparable")

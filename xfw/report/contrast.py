@@ -14,12 +14,20 @@ stays in the CSV and the settings. Every cell carries its unit and source.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from xfw.report.compare import ComparisonRow, Side, strip_common, variant_label
+from xfw.report.measure import PARSED_NOTE
 from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Strong, Table
 
 SOURCE_LABELS = {"cuda_allocator": "GPU allocator", "host_allocator": "host allocator", "peak_rss": "peak RSS"}
+PARSED_MARK = " ‡"
+PARSED_LINE = f"‡ {PARSED_NOTE} (the backend's log_pattern in the recipe)."
+
+
+def is_parsed(side: Side) -> bool:
+    return side.source == "command_log"
 GIB, MIB = 1024**3, 1024**2
 
 
@@ -36,6 +44,16 @@ def fmt_contrast(row: ComparisonRow) -> str:
     return text + (" (noise)" if row.within_noise else "")
 
 
+def fmt_memory_pair(alloc: float | None, reserved: float | None, source: str | None, *, what: str = "") -> str:
+    """``2.00/3.00 GiB (GPU allocator)``; ``371.48/– MiB (peak RSS)`` where a source has no reserved figure;
+    ``what`` names the pair (``alloc/reserved``) before the source."""
+    if alloc is None and reserved is None:
+        return "–"
+    unit, scale = ("GiB", GIB) if max(alloc or 0, reserved or 0) >= GIB else ("MiB", MIB)
+    shown = [f"{v / scale:.2f}" if v is not None else "–" for v in (alloc, reserved)]
+    return f"{shown[0]}/{shown[1]} {unit}{f' {what}' if what else ''} ({SOURCE_LABELS.get(source or '', source or '?')})"
+
+
 def fmt_memory(side: Side) -> str:
     """The shared measure: peak RSS (and after the build) on a CPU, allocated/reserved on a GPU."""
     if not side.ok or side.memory_bytes is None:
@@ -44,11 +62,8 @@ def fmt_memory(side: Side) -> str:
         peak, after = side.memory_bytes, side.rss_after_build_bytes
         unit, scale = ("GiB", GIB) if peak >= GIB else ("MiB", MIB)
         return f"{peak / scale:.2f} {unit} peak RSS" + (f" ({after / scale:.2f} after build)" if after else "")
-    alloc, reserved = side.mem_alloc_peak_bytes, side.mem_reserved_peak_bytes
-    unit, scale = ("GiB", GIB) if max(alloc, reserved or 0) >= GIB else ("MiB", MIB)
-    res = f"{reserved / scale:.2f}" if reserved is not None else "–"
-    source = SOURCE_LABELS.get(side.memory_source or "", side.memory_source or "?")
-    return f"{alloc / scale:.2f}/{res} {unit} alloc/reserved ({source})"
+    return fmt_memory_pair(side.mem_alloc_peak_bytes, side.mem_reserved_peak_bytes, side.memory_source,
+                           what="alloc/reserved")
 
 
 def fmt_mfu(side: Side) -> str:
@@ -59,7 +74,7 @@ def fmt_mfu(side: Side) -> str:
 def fmt_side_rate(side: Side) -> str:
     if side.ok:
         spread = f" (spread {side.ips_spread:.1%})" if side.ips_spread is not None else ""
-        return fmt_rate(side.ips) + spread
+        return fmt_rate(side.ips) + spread + (PARSED_MARK if is_parsed(side) else "")
     return Strong(side.status)
 
 
@@ -110,8 +125,9 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
             line += [fmt_mfu(row.sides[name]) for name in backends]
         line += [fmt_params(row, backends)]
         cells.append(line)
+    parsed = any(is_parsed(side) for row in rows for side in row.sides.values())
     return Table(header=header, cells=cells, records=numeric_records(rows, backends), numeric=numeric,
-                 name="contrast", notes=mfu_notes(rows) if with_mfu else [])
+                 name="contrast", notes=([PARSED_LINE] if parsed else []) + (mfu_notes(rows) if with_mfu else []))
 
 
 def mfu_notes(rows: list[ComparisonRow]) -> list[str]:
@@ -150,23 +166,75 @@ def parity_line(status: dict) -> str:
 
 
 def settings_blocks(rows: list[ComparisonRow], backends: list[str]) -> list:
-    """Per row: its parity line (when looked up) and the applied settings side by side."""
-    blocks: list = []
+    """Per row: its parity line (when looked up) and the applied settings side by side; rows whose
+    settings and parity are the same (the points of a sweep, often) share one table."""
+    groups: list[tuple[str, list[ComparisonRow]]] = []
     for row in rows:
         if not row.settings and row.parity is None:
             continue
-        blocks.append(Heading(row_name(row), level=4))
+        key = json.dumps([row.settings, row.differing, row.parity], sort_keys=True, default=str)
+        same = next((g for k, g in groups if k == key), None)
+        if same is None:
+            groups.append((key, [row]))
+        else:
+            same.append(row)
+    blocks: list = []
+    for _, group in groups:
+        row = group[0]
+        names = [row_name(r) for r in group]
+        heading = names[0] if len(names) == 1 else (
+            f"All {len(names)} rows" if len(group) == len(rows) else
+            ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else ""))
+        blocks.append(Heading(heading, level=4))
         if row.parity is not None:
             blocks.append(Paragraph(parity_line(row.parity)))
         if row.settings:
             cells = [[key, *(str(values.get(b, "–")) for b in backends), "⚠ differs" if key in row.differing else ""]
                      for key, values in row.settings.items()]
-            blocks.append(Table(header=["Setting", *backends, ""], cells=cells, name="settings"))
+            blocks.append(Table(header=["Setting", *backends, ""], cells=cells, name="settings", csv=False))
     return blocks
 
 
+def _start(setup: dict) -> str:
+    if setup.get("weights") in (None, "random"):
+        return f"random init (seed {setup.get('seed', '?')})"
+    return f"{setup['weights']} ({setup.get('weights_fingerprint') or 'no fingerprint'})"
+
+
+def _data(setup: dict) -> str:
+    data = setup.get("data") or {}
+    if data.get("kind", "synthetic") == "synthetic":
+        return f"synthetic (seed {data.get('seed', '?')})"
+    parts = [data.get("kind", "?"), str(data.get("path", "?"))]
+    parts += [f"({data['fingerprint']})"] if data.get("fingerprint") else []
+    parts += [f"{data['num_samples']:,} samples"] if isinstance(data.get("num_samples"), int) else []
+    return " ".join(parts)
+
+
+def provenance_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
+    """Where each side's numbers come from: the start (weights), the data, the code, the machine."""
+    cells, records = [], []
+    for row in rows:
+        for name in backends:
+            side = row.sides[name]
+            if not side.setup and not side.env:
+                continue
+            env, described = side.env or {}, (side.env or {}).get("backend", {})
+            sha = env.get("xfw_git_sha") or "–"
+            record = {"row": row_name(row), "backend": name, "weights": _start(side.setup), "data": _data(side.setup),
+                      "xfw_commit": sha[:12] + ("-dirty" if sha.endswith("-dirty") else ""),
+                      "host": env.get("host", {}).get("hostname", "–"),
+                      "device": described.get("device_name") or side.device or "–",
+                      "framework": f"{described.get('framework', name)} {described.get('framework_version', '?')}",
+                      "started_utc": env.get("date_utc", "–")}
+            cells.append(list(record.values()))
+            records.append(record)
+    return Table(header=["Row", "Backend", "Start (weights)", "Data", "xfw commit", "Host", "Device", "Framework",
+                         "Started (UTC)"], cells=cells, records=records, name="provenance", csv=False)
+
+
 def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str = "Training benchmark",
-                  chart: Path | None = None) -> Page:
+                  chart: Path | None = None, warnings: list[str] = ()) -> Page:
     """The whole compare report: table, chart, how to read it, failed runs, warnings, settings."""
     blocks: list = [contrast_table(rows, backends)]
     if chart is not None:
@@ -183,12 +251,15 @@ def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str 
     fails = failures(rows)
     if fails:
         blocks += [Heading("Failed runs", 3), Bullets(fails, name="failed")]
-    warnings = [f"⚠ {row_name(row)}: {w}" for row in rows for w in row.warnings]
+    warnings = [f"⚠ {w}" for w in warnings] + [f"⚠ {row_name(row)}: {w}" for row in rows for w in row.warnings]
     if warnings:
         blocks += [Heading("Warnings", 3), Bullets(warnings, name="warnings")]
     settings = settings_blocks(rows, backends)
     if settings:
         blocks += [Heading("Settings as applied", 3), *settings]
+    provenance = provenance_table(rows, backends)
+    if provenance.cells:
+        blocks += [Heading("Provenance", 3), provenance]
     return Page(title=title, blocks=blocks)
 
 
@@ -212,6 +283,7 @@ def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict
                 f"{name}_num_params_total": s.applied.get("num_params_total"),
                 f"{name}_num_params_trainable": s.applied.get("num_params_trainable"),
                 f"{name}_compute_dtype": s.applied.get("compute_dtype"), f"{name}_num_repeats": s.num_repeats,
+                f"{name}_measured_by": PARSED_NOTE if is_parsed(s) else "xfw",
             })
         out.append(rec)
     return out

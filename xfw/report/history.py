@@ -52,7 +52,7 @@ def row_from_result(result: RunResult, spec: dict, *, night: str, night_started_
         "status": result.status, "reason": result.reason,
         "ips": m.ips, "tokens_per_s": m.tokens_per_s, "step_time_median_s": m.step_time_median_s,
         "step_time_p10_s": m.step_time_p10_s, "step_time_p90_s": m.step_time_p90_s,
-        "num_measured_steps": m.num_measured_steps,
+        "num_measured_steps": m.num_measured_steps, "num_ranks": m.num_ranks,
         "mem_alloc_peak_bytes": m.mem_alloc_peak_bytes, "mem_reserved_peak_bytes": m.mem_reserved_peak_bytes,
         "mem_source": m.mem_source, "memory_bytes": m.memory_bytes, "memory_source": m.memory_source,
         "rss_peak_bytes": m.rss_peak_bytes, "rss_after_build_bytes": m.rss_after_build_bytes, "mfu": result.mfu, "mfu_peak": result.mfu_peak,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from xfw.report import contrast
 from xfw.report.compare import Side, backends_in, collapse, compare_runs, strip_common, variant_key, variant_label
+from xfw.report.measure import PARSED_NOTE
 from xfw.report.results import RunResult
 from xfw.report.table import Strong, Table
 
@@ -36,6 +37,22 @@ def collapse_shown(results: list[RunResult]) -> list[Side]:
     return sides
 
 
+def on_gpus(entries: list[Side]) -> bool:
+    """Whether these runs ran on GPUs (then the seeds' words: GPUs, VRAM); on CPU the tables say
+    processes and memory instead, never GPUs."""
+    return any(str(e.applied.get("device", "")).startswith(("cuda", "gpu")) for e in entries)
+
+
+def devices_word(entries: list[Side], gpu_word: str = "GPUs") -> str:
+    return gpu_word if on_gpus(entries) else "Processes"
+
+
+def hardware(e: Side, gpus: bool) -> str:
+    """``8x NVIDIA H800`` on GPUs; ``2 processes on AMD EPYC`` on a CPU."""
+    n = e.num_processes
+    return f"{n}x {e.device}" if gpus else f"{n} process{'es' if n != 1 else ''} on {e.device}"
+
+
 def _other_keys(variant: dict, prefixes: tuple[str, ...]) -> dict:
     return {k: v for k, v in variant.items() if not k.startswith(prefixes)}
 
@@ -46,6 +63,19 @@ def _status_cell(e: Side) -> str:
 
 def _num(value: float | None, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
+
+
+def _framework(e: Side) -> str:
+    """The backend's name, marked when its numbers were parsed from a command's log, not measured."""
+    return e.backend + (contrast.PARSED_MARK if contrast.is_parsed(e) else "")
+
+
+def _measured_by(e: Side) -> str:
+    return PARSED_NOTE if contrast.is_parsed(e) else "xfw"
+
+
+def _parsed_notes(entries: list[Side]) -> list[str]:
+    return [contrast.PARSED_LINE] if any(contrast.is_parsed(e) for e in entries) else []
 
 
 def _memory_source_notes(entries: list[Side]) -> list[str]:
@@ -71,7 +101,7 @@ def _memory_source_notes(entries: list[Side]) -> list[str]:
 
 def strategy_name(e: Side, applied_impl: str | None = None) -> str:
     sharding = e.setup.get("sharding", "none")
-    name = _STRATEGY_NAMES.get(sharding, "DDP" if e.num_processes > 1 else "single GPU")
+    name = _STRATEGY_NAMES.get(sharding, "DDP" if e.num_processes > 1 else "single device")
     if applied_impl and applied_impl.lower() not in ("none", sharding, name.lower()):
         name += f" ({applied_impl})"
     rest = _other_keys(e.variant, ("parallel.",))
@@ -81,15 +111,16 @@ def strategy_name(e: Side, applied_impl: str | None = None) -> str:
 def strategies(results: list[RunResult]) -> list[Table]:
     """Seed 000: per GPU count, Framework | Strategy | Time for 100 iters | batches/s | VRAM | GB/batch."""
     impls = {(r.recipe, variant_key(r.variant), r.backend): r.applied.get("sharding_impl") for r in results}
-    header = ["Framework", "Strategy", "Time for 100 iters (s)", "Throughput (batches/s)", "VRAM / GPU (GB)",
-              "GB / batch"]
-    tables = []
     entries = collapse_shown(results)
+    gpus = on_gpus(entries)
+    header = ["Framework", "Strategy", "Time for 100 iters (s)", "Throughput (batches/s)",
+              "VRAM / GPU (GB)" if gpus else "Memory / process (GB)", "GB / batch"]
+    tables = []
     backends = list(dict.fromkeys(e.backend for e in entries))
     shardings = ("none", *_STRATEGY_NAMES)
-    for gpus in sorted({e.num_processes for e in entries}, reverse=True):
+    for count in sorted({e.num_processes for e in entries}, reverse=True):
         # Grouped by framework as in the seed, strategies from least to most sharded.
-        mine = sorted((e for e in entries if e.num_processes == gpus),
+        mine = sorted((e for e in entries if e.num_processes == count),
                       key=lambda e: (backends.index(e.backend), shardings.index(e.setup.get("sharding", "none"))))
         devices = sorted({e.device for e in mine})
         cells, records = [], []
@@ -100,25 +131,27 @@ def strategies(results: list[RunResult]) -> list[Table]:
             batches_per_s = e.ips / global_batch if e.ok and global_batch else None
             per_sample = vram / micro if vram is not None and micro else None
             if e.ok:
-                cells.append([e.backend, strategy, _num(e.step_time_median_s * 100 if e.step_time_median_s else None, ".1f"),
+                cells.append([_framework(e), strategy, _num(e.step_time_median_s * 100 if e.step_time_median_s else None, ".1f"),
                               _num(batches_per_s, ".3g"), _num(vram / GB if vram else None, ".3g"),
                               _num(per_sample / GB if per_sample else None, ".3g")])
             else:
                 cells.append([e.backend, strategy, _status_cell(e), "–", "–", "–"])
-            records.append({"num_gpus": gpus, "device": ", ".join(devices), "framework": e.backend,
+            records.append({"num_processes": count, "device": ", ".join(devices), "framework": e.backend,
                             "recipe": e.recipe, "strategy": strategy, "status": e.status,
                             "time_100_iters_s": e.step_time_median_s * 100 if e.ok and e.step_time_median_s else None,
                             "batches_per_s": batches_per_s, "vram_per_gpu_bytes": vram,
-                            "bytes_per_sample": per_sample, "global_batch": global_batch, "micro_batch": micro})
-        tables.append(Table(title=f"For {gpus}x {' / '.join(devices)}:", header=header, cells=cells,
+                            "bytes_per_sample": per_sample, "global_batch": global_batch, "micro_batch": micro,
+                            "measured_by": _measured_by(e)})
+        where = f"{count}x" if gpus else f"{count} process{'es' if count != 1 else ''} on"
+        tables.append(Table(title=f"For {where} {' / '.join(devices)}:", header=header, cells=cells,
                             records=records, numeric=(2, 3, 4, 5)))
     if tables:
-        tables[-1].notes += _memory_source_notes(entries)
+        tables[-1].notes += _memory_source_notes(entries) + _parsed_notes(entries)
     if tables:
         tables[-1].notes.append("Time for 100 iters = 100 x median optimizer-step time; batches/s = global "
-                                "samples/s / global batch; VRAM / GPU = the largest rank's peak reserved by the "
-                                "allocator (allocated where reserved is unknown); GB / batch = VRAM / GPU per "
-                                "sample of the per-GPU micro-batch.")
+                                "samples/s / global batch; memory per GPU (process) = the largest rank's peak "
+                                "reserved by the allocator (allocated where reserved is unknown); GB / batch = that "
+                                "memory per sample of the micro-batch.")
     return tables
 
 
@@ -128,7 +161,9 @@ def ranks(results: list[RunResult]) -> list[Table]:
     """Seed 001: per run, Rank | Time | Max Memory Allocated, then the final loss."""
     tables = []
     for r, variant in zip(results, strip_common([r.variant for r in results])):
-        title = f"{r.backend}: {r.recipe}" + (f" [{variant_label(variant)}]" if variant else "")
+        parsed = r.measurement.source == "command_log"
+        title = f"{r.backend}{contrast.PARSED_MARK if parsed else ''}: {r.recipe}" + \
+            (f" [{variant_label(variant)}]" if variant else "")
         title += f" (repeat {r.repeat_index})" if r.repeat_index else ""
         cells, records = [], []
         for p in r.measurement.per_rank:
@@ -137,13 +172,15 @@ def ranks(results: list[RunResult]) -> list[Table]:
             records.append({"backend": r.backend, "recipe": r.recipe, "variant": variant_label(r.variant),
                             "repeat_index": r.repeat_index, "rank": p["rank"], "time_s": p["window_time_s"],
                             "mem_alloc_peak_bytes": p["mem_alloc_peak_bytes"], "loss_last": r.measurement.loss_last,
-                            "status": r.status})
+                            "status": r.status, "measured_by": PARSED_NOTE if parsed else "xfw"})
         loss = r.measurement.loss_last
         notes = [f"loss: {loss:.4f}" if loss is not None else "loss: –"]
         if not r.ok:
             notes.append(f"status: {r.status} — {r.reason}")
         if r.measurement.mem_source and r.measurement.mem_source != "cuda_allocator":
             notes.append(f"memory source: {r.measurement.mem_source}")
+        if parsed:
+            notes.append(contrast.PARSED_LINE)
         tables.append(Table(title=title, header=["Rank", "Time", "Max Memory Allocated"], cells=cells,
                             records=records, notes=notes))
     if tables:
@@ -155,33 +192,34 @@ def ranks(results: list[RunResult]) -> list[Table]:
 # --- seed 002: throughput per global batch, OOM rows kept ---------------------------------------
 
 def batch(results: list[RunResult]) -> list[Table]:
-    """Seed 002: Hardware | Framework | Recipe | Global batch size | Throughput, OOM rows kept."""
+    """Seed 002: Hardware | Framework | Recipe | Global batch size | Micro-batch | Throughput, OOM rows
+    kept, largest batch first (as an OOM search probes)."""
     entries = collapse_shown(results)
+    gpus = on_gpus(entries)
     shown = ("batch.", "parallel.nproc_per_node", "parallel.nnodes")  # already in the size and hardware columns
     with_variant = any(_other_keys(e.variant, shown) for e in entries)
     header = ["Hardware", "Framework", "Recipe"] + (["Variant"] if with_variant else []) + \
-        ["Global batch size", "Throughput (samples/s)"]
+        ["Global batch size", "Micro-batch", "Throughput (samples/s)"]
 
-    def order(e: Side):  # largest batch first, as an OOM search probes
+    def order(e: Side):
         return (e.device, e.num_processes, e.backend, e.recipe, variant_key(_other_keys(e.variant, shown)),
                 -(e.setup.get("global_batch") or 0), -(e.setup.get("micro_batch") or 0))
 
     cells, records, bullets = [], [], []
     for e in sorted(entries, key=order):
-        hardware, size = f"{e.num_processes}x {e.device}", e.setup.get("global_batch")
-        if (e.setup.get("grad_accum_steps") or 1) > 1:  # the seed never accumulates; say so when we do
-            size = f"{size} (micro {e.setup.get('micro_batch')})"
+        where, size, micro = hardware(e, gpus), e.setup.get("global_batch"), e.setup.get("micro_batch")
         rest = variant_label(_other_keys(e.variant, shown))
-        rate = f"~{e.ips:,.3g}" if e.ok else _status_cell(e)
-        cells.append([hardware, e.backend, e.recipe] + ([rest] if with_variant else []) + [str(size), rate])
-        records.append({"hardware": hardware, "framework": e.backend, "recipe": e.recipe, "variant": rest,
-                        "global_batch": e.setup.get("global_batch"), "micro_batch": e.setup.get("micro_batch"),
-                        "status": e.status, "samples_per_s": e.ips})
+        rate = f"{e.ips:,.3g}" if e.ok else _status_cell(e)
+        cells.append([where, _framework(e), e.recipe] + ([rest] if with_variant else [])
+                     + [str(size), str(micro), rate])
+        records.append({"hardware": where, "framework": e.backend, "recipe": e.recipe, "variant": rest,
+                        "global_batch": size, "micro_batch": micro, "status": e.status, "samples_per_s": e.ips,
+                        "measured_by": _measured_by(e)})
         extra = f", {rest}" if rest else ""
-        bullets.append(f"- *{hardware}* ({e.backend}, {e.recipe}): global batch size {size}{extra}: "
-                       + (f"~ {e.ips:,.3g} samples/s" if e.ok else "OOM" if e.status == "oom" else e.status))
+        bullets.append(f"- *{where}* ({_framework(e)}, {e.recipe}): global batch size {size} (micro-batch {micro})"
+                       f"{extra}: " + (f"{e.ips:,.3g} samples/s" if e.ok else "OOM" if e.status == "oom" else e.status))
     return [Table(title="", header=header, cells=cells, records=records,
-                  numeric=(len(header) - 2, len(header) - 1), notes=bullets)]
+                  numeric=(len(header) - 3, len(header) - 2, len(header) - 1), notes=bullets + _parsed_notes(entries))]
 
 
 # --- seed 004: scaling and cost -----------------------------------------------------------------
@@ -215,55 +253,91 @@ def scaling_baseline(group: list[Side], entries: list[Side]) -> tuple[Side | Non
     return None, ""
 
 
-def scaling(results: list[RunResult]) -> list[Table]:
-    """Seed 004: per (recipe, backend, variant apart from batch and GPU count), GPUs | Batch Size |
-    Throughput | Linear Scaling, against the smallest GPU count (:func:`scaling_baseline`)."""
-    everything = collapse_shown(results)
+def _scaling_groups(entries: list[Side]) -> list[tuple[str, list[Side]]]:
+    """Runs that form a scaling series: the same recipe, backend, micro-batch and other settings, at
+    several process counts, with either the same global batch (strong scaling) or the same batch per
+    process (weak scaling). Returns (how the batch is held, runs) for every series of two counts or more."""
     groups: dict[tuple, list[Side]] = {}
-    for e in everything:
-        groups.setdefault((e.recipe, e.backend, variant_key(_other_keys(e.variant, _SCALED))), []).append(e)
+    for e in entries:
+        groups.setdefault((e.recipe, e.backend, e.setup.get("micro_batch"),
+                           variant_key(_other_keys(e.variant, _SCALED))), []).append(e)
+    series = []
+    for group in groups.values():
+        per_process = {(e.setup.get("global_batch") or 0) // max(e.num_processes, 1) for e in group}
+        by_global: dict[int, list[Side]] = {}
+        for e in group:
+            by_global.setdefault(e.setup.get("global_batch") or 0, []).append(e)
+        if len(by_global) > 1 and len(per_process) == 1:
+            candidates = [(f"weak scaling: {per_process.pop()} samples per process per step", group)]
+        else:
+            candidates = [(f"strong scaling: global batch {size}", runs) for size, runs in by_global.items()]
+        series += [(how, runs) for how, runs in candidates if len({e.num_processes for e in runs}) > 1]
+    return series
+
+
+def scaling(results: list[RunResult]) -> list[Table]:
+    """Seed 004: per scaling series (:func:`_scaling_groups`), GPUs | Batch Size | Throughput | Linear
+    Scaling, against the smallest GPU count (:func:`scaling_baseline`). Runs that differ only in
+    something else (a micro-batch sweep at one process count) are no scaling series: ValueError."""
+    everything = collapse_shown(results)
+    gpus = on_gpus(everything)
+    series = _scaling_groups(everything)
+    if not series:
+        varying = sorted({k for e in everything for k in e.variant})
+        raise ValueError("--layout scaling: these runs form no series at several process counts with a fixed "
+                         "global batch or a fixed batch per process"
+                         + (f" (they differ in {', '.join(varying)})" if varying else "")
+                         + "; sweep parallel.nproc_per_node to measure scaling")
     tables = []
-    for (recipe, backend, _), entries in groups.items():
+    for how, entries in series:
         entries.sort(key=lambda e: (e.num_processes, e.setup.get("global_batch") or 0))
-        base, how = scaling_baseline(entries, everything)
-        rest = variant_label(_other_keys(entries[0].variant, _SCALED))
+        base, note = scaling_baseline(entries, everything)
+        first = entries[0]
+        rest = variant_label(_other_keys(first.variant, _SCALED))
         cells, records = [], []
         for e in entries:
             eff = (e.ips / e.num_processes) / (base.ips / base.num_processes) if e.ok and base else None
             cells.append([f"{e.num_processes}x", str(e.setup.get("global_batch")),
                           f"{e.ips:,.1f} samples/s" if e.ok else _status_cell(e),
                           f"{eff:.2f}x" if eff is not None else "–"])
-            records.append({"recipe": recipe, "framework": backend, "num_gpus": e.num_processes,
-                            "global_batch": e.setup.get("global_batch"), "samples_per_s": e.ips,
-                            "linear_scaling": eff, "baseline_num_gpus": base.num_processes if base else None,
-                            "status": e.status})
-        title = f"{entries[0].model} {entries[0].stage} on {entries[0].device} ({backend})" + \
-            (f" [{rest}]" if rest else "")
-        tables.append(Table(title=title, header=["GPUs", "Batch Size", "Throughput", "Linear Scaling"],
-                            cells=cells, records=records, numeric=(1, 2, 3), notes=[how] if how else []))
-    if tables:
-        tables[-1].notes.append("Linear Scaling = (samples/s per GPU) / (samples/s per GPU at the smallest GPU "
-                                "count that ran); 1.00x is perfect scaling.")
+            records.append({"recipe": first.recipe, "framework": first.backend, "num_processes": e.num_processes,
+                            "global_batch": e.setup.get("global_batch"), "micro_batch": e.setup.get("micro_batch"),
+                            "samples_per_s": e.ips, "linear_scaling": eff,
+                            "baseline_num_processes": base.num_processes if base else None, "status": e.status,
+                            "measured_by": _measured_by(e)})
+        title = (f"{first.model} {first.stage} on {first.device} ({_framework(first)}), {how}, micro-batch "
+                 f"{first.setup.get('micro_batch')}" + (f" [{rest}]" if rest else ""))
+        tables.append(Table(title=title, header=[devices_word(entries), "Batch Size", "Throughput", "Linear Scaling"],
+                            cells=cells, records=records, numeric=(1, 2, 3),
+                            notes=([note] if note else []) + _parsed_notes(entries)))
+    unit = "GPU" if gpus else "process"
+    tables[-1].notes.append(f"Linear Scaling = (samples/s per {unit}) / (samples/s per {unit} at the smallest "
+                            f"{unit} count that ran); 1.00x is perfect scaling. Batch Size is the global batch.")
     return tables
 
 
 def cost(results: list[RunResult], price_per_gpu_hour: float) -> list[Table]:
     """Seed 004: Model | GPU | Recipe | Cost/1M Samples | Notes, from a price per GPU-hour."""
     cells, records = [], []
-    for e in collapse_shown(results):
-        gpu = f"{e.num_processes}x {e.device}"
+    entries = collapse_shown(results)
+    gpus = on_gpus(entries)
+    for e in entries:
+        gpu = hardware(e, gpus)
         recipe = e.stage + (f" ({variant_label(e.variant)})" if e.variant else "")
         # GPU-hours for 1M samples = GPUs x 1e6 / (samples/s) / 3600
         usd = price_per_gpu_hour * e.num_processes * 1e6 / e.ips / 3600 if e.ok else None
-        note = f"{e.backend}, {e.ips:,.1f} samples/s" if e.ok else f"{e.backend}: {e.status}"
+        note = f"{_framework(e)}, {e.ips:,.1f} samples/s" if e.ok else f"{e.backend}: {e.status}"
         cells.append([e.model, gpu, recipe, f"${usd:,.2f}" if usd is not None else "–", note])
         records.append({"model": e.model, "recipe": e.recipe, "framework": e.backend, "gpu": gpu,
                         "variant": variant_label(e.variant), "samples_per_s": e.ips,
-                        "price_per_gpu_hour": price_per_gpu_hour, "cost_per_1m_samples": usd, "status": e.status})
-    return [Table(title="Cost Per Sample", header=["Model", "GPU", "Recipe", "Cost/1M Samples", "Notes"],
+                        "price_per_gpu_hour": price_per_gpu_hour, "cost_per_1m_samples": usd, "status": e.status,
+                        "measured_by": _measured_by(e)})
+    return [Table(title="Cost Per Sample", header=["Model", "GPU" if gpus else "Hardware", "Recipe", "Cost/1M Samples",
+                                                   "Notes"],
                   cells=cells, records=records, numeric=(3,),
                   notes=[f"Based on 1 million training samples at ${price_per_gpu_hour:g} per GPU-hour: "
-                         "cost = price x GPUs x 10^6 / (samples/s) / 3600, measured window only (no start-up)."])]
+                         f"cost = price x {'GPUs' if gpus else 'processes'} x 10^6 / (samples/s) / 3600, measured window "
+                         "only (no start-up)."] + _parsed_notes(entries))]
 
 
 def contrast_layout(results: list[RunResult]) -> list[Table]:

@@ -56,6 +56,8 @@ class Measurement:
     """Largest over ranks of the resident set right after the model was built (framework start-up,
     libraries and weights: not training memory)."""
     rss_peak_since_build: bool | None = None
+    source: str = "xfw"
+    """``xfw`` (measured by xfw: its adapter or its probe) or ``command_log`` (:data:`PARSED_NOTE`)."""
 
     @property
     def memory_bytes(self) -> int | None:
@@ -78,6 +80,11 @@ class Measurement:
     @classmethod
     def from_dict(cls, data: dict) -> "Measurement":
         return cls(**data)
+
+
+PARSED_NOTE = "parsed from the command's log: not measured by xfw"
+"""What every report says beside a number whose window record has ``"source": "command_log"``
+(a command xfw could not hook; ``backends.<name>.log_pattern``, xfw.run.logparse)."""
 
 
 def _max_or_none(values) -> int | None:
@@ -140,6 +147,7 @@ def summarize(records: list[dict]) -> Measurement:
         rss_peak_bytes=_max_or_none(p["rss_peak_bytes"] for p in per_rank),
         rss_after_build_bytes=_max_or_none(p["rss_after_build_bytes"] for p in per_rank),
         rss_peak_since_build=all(since_build) if since_build else None,
+        source="command_log" if any(w.get("source") == "command_log" for w in windows.values()) else "xfw",
     )
 
 

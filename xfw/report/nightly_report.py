@@ -33,7 +33,10 @@ _FALLBACK = ["#6a9955", "#b07cc6", "#c0a000"]
 def _fmt_value(v: Verdict, value: float | None) -> str:
     if value is None:
         return "–"
-    return contrast.fmt_rate(value) if v.metric == "ips" else f"{value / 2**20:.1f} MiB"
+    if v.metric == "ips":
+        return contrast.fmt_rate(value)
+    source = contrast.SOURCE_LABELS.get(v.mem_source, v.mem_source)
+    return f"{value / 2**20:.1f} MiB" + (f" ({source})" if source else "")
 
 
 def verdict_table(verdicts: list[Verdict]) -> Table:
@@ -132,6 +135,13 @@ def _night_states(history_dir: Path, nights: list[str]) -> list[dict]:
     return states
 
 
+def _overrides(state: dict) -> str:
+    """The suite's own ``set`` and the command line's ``--set`` for the night."""
+    parts = [f"suite: {' '.join(state['suite_overrides'])}"] if state.get("suite_overrides") else []
+    parts += [f"--set {' '.join(state['overrides'])}"] if state.get("overrides") else []
+    return "; ".join(parts) or "–"
+
+
 def environment_table(states: list[dict], rows: list[dict]) -> Table:
     header = ["Night", "Started (UTC)", "Host", "Device", "Frameworks", "Python", "xfw commit", "Overrides"]
     cells = []
@@ -145,7 +155,7 @@ def environment_table(states: list[dict], rows: list[dict]) -> Table:
         cells.append([night, state.get("started_utc", "–"), env.get("host", {}).get("hostname", "–"),
                       ", ".join(devices) or "–", frameworks or "–", env.get("python", "–"),
                       sha[:12] + ("-dirty" if sha.endswith("-dirty") else ""),
-                      " ".join(state.get("overrides", [])) or "–"])
+                      _overrides(state)])
     return Table(header=header, cells=cells, name="env")
 
 
@@ -179,6 +189,8 @@ def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
     if len(backends) > 1:
         blocks.append(Paragraph(f"Contrast = ({backends[0]} − {backends[1]}) / {backends[1]} on samples per second "
                                 "over the measured window.", muted=True))
+    blocks += [Paragraph(f"⚠ {contrast.row_name(row)}: {w}") for row in cmp_rows for w in row.warnings
+               if "memory is measured from different sources" in w]
     blocks += [Heading("Against the previous nights"), verdict_table(verdicts),
                Heading(f"Trends (last {len(shown)} night{'s' if len(shown) != 1 else ''})"),
                *(Image(path, f"trend of {entry}") for path, entry in zip(trends, entries)),

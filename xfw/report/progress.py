@@ -28,6 +28,18 @@ def _describe_last(state: dict) -> str:
     return ", ".join(parts)
 
 
+def _count(state: dict, new_records: list[dict]) -> bool:
+    """Advance ``state`` by the steps of one rank (the first seen): every rank takes the same steps,
+    so a 2-process run of 13 steps shows 13, not 26. True when a step arrived."""
+    steps = [r for r in new_records if r.get("kind") == "step"]
+    if steps and "rank" not in state:
+        state["rank"] = min(r["rank"] for r in steps)
+    mine = [r for r in steps if r["rank"] == state.get("rank")]
+    for r in mine:
+        state.update(done=state["done"] + 1, phase=r["phase"], step_time_s=r["step_time_s"], loss=r["loss"])
+    return bool(mine)
+
+
 def finished_line(result: RunResult) -> str:
     m = result.measurement
     if result.ok:
@@ -47,14 +59,15 @@ class PlainProgress:
 
     def started(self, backend: str, recipe: str, total_steps: int) -> None:
         self.state[backend] = {"recipe": recipe, "total": total_steps, "done": 0, "printed": time.monotonic()}
-        self._print(f"[{backend}] {recipe}: launching ({total_steps} steps)")
+        self._print(f"[{backend}] {recipe}: launching ({total_steps} steps per rank)")
 
     def update(self, backend: str, new_records: list[dict]) -> None:
+        """A line when the first step arrives, when the measured window starts, then every few seconds."""
         state = self.state[backend]
-        steps = [r for r in new_records if r.get("kind") == "step"]
-        for r in steps:
-            state.update(done=state["done"] + 1, phase=r["phase"], step_time_s=r["step_time_s"], loss=r["loss"])
-        if steps and time.monotonic() - state["printed"] >= PLAIN_INTERVAL_S:
+        phase = state.get("phase")
+        if not _count(state, new_records):
+            return
+        if phase != state.get("phase") or time.monotonic() - state["printed"] >= PLAIN_INTERVAL_S:
             state["printed"] = time.monotonic()
             self._print(f"[{backend}] {state['recipe']}: {_describe_last(state)}")
 
@@ -85,9 +98,7 @@ class RichProgress(PlainProgress):
 
     def update(self, backend: str, new_records: list[dict]) -> None:
         state = self.state[backend]
-        for r in new_records:
-            if r.get("kind") == "step":
-                state.update(done=state["done"] + 1, phase=r["phase"], step_time_s=r["step_time_s"], loss=r["loss"])
+        _count(state, new_records)
         info = _describe_last(state).split(", ", 1)[1] if state["done"] else "starting"
         self.bar.update(self.tasks[backend], completed=state["done"], info=info)
 

@@ -73,6 +73,10 @@ class RunResult:
     setup: dict = field(default_factory=dict)
     """The resolved spec's batch/parallel/precision settings (:func:`setup_from_spec`), for the
     layouts that group by GPU count or batch size; filled from spec.json when a run is loaded."""
+    node: dict = field(default_factory=dict)
+    """{} for a single-node run. One node's part of a multi-node run: ``{"rank": R, "count": N,
+    "ranks": [first, last]}`` (the global ranks it ran). A run assembled from its parts
+    (:mod:`xfw.report.nodes`): ``{"count": N, "parts": [part directories]}``."""
 
     @property
     def ok(self) -> bool:
@@ -109,18 +113,20 @@ class RunResult:
         if not summary and not spec and not problems:
             raise FileNotFoundError(f"{run_dir}: not a run directory (no summary.json or spec.json)")
         bad = next((k for k, kind in _SUMMARY_TYPES.items() if k in summary and not isinstance(summary[k], kind)), None)
+        node = summary.get("node") if isinstance(summary.get("node"), dict) else {}
         if bad:
             problems.append(f"{run_dir / 'summary.json'}: {bad!r} has type {type(summary[bad]).__name__}")
             summary = {}
         records, problem = rec.read_records(run_dir / "steps.jsonl")
         if problem:
             problems.append(problem)
-        applied = next((r for r in records if r.get("kind") == "applied" and r.get("rank") == 0), {})
-        applied = {k: v for k, v in applied.items() if k not in ("schema", "kind", "rank")}
+        applied = rec.applied_settings(records)
         measurement = summarize(records)
         status = summary.get("status", "crashed")
         reason = summary.get("reason", "no summary.json: the run did not finish")
-        expected = _num_processes(spec)
+        ranks = node.get("ranks")
+        expected = ranks[1] - ranks[0] + 1 if isinstance(ranks, list) and len(ranks) == 2 else _num_processes(spec)
+        expected = 1 if measurement.source == "command_log" else expected  # a log has no ranks
         if problems:
             status, reason = "unreadable", problems[0]
         elif status not in STATUSES:
@@ -140,7 +146,7 @@ class RunResult:
             status=status, reason=reason, measurement=measurement, applied=applied, **utilised, env=env,
             exit_code=summary.get("exit_code"), wall_time_s=summary.get("wall_time_s"),
             repeat_index=summary.get("repeat_index", 0), run_dir=str(run_dir), variant=summary.get("variant", {}),
-            setup=setup_from_spec(spec),
+            setup=setup_from_spec(spec), node=node,
         )
 
 
@@ -156,6 +162,9 @@ def _num_processes(spec: dict) -> int:
     return value if isinstance(value, int) and value > 0 else 1
 
 
+_PROVENANCE_DATA_KEYS = ("kind", "path", "image_root", "tokenizer", "fingerprint", "num_samples", "seed")
+
+
 def setup_from_spec(spec: dict) -> dict:
     """What the layouts need from a resolved spec.json, flat; {} without a spec."""
     if not spec:
@@ -167,6 +176,10 @@ def setup_from_spec(spec: dict) -> dict:
             "grad_accum_steps": _get(spec, "derived", "grad_accum_steps"), "sharding": parallel.get("sharding", "none"),
             "dtype": precision.get("dtype"), "amp_level": precision.get("amp_level"),
             "recompute": spec.get("recompute"), "measure_steps": _get(spec, "measure", "steps"),
+            "weights": _get(spec, "model", "weights"), "weights_fingerprint": _get(spec, "model", "weights_fingerprint"),
+            "seed": _get(spec, "measure", "seed"),
+            "data": {k: v for k, v in (spec.get("data") or {}).items() if k in _PROVENANCE_DATA_KEYS}
+            if isinstance(spec.get("data"), dict) else {},
             "knobs": dict(spec.get("backend_knobs") or {}) if isinstance(spec.get("backend_knobs") or {}, dict) else {}}
 
 
@@ -196,7 +209,11 @@ def find_run_dirs(paths: list[str | os.PathLike]) -> list[Path]:
 
 
 def load_runs(paths: list[str | os.PathLike]) -> list[RunResult]:
-    return distinguish_configurations([RunResult.load(d) for d in find_run_dirs(paths)])
+    """Every run at or below ``paths``; the parts of a multi-node run (wherever each node wrote its
+    own) assembled into one run (:func:`xfw.report.nodes.assemble`)."""
+    from xfw.report.nodes import assemble
+
+    return distinguish_configurations(assemble([RunResult.load(d) for d in find_run_dirs(paths)]))
 
 
 # The settings that make two runs of one recipe different configurations (not repeats), and the

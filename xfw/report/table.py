@@ -49,6 +49,9 @@ class Table:
     """HTML only: a CSS class per row (``regression``, ``improvement``) to colour it."""
     name: str = ""
     """HTML only: the table's CSS class (tests and style sheets find it by this)."""
+    csv: bool = True
+    """Whether the page's CSV carries this table (the main numbers do; a settings or provenance table
+    beside them would mix another schema into the same columns)."""
 
 
 @dataclass
@@ -151,7 +154,7 @@ def to_markdown(page: Page, *, images: bool = True) -> str:
 def to_csv(page: Page | list[Table]) -> str:
     """One line per table row: the section (when there are several titled tables), the columns as
     shown (plain text), then the raw numbers of ``records`` under their own keys."""
-    tables = page.tables() if isinstance(page, Page) else page
+    tables = [t for t in (page.tables() if isinstance(page, Page) else page) if t.csv]
     with_section = len(tables) > 1 and any(t.title for t in tables)
     rows, columns = [], {}
     for t in tables:

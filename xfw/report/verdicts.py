@@ -62,6 +62,8 @@ class Verdict:
     """Relative change allowed before flagging."""
     noise: float | None = None
     noise_source: str = ""
+    mem_source: str = ""
+    """For memory verdicts: where the bytes come from (``cuda_allocator``, ``peak_rss``, ...)."""
     note: str = ""
 
     @property
@@ -166,6 +168,7 @@ def evaluate(rows: list[dict], night: str, policy: RegressionPolicy) -> list[Ver
 def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: list[dict],
            policy: RegressionPolicy) -> list[Verdict]:
     base = dict(entry=entry, backend=backend)
+    mem = {"mem_source": current.get("mem_source") or ""}
     status = current["status"]
     last = same[-1] if same else None
     if status != "ok":
@@ -188,7 +191,8 @@ def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: l
         history = [r[metric] for r in good if r.get(metric) is not None
                    and (metric != "memory" or r.get("memory_source") == current.get("memory_source"))]
         if value is None or len(history) < policy.min_nights:
-            out.append(Verdict(**base, metric=metric, verdict="new", value=value, baseline_nights=len(history),
+            out.append(Verdict(**base, **(mem if metric == "memory" else {}), metric=metric, verdict="new",
+                               value=value, baseline_nights=len(history),
                                note=f"{len(history)} comparable night(s), {policy.min_nights} needed"))
             continue
         baseline = statistics.median(history)
@@ -206,7 +210,8 @@ def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: l
         else:
             verdict = "ok"
         source = f"{policy.noise_k:g}× {source}" if policy.noise_k * noise >= floor else f"floor {floor:.0%}"
-        out.append(Verdict(**base, metric=metric, verdict=verdict, value=value, baseline=baseline,
+        out.append(Verdict(**base, **(mem if metric == "memory" else {}), metric=metric, verdict=verdict,
+                           value=value, baseline=baseline,
                            baseline_nights=len(history), change=change, tolerance=tolerance, noise=noise,
                            noise_source=source, note=knob_note if verdict != "ok" else ""))
     return out

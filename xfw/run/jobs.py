@@ -25,6 +25,7 @@ from typing import Callable
 
 from xfw.contract.atomic import UnreadableFile, read_json_object
 
+from xfw.report.nodes import assemble_parts
 from xfw.report.results import RunResult
 from xfw.run import launcher
 from xfw.run.recipe import Recipe
@@ -36,9 +37,16 @@ Backends = dict[str, tuple[launcher.Backend, dict]]
 """Backend name -> (interpreter, its ``--describe`` answer), as :func:`xfw.workflow.prepare_backends` gives."""
 
 
-def run_dir_for(root: Path, groups: tuple[str, ...], backend: str, repeat_index: int, num_repeats: int) -> Path:
-    """``root/<groups...>/<backend>``, or ``<backend>-r<k>`` when the recipe repeats."""
-    return root.joinpath(*groups, backend if num_repeats == 1 else f"{backend}-r{repeat_index}")
+NODE_DIR = "node-{}"
+"""A multi-node run's part from one node: ``<run dir>/node-<node rank>/``, itself a run directory."""
+
+
+def run_dir_for(root: Path, groups: tuple[str, ...], backend: str, repeat_index: int, num_repeats: int,
+                node_rank: int | None = None) -> Path:
+    """``root/<groups...>/<backend>``, or ``<backend>-r<k>`` when the recipe repeats; with ``node_rank``
+    (a multi-node recipe) the node's part below it: ``.../<backend>/node-<rank>``."""
+    run_dir = root.joinpath(*groups, backend if num_repeats == 1 else f"{backend}-r{repeat_index}")
+    return run_dir if node_rank is None else run_dir / NODE_DIR.format(node_rank)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,10 +66,12 @@ class Job:
 
 
 def jobs_for(recipe: Recipe, backends: list[str], root: Path, groups: tuple[str, ...] = (), *,
-             variant: dict | None = None, label: str = "") -> list[Job]:
-    """Every repeat of ``recipe`` on every backend, repeats outermost (so the sides alternate)."""
+             variant: dict | None = None, label: str = "", node_rank: int = 0) -> list[Job]:
+    """Every repeat of ``recipe`` on every backend, repeats outermost (so the sides alternate). A
+    multi-node recipe's jobs are this node's parts (``node_rank``)."""
     repeats = recipe.measure.repeat
-    return [Job(recipe=recipe, backend=name, run_dir=run_dir_for(root, groups, name, k, repeats),
+    node = node_rank if recipe.parallel.nnodes > 1 else None
+    return [Job(recipe=recipe, backend=name, run_dir=run_dir_for(root, groups, name, k, repeats, node),
                 variant=dict(variant or {}), repeat_index=k,
                 label=f"{label} / {name if repeats == 1 else f'{name}-r{k}'}" if label else "")
             for k in range(repeats) for name in backends]
@@ -175,3 +185,28 @@ def run_jobs(jobs: list[Job], backends: Backends, *, resume: bool, force: bool =
         if on_result is not None:
             on_result(job, result)
     return results, kept
+
+
+def with_sibling_parts(result: RunResult, *, wait_s: float, log: Callable[[str], None] = print
+                       ) -> tuple[RunResult, str]:
+    """One node's part of a multi-node run, assembled with the other nodes' parts when they are beside
+    it (a shared directory: waits up to ``wait_s`` for them to finish); else the part itself, marked as
+    one node's (a ``node`` variant key) with a note saying how to assemble. Other runs pass through."""
+    if "rank" not in result.node:
+        return result, ""
+    run_dir = Path(result.run_dir).parent
+    siblings = [run_dir / NODE_DIR.format(k) for k in range(result.node["count"])]
+    if any(s.exists() for s in siblings if s != Path(result.run_dir)):  # a shared directory: the others write here
+        log(f"waiting up to {wait_s:g} s for the other nodes' parts in {run_dir}")
+        deadline = time.monotonic() + wait_s
+        while not all((s / "summary.json").exists() for s in siblings) and time.monotonic() < deadline:
+            time.sleep(1.0)
+    parts = [RunResult.load(s) for s in siblings if (s / "summary.json").exists()]
+    if len(parts) == result.node["count"]:
+        return assemble_parts(parts), ""
+    first, last = result.node["ranks"]
+    result.variant = {**result.variant,
+                      "node": f"{result.node['rank']} of {result.node['count']} (ranks {first}-{last})"}
+    return result, (f"{result.recipe} / {result.backend}: node {result.node['rank']}'s part only (ranks {first}-{last}; "
+                    "its ips counts them alone). When every node has finished: xfw assemble <each node's --out> "
+                    "--out DIR")

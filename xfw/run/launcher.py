@@ -31,6 +31,7 @@ from xfw.contract import env as host
 from xfw.contract import lifeline
 from xfw.contract import records as rec
 from xfw.report.measure import summarize
+from xfw.run import command, logparse
 from xfw.run.recipe import Recipe, resolve_spec
 from xfw.report.results import RunResult, mfu_fields, setup_from_spec
 from xfw.contract.atomic import write_json_atomic
@@ -147,6 +148,16 @@ def build_command(backend: Backend, description: dict, recipe: Recipe, spec_path
     return head + ["--spec", str(spec_path), "--records", str(records_path)]
 
 
+def invocation(backend: Backend, description: dict, recipe: Recipe, spec_path: Path, records_path: Path,
+               rendezvous: Rendezvous = Rendezvous()) -> command.Invocation:
+    """What a run starts: xfw's adapter, or the command the recipe gives this backend (xfw.run.command)."""
+    attached = command.command_of(recipe, backend.name)
+    if attached is not None:
+        return command.invocation(attached, spec_path, records_path)
+    return command.Invocation(argv=build_command(backend, description, recipe, spec_path, records_path, rendezvous),
+                              facts=description, interpreter=backend.python)
+
+
 def _tail(path: Path, num_bytes: int = 8192) -> str:
     try:
         with open(path, "rb") as f:
@@ -161,12 +172,21 @@ def _last_line(text: str) -> str:
     return "".join(c if c.isprintable() else " " for c in lines[-1][:300]) if lines else ""
 
 
+def local_ranks(recipe: Recipe, rendezvous: Rendezvous) -> range:
+    """The global ranks this node's processes run: all of them on one node, a slice on many."""
+    if recipe.parallel.nnodes == 1:
+        return range(recipe.num_processes)
+    first = rendezvous.node_rank * recipe.parallel.nproc_per_node
+    return range(first, first + recipe.parallel.nproc_per_node)
+
+
 def classify(*, exit_code: int | None, timed_out: bool, records: list[dict], num_processes: int,
              stderr_tail: str, timeout_s: float) -> tuple[str, str]:
-    """(status, one-line reason) for a finished process."""
+    """(status, one-line reason) for a finished process; ``num_processes``: the ranks it ran."""
     if timed_out:
-        done = sum(1 for r in records if r.get("kind") == "step" and r.get("rank") == 0)
-        return "timeout", f"exceeded measure.timeout_s = {timeout_s:g} s (rank 0 had finished {done} steps)"
+        first = min((r["rank"] for r in records if r.get("kind") == "step"), default=0)
+        done = sum(1 for r in records if r.get("kind") == "step" and r.get("rank") == first)
+        return "timeout", f"exceeded measure.timeout_s = {timeout_s:g} s (rank {first} had finished {done} steps)"
     errors = [r for r in records if r.get("kind") == "error"]
     if errors:
         return errors[0]["status"], errors[0]["message"]
@@ -235,9 +255,12 @@ def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict
     exception: the other runs go on. Ctrl-C or SIGTERM stops the adapter, records the run as cut
     off and raises :class:`Interrupted`."""
     spec = spec_for(recipe, backend.name, run_dir)
+    ranks = local_ranks(recipe, rendezvous)
+    node = {} if recipe.parallel.nnodes == 1 else {"rank": rendezvous.node_rank, "count": recipe.parallel.nnodes,
+                                                   "ranks": [ranks.start, ranks.stop - 1]}
     base = dict(backend=backend.name, recipe=recipe.name, preset=recipe.model.preset, stage=recipe.stage,
                 repeat_index=repeat_index, run_dir=str(run_dir), variant=dict(variant or {}),
-                setup=setup_from_spec(spec))
+                setup=setup_from_spec(spec), node=node)
     t0, interrupted = time.monotonic(), False
     try:
         result, interrupted = _run(recipe, backend, run_dir, spec, description, progress, rendezvous, base)
@@ -262,25 +285,34 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_path, records_path = run_dir / "spec.json", run_dir / "steps.jsonl"
     write_json_atomic(spec_path, spec)
-    env = {**host.host_env(), "interpreter": backend.python, "backend": description}
+    run = invocation(backend, description, recipe, spec_path, records_path, rendezvous)
+    env = {**host.host_env(), "interpreter": run.interpreter, "backend": run.facts}
     write_json_atomic(run_dir / "env.json", env)
     records_path.unlink(missing_ok=True)  # a rerun into the same directory starts clean
-    cmd = build_command(backend, description, recipe, spec_path, records_path, rendezvous)
+    cmd = run.argv
     timeout_s = recipe.measure.timeout_s
-    total = (recipe.measure.warmup_steps + recipe.measure.steps) * recipe.num_processes
-    if progress:
-        progress.started(backend.name, recipe.name, total)
+    needed = recipe.measure.warmup_steps + recipe.measure.steps
+    # a log has one line per step, not per rank; a node of a multi-node run runs its own ranks only
+    num_processes = 1 if run.log else len(local_ranks(recipe, rendezvous))
+    log_lines = logparse.LogCounter(run.log, run_dir / f"{run.log.stream}.log") if run.log else None
+    if progress:  # steps per rank: every rank takes the same steps
+        progress.started(backend.name, recipe.name, needed)
 
-    tail, timed_out, interrupted = rec.RecordTail(records_path), False, False
+    tail, timed_out, interrupted, stopped = rec.RecordTail(records_path), False, False, False
     t0 = time.monotonic()
     with open(run_dir / "stdout.log", "wb") as out, open(run_dir / "stderr.log", "wb") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, **run_env(recipe), lifeline.ENV: lifeline.identity()})
+                                cwd=run.cwd, env={**os.environ, **run_env(recipe), **run.env,
+                                                  lifeline.ENV: lifeline.identity()})
         try:
             write_json_atomic(run_dir / ADAPTER_FILE, {"process": lifeline.identity(proc.pid), "command": cmd})
             while proc.poll() is None:
                 if time.monotonic() - t0 > timeout_s:
                     timed_out = True
+                    _stop(proc)
+                    break
+                if log_lines is not None and log_lines.poll() >= needed:  # parsed enough: end the command
+                    stopped = True
                     _stop(proc)
                     break
                 if progress:
@@ -297,14 +329,19 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     if progress:
         progress.update(backend.name, tail.poll())
     wall = time.monotonic() - t0
+    if run.log is not None:
+        logparse.write_records(run.log, log_lines.path, records_path, spec, exit_code=proc.returncode,
+                               stopped=stopped)
     records = rec.load_records(records_path)
+    stderr_tail = _tail(run_dir / "stderr.log")
     status, reason = classify(exit_code=proc.returncode, timed_out=timed_out, records=records,
-                              num_processes=recipe.num_processes, stderr_tail=_tail(run_dir / "stderr.log"),
-                              timeout_s=timeout_s)
+                              num_processes=num_processes, stderr_tail=stderr_tail, timeout_s=timeout_s)
+    if run.attached:  # a command: its outcome said for a command
+        status, reason = command.refine(status, reason, exit_code=proc.returncode, records=records,
+                                        stderr_line=_last_line(stderr_tail), stopped=stopped)
     if interrupted:
         status, reason = "crashed", "interrupted (Ctrl-C or SIGTERM); the same command runs it again"
-    applied = next((r for r in records if r.get("kind") == "applied" and r.get("rank") == 0), {})
-    applied = {k: v for k, v in applied.items() if k not in ("schema", "kind", "rank")}
+    applied = rec.applied_settings(records)
     measurement = summarize(records)
     result = RunResult(**base, status=status, reason=reason, measurement=measurement, applied=applied,
                        **mfu_fields(spec, measurement, applied), env=env, exit_code=proc.returncode,

@@ -34,12 +34,14 @@ class LockedError(RuntimeError):
 
 
 @contextlib.contextmanager
-def hold(directory: Path, command: str | None = None) -> Iterator[None]:
+def hold(directory: Path, command: str | None = None, *, node_rank: int | None = None) -> Iterator[None]:
     """Hold ``directory`` (created if missing) until the block ends; LockedError if another holds it.
-    ``command`` names the holder in the other's message (default: this process's command line)."""
+    ``command`` names the holder in the other's message (default: this process's command line).
+    ``node_rank``: one node of a multi-node run, whose nodes share the directory (a shared filesystem)
+    and each hold their own lock (``.xfw.lock.node-R``), never a single-node command's."""
     command = command or shlex.join(["xfw", *sys.argv[1:]])
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / LOCK_FILE
+    path = directory / (LOCK_FILE if node_rank is None else f"{LOCK_FILE}.node-{node_rank}")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:

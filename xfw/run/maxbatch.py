@@ -8,8 +8,10 @@ probe cannot poison the next, and a probe that settled earlier is kept (the sear
 
     OUT/llava7b-lora/micro32/torch/{spec.json,...,summary.json}     variant {"batch.micro": 32, ...}
 
-Each probe runs global batch = micro x processes (no accumulation: one micro-batch per optimizer
-step). The edge is the largest micro-batch that ran with the smallest that ran out of memory
+Each probe keeps the recipe's global batch when its micro-batch divides it (gradient accumulation
+makes up the rest: memory depends on the micro-batch); a micro-batch that does not divide it runs
+global batch = micro x processes (one micro-batch per step), and the report says which probes did.
+The edge is the largest micro-batch that ran with the smallest that ran out of memory
 above it; a probe that ends any other way (crashed, timeout, unsupported) stops the search,
 because it says nothing about memory.
 """
@@ -19,12 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xfw.report.table import Bullets, Page, Strong, Table
+from xfw.report.contrast import fmt_memory_pair
+from xfw.report.table import Bullets, Page, Paragraph, Strong, Table
 from xfw.run import launcher
 from xfw.run.jobs import Job, run_jobs
 from xfw.run.recipe import Recipe, load_recipe
 
-GIB = 1024**3
 DEFAULT_MAX_MICRO = 4096
 """Where a doubling search gives up looking for an OOM."""
 
@@ -43,11 +45,13 @@ def parse_candidates(text: str) -> list[int]:
 @dataclass(kw_only=True)
 class Probe:
     micro: int
+    global_batch: int
     status: str
     reason: str
     ips: float | None
     mem_alloc_peak_bytes: int | None
     mem_reserved_peak_bytes: int | None
+    mem_source: str | None
     run_dir: str
 
 
@@ -81,9 +85,12 @@ class MaxBatch:
 
 
 def probe_recipe(path: str, micro: int, overrides: list[str]) -> Recipe:
-    """The recipe at one micro-batch, global = micro x processes; RecipeError names file and key."""
+    """The recipe at one micro-batch: its own global batch where ``micro`` x processes divides it,
+    else global = micro x processes (module docstring); RecipeError names file and key."""
     base = load_recipe(path, overrides)
-    return load_recipe(path, [*overrides, f"batch.micro={micro}", f"batch.global={micro * base.num_processes}"])
+    per_step = micro * base.num_processes
+    size = base.batch.global_size if base.batch.global_size % per_step == 0 else per_step
+    return load_recipe(path, [*overrides, f"batch.micro={micro}", f"batch.global={size}"])
 
 
 class Search:
@@ -105,9 +112,10 @@ class Search:
         (run,), _ = run_jobs([job], {self.backend.name: (self.backend, self.description)}, resume=True,
                              force=self.force, progress=self.progress, log=self.log)
         m = run.measurement
-        self.result.probes.append(Probe(micro=micro, status=run.status, reason=run.reason, ips=m.ips,
+        self.result.probes.append(Probe(micro=micro, global_batch=recipe.batch.global_size, status=run.status, reason=run.reason, ips=m.ips,
                                         mem_alloc_peak_bytes=m.mem_alloc_peak_bytes,
-                                        mem_reserved_peak_bytes=m.mem_reserved_peak_bytes, run_dir=str(job.run_dir)))
+                                        mem_reserved_peak_bytes=m.mem_reserved_peak_bytes, mem_source=m.mem_source,
+                                        run_dir=str(job.run_dir)))
         if run.status not in ("ok", "oom"):
             self.result.stopped = f"micro-batch {micro} ended {run.status}: {run.reason}"
         return run.status
@@ -155,10 +163,9 @@ def to_page(results: list[MaxBatch]) -> Page:
     for res in results:
         for p in sorted(res.probes, key=lambda p: -p.micro):
             ok = p.status == "ok" and p.ips is not None
-            mem = (f"{p.mem_alloc_peak_bytes / GIB:.2f} / {p.mem_reserved_peak_bytes / GIB:.2f}"
-                   if p.mem_alloc_peak_bytes is not None and p.mem_reserved_peak_bytes is not None else "–")
-            cells.append([res.recipe, res.backend, str(p.micro), "ok" if ok else Strong(p.status),
-                          f"{p.ips:,.2f}" if ok else "–", mem])
+            cells.append([res.recipe, res.backend, str(p.micro), str(p.global_batch), "ok" if ok else Strong(p.status),
+                          f"{p.ips:,.2f}" if ok else "–",
+                          fmt_memory_pair(p.mem_alloc_peak_bytes, p.mem_reserved_peak_bytes, p.mem_source)])
             records.append({"recipe": res.recipe, "backend": res.backend, **vars(p)})
         edge, oom = res.edge, res.oom_above
         text = (f"{res.recipe} on {res.backend}: largest micro-batch that fits: {edge.micro} "
@@ -168,6 +175,9 @@ def to_page(results: list[MaxBatch]) -> Page:
         if res.stopped:
             text += f" (search stopped: {res.stopped})"
         lines.append(text)
-    table = Table(header=["Recipe", "Backend", "Micro-batch", "Status", "ips", "Memory alloc / reserved (GiB)"],
-                  cells=cells, records=records, numeric=(2, 4))
-    return Page(title="Largest micro-batch that fits", blocks=[table, Bullets(lines)])
+    table = Table(header=["Recipe", "Backend", "Micro-batch", "Global batch", "Status", "ips",
+                          "Memory peak (alloc/reserved)"], cells=cells, records=records, numeric=(2, 3, 5))
+    notes = [Paragraph("Each probe keeps the recipe's global batch where its micro-batch x processes divides it "
+                       "(gradient accumulation makes up the rest); otherwise it runs global = micro-batch x "
+                       "processes, as the Global batch column shows.", muted=True)]
+    return Page(title="Largest micro-batch that fits", blocks=[table, Bullets(lines), *notes])

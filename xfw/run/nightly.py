@@ -37,11 +37,13 @@ from xfw.contract import env as host
 from xfw.run import launcher
 from xfw.report.history import NIGHTS_DIR, History, row_from_result
 from xfw.report.verdicts import VERDICTS_FILE, Verdict, evaluate
-from xfw.run.jobs import Backends, Job, jobs_for, run_jobs
+from xfw.run.jobs import Backends, Job, jobs_for, run_jobs, with_sibling_parts
 from xfw.report.results import RunResult
 from xfw.contract.atomic import write_json_atomic
 from xfw.run.suite import Suite
 
+NODE_WAIT_S = 300.0
+"""How long node 0 waits for the other nodes' parts of a multi-node entry before recording its own."""
 RESUME_WITHIN_H = 20.0
 """An unfinished night older than this is left as it is and a new night starts (the job of the
 next evening should not continue yesterday's)."""
@@ -115,6 +117,7 @@ def start_night(history_dir: Path, suite: Suite, night: str, overrides: list[str
         night_dir.mkdir(parents=True, exist_ok=True)
         state = {"night": night, "suite": suite.name, "suite_path": str(suite.path),
                  "started_utc": _iso(now or _utc_now()), "finished_utc": None, "overrides": list(overrides),
+                 "suite_overrides": list(suite.overrides),
                  "env": host.host_env(), "backends": descriptions}
         write_json_atomic(night_dir / "night.json", state)
     return state
@@ -122,31 +125,50 @@ def start_night(history_dir: Path, suite: Suite, night: str, overrides: list[str
 
 def run_night(suite: Suite, backends: Backends, history_dir: Path, *,
               night: str | None = None, overrides: list[str] = (), progress: launcher.Progress | None = None,
-              log=print, now: dt.datetime | None = None) -> NightOutcome:
-    """Run (or resume) one night of ``suite``; returns the verdicts (report written by the caller)."""
-    history = History(history_dir)
+              log=print, now: dt.datetime | None = None,
+              rendezvous: launcher.Rendezvous = launcher.Rendezvous()) -> NightOutcome:
+    """Run (or resume) one night of ``suite``; returns the verdicts (report written by the caller).
+
+    Multi-node entries (``parallel.nnodes > 1``) run first, on every node: each node starts this with
+    its ``--node-rank`` and the same ``--night`` and ``--master-port`` on a shared history directory.
+    Node 0 runs the single-node entries too, assembles each multi-node run from the nodes' parts and
+    keeps the history; the other nodes only run their parts."""
+    history, node_rank = History(history_dir), rendezvous.node_rank
     night, resuming = choose_night(history_dir, suite.name, night, now)
-    state = start_night(history_dir, suite, night, list(overrides),
-                        {name: description for name, (_, description) in backends.items()}, now)
     night_dir = history_dir / NIGHTS_DIR / night
+    state = start_night(history_dir, suite, night, list(overrides),
+                        {name: description for name, (_, description) in backends.items()}, now) if node_rank == 0 \
+        else {}
+    entries = sorted(suite.entries, key=lambda e: e.recipe.parallel.nnodes == 1)  # multi-node first, same order everywhere
     jobs, entry_of = [], {}
-    for entry in suite.entries:
+    for entry in entries:
+        if node_rank > 0 and entry.recipe.parallel.nnodes == 1:
+            continue
         for job in jobs_for(entry.recipe, list(backends), night_dir, (entry.label,), label=entry.label,
                             # two entries of one recipe: keep their rows apart
-                            variant={"entry": entry.label} if entry.label != entry.recipe.name else {}):
+                            variant={"entry": entry.label} if entry.label != entry.recipe.name else {},
+                            node_rank=node_rank):
             jobs.append(job)
             entry_of[job.run_dir] = entry.label
-    log(f"night {night} of suite {suite.name}: {len(jobs)} runs"
+    log(f"night {night} of suite {suite.name}: {len(jobs)} runs" + (f" on node {node_rank}" if node_rank else "")
         + (" (resuming: finished runs are kept)" if resuming else "") + f" -> {night_dir}")
 
     def record(job: Job, result: RunResult) -> None:  # after every run: a kill loses nothing finished
+        if node_rank > 0:
+            return  # node 0 keeps the history, with the assembled run
+        result, note = with_sibling_parts(result, wait_s=NODE_WAIT_S, log=log)
+        if note:
+            log(note)
         history.upsert([row_from_result(result, launcher.spec_for(job.recipe, job.backend, job.run_dir),
                                         night=night, night_started_utc=state["started_utc"], suite=suite.name,
                                         entry=entry_of[job.run_dir],
-                                        run_dir=str(job.run_dir.relative_to(history_dir)))])
+                                        run_dir=str(Path(result.run_dir).relative_to(history_dir)))])
 
     # force: a resumed night reruns a run whose spec changed (new --set): the night is one suite's, not a user's
-    results, kept = run_jobs(jobs, backends, resume=True, force=True, progress=progress, log=log, on_result=record)
+    results, kept = run_jobs(jobs, backends, resume=True, force=True, progress=progress, rendezvous=rendezvous,
+                             log=log, on_result=record)
+    if node_rank > 0:
+        return NightOutcome(night=night, night_dir=night_dir, results=results, verdicts=[], kept=kept)
     verdicts = evaluate(history.rows(), night, suite.regression)
     write_json_atomic(night_dir / VERDICTS_FILE, {
         "night": night, "suite": suite.name, "policy": asdict(suite.regression),

@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 
 from xfw.contract import records as rec
+from xfw.contract import weights as neutral
 from xfw.contract.atomic import write_json_atomic
 from xfw.contract.harness import GRAD_NORM_KNOB
 from xfw.contract.module_outputs import read_probe
@@ -151,11 +152,15 @@ _NOT_FINGERPRINTED = ("precision", "parallel", "measure", "backends")
 
 
 def recipe_fingerprint(recipe: Recipe) -> str:
-    """A digest of what the model and its training are: the recipe without the sections parity
-    forces (precision, parallel, measure, backends) and without ``model.weights``. A compare run
-    and a parity run of one recipe, with the same ``--set`` on anything else, share it."""
+    """A digest of what the model and its training are, from where they start: the recipe without the
+    sections parity forces (precision, parallel, measure, backends), with ``model.weights`` as the
+    checkpoint's content fingerprint (``random`` for a seeded start). A compare run and a parity run
+    of one recipe from the same start, with the same ``--set`` on anything else, share it; a parity
+    run from a checkpoint never vouches for a compare from random weights, nor the other way round.
+    Parity computes it before it points both sides at its own export of that start."""
     data = {k: v for k, v in to_dict(recipe).items() if k not in _NOT_FINGERPRINTED}
-    data["model"] = {k: v for k, v in data["model"].items() if k != "weights"}
+    weights = data["model"].get("weights", "random")
+    data["model"] = {**data["model"], "weights": "random" if weights == "random" else neutral.fingerprint(weights)}
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -14,6 +14,7 @@ default filled in and the preset expanded into the neutral architecture.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from xfw.contract import presets
+from xfw.contract import weights as neutral_weights
 from xfw.contract.families import family_module
+from xfw.run import command
 from xfw.run.yamlfile import YamlError, load_file, load_text
 
 SPEC_SCHEMA = 1
@@ -231,7 +234,8 @@ class Recipe:
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     measure: MeasureSpec = field(default_factory=MeasureSpec)
     backends: dict = field(default_factory=dict)
-    """Backend-specific knobs only, e.g. {torch: {sharding_impl: fsdp2}}; checked by each adapter."""
+    """Backend-specific knobs only, e.g. {torch: {sharding_impl: fsdp2}}; checked by each adapter. Or a
+    command xfw runs instead of its adapter (``{torch: {command: [...], cwd: DIR}}``, xfw.run.command)."""
 
     def __post_init__(self):
         if not is_plain_name(self.name):
@@ -357,26 +361,34 @@ def to_dict(obj: Any) -> Any:
 
 
 def apply_override(data: dict, assignment: str, source: str) -> None:
-    """Apply one ``key.path=value`` (value parsed as YAML) to plain recipe data, in place."""
+    """Apply one ``key.path=value`` (value parsed as YAML) to plain recipe data, in place; a number
+    in the path indexes a list (``backends.torch.command.3=--max_steps=40``)."""
     if "=" not in assignment:
         raise RecipeError(f"{source}: --set {assignment!r}: expected key.path=value")
     path, raw = assignment.split("=", 1)
     keys = path.strip().split(".")
     if not all(keys):
         raise RecipeError(f"{source}: --set {assignment!r}: empty key in {path!r}")
-    try:
-        value = load_text(raw, f"{source}: --set {path}: value {raw[:80]!r}")
+    try:  # a command's item or variable is text as typed (``...command.3=40`` is "40", not 40)
+        value = raw if command.takes_text(keys) else load_text(raw, f"{source}: --set {path}: value {raw[:80]!r}")
     except YamlError as err:
         raise RecipeError(str(err)) from None
     node = data
-    for i, key in enumerate(keys[:-1]):
-        child = node.get(key)
+    for i, key in enumerate(keys):
+        if isinstance(node, list):  # a list item by its index: backends.torch.command.3=--max_steps=40
+            if not key.isdigit() or int(key) >= len(node):
+                raise RecipeError(f"{source}: --set {path}: {'.'.join(keys[:i])} is a list of {len(node)} "
+                                  f"items; {key!r} is not one of its indices")
+            key = int(key)
+        elif not isinstance(node, dict):
+            raise RecipeError(f"{source}: --set {path}: {'.'.join(keys[:i])} is not a mapping")
+        if i == len(keys) - 1:
+            node[key] = value
+            break
+        child = node[key] if isinstance(node, list) else node.get(key)
         if child is None:
             child = node[key] = {}
-        if not isinstance(child, dict):
-            raise RecipeError(f"{source}: --set {path}: {'.'.join(keys[: i + 1])} is not a mapping")
         node = child
-    node[keys[-1]] = value
 
 
 def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
@@ -393,11 +405,30 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     for assignment in overrides:
         apply_override(data, assignment, source)
     recipe = recipe_from_dict(data, source)
+    _check_weights_dir(recipe.model.weights, source)
     try:
         presets.resolve_arch(recipe.model.preset, recipe.model.arch, recipe.data.image_size, recipe.data.seq_len)
-    except presets.ArchError as err:
+        return command.resolve(recipe, Path(path).parent)  # backends that run a command (xfw.run.command)
+    except (presets.ArchError, command.CommandError) as err:
         raise RecipeError(f"{source}: {err.key}: {err}") from None
-    return recipe
+
+
+@functools.lru_cache(maxsize=64)
+def _weights_fingerprint(directory: str) -> str:
+    return neutral_weights.fingerprint(directory)
+
+
+def _check_weights_dir(weights: str, source: str) -> None:
+    """``model.weights`` names a directory holding a checkpoint (a single file or Hugging Face shards)."""
+    if weights == "random":
+        return
+    path = Path(weights)
+    if not path.is_dir():
+        raise RecipeError(f"{source}: model.weights: {weights} is not a directory (give a checkpoint directory, "
+                          "or 'random')")
+    if not any((path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+        raise RecipeError(f"{source}: model.weights: {weights} holds no model.safetensors "
+                          "(nor model.safetensors.index.json)")
 
 
 def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
@@ -406,6 +437,9 @@ def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
     spec = to_dict(recipe)
     spec["model"]["family"] = arch["family"]
     spec["model"]["arch"] = arch
+    # Provenance: which checkpoint a run started from, by content (reports show it; parity matches on it).
+    spec["model"]["weights_fingerprint"] = None if recipe.model.weights == "random" else \
+        _weights_fingerprint(recipe.model.weights)
     spec["data"]["image_size"] = arch["data"]["image_size"]
     spec["data"]["seq_len"] = arch["data"]["seq_len"]
     spec["derived"] = {"num_processes": recipe.num_processes, "grad_accum_steps": recipe.grad_accum_steps}

@@ -49,6 +49,8 @@ class Suite:
     backends: tuple[str, ...]
     entries: tuple[Entry, ...]
     regression: RegressionPolicy = field(default_factory=RegressionPolicy)
+    overrides: tuple[str, ...] = ()
+    """The suite's own ``set`` (applied to every entry before the entry's and the command line's)."""
 
 
 _TOP_KEYS = {"name", "backends", "set", "regression", "entries", "description"}
@@ -148,4 +150,5 @@ def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         problems.append(f"{source}: entries: two entries are labelled {clash!r}; give one a distinct label")
     if problems:
         raise SuiteError("\n".join(problems))
-    return Suite(name=name, path=path, backends=tuple(backends), entries=tuple(entries), regression=policy)
+    return Suite(name=name, path=path, backends=tuple(backends), entries=tuple(entries), regression=policy,
+                 overrides=tuple(common))

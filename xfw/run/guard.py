@@ -1,0 +1,42 @@
+"""A command xfw runs, started under a guard that ends it when xfw ends.
+
+xfw's adapters run the lifeline themselves (:mod:`xfw.contract.lifeline`); a user's command does
+not, and may not be Python at all. So the launcher starts the guard as the leader of the run's
+process group, and the guard starts the command in that group::
+
+    python -c "...; from xfw.run.guard import main; ..." -- torchrun --nproc_per_node=8 train.py ...
+
+The guard watches the xfw process (the lifeline: it ends the whole group within seconds of xfw's
+death, SIGKILL included), waits for the command and exits as it did (the same code, or the same
+signal). The launcher's SIGTERM on timeout reaches the command directly (one group); the guard
+keeps waiting for it so the launcher's wait covers the command's shutdown, and SIGKILL after the
+grace period ends both.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from xfw.contract import lifeline
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] != "--" or len(args) < 2:
+        print("usage: guard -- COMMAND [ARG ...]", file=sys.stderr)
+        return 2
+    lifeline.watch_parent()
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the command got it too; wait for it
+    try:
+        proc = subprocess.Popen(args[1:])  # same directory, environment, stdio and process group
+    except OSError as err:
+        print(f"cannot start {args[1]}: {err.strerror or err}", file=sys.stderr)
+        return 127
+    code = proc.wait()
+    if code < 0:  # killed by a signal: end the same way, so the launcher sees which
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code

@@ -1,0 +1,110 @@
+"""``xfw selfcheck``: the first command on a new machine. Every tiny family through every settings
+path the seed rows use, on every backend installed, all from one exported start; one verdict per
+(backend, path) (:mod:`xfw.report.selfcheck`), written beside the machine's environment::
+
+    xfw selfcheck                                   # every family, every path, every backend found
+    xfw selfcheck --families llava --paths fp32,bf16-o2,recompute --backends torch,paddle
+
+    runs/selfcheck/
+        selfcheck.json          {"env": host facts + each backend's --describe, "verdicts": [...]}
+        selfcheck.md/.html      the verdicts, and what could not be checked here and why
+        <family>/weights/       the start every run of the family loads
+        <family>/<path>/<backend>/...   ordinary run directories
+
+``xfw compare`` reads ``runs/selfcheck/selfcheck.json`` and warns when a run goes through a path that
+has no passing verdict on this machine (same host and device).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from xfw.contract import env as host
+from xfw.contract.atomic import UnreadableFile, read_json_object, write_json_atomic
+from xfw.report import selfcheck as judge
+from xfw.report.results import RunResult
+from xfw.run import launcher
+from xfw.run.jobs import Backends, Job, run_jobs
+from xfw.run.parity import export_initial_weights
+from xfw.run.recipe import load_recipe
+
+FAMILY_RECIPES = {"llava": "recipes/tiny/llava_sft.yaml", "qwen2vl": "recipes/tiny/qwen2vl_sft.yaml",
+                  "sd15": "recipes/tiny/sd15_pretrain.yaml", "sd3": "recipes/tiny/sd3_dreambooth.yaml"}
+"""One tiny recipe per family, as shipped (relative to the project root)."""
+SHORT = ("measure.warmup_steps=1", "measure.steps=3", "measure.cpu_threads=1", "measure.timeout_s=600")
+DEFAULT_OUT = Path("runs") / "selfcheck"
+VERDICTS_FILE = "selfcheck.json"
+
+
+def overrides_for(path: judge.SettingsPath, backend: str, weights: Path) -> list[str]:
+    # Micro-batches of one sample everywhere: 1 process x 4 micro-batches and 2 x 2 then see the very
+    # same micro-batches (the data is drawn by place in the global batch), so their losses agree to fp32.
+    batch = ["batch.global=4", "batch.micro=1"]
+    return [*SHORT, *batch, *(o.format(backend=backend) for o in path.overrides), f"model.weights={weights}"]
+
+
+def run_selfcheck(root: Path, families: list[str], paths: list[str], backends: Backends, out_dir: Path, *,
+                  progress: launcher.Progress | None = None, log=print) -> list[judge.Verdict]:
+    """Export each family's start, run every (path, backend), judge, write ``selfcheck.json``."""
+    reference_name = next(iter(backends))
+    runs: dict[tuple[str, str, str], RunResult] = {}
+    for family in families:
+        recipe_path = str(root / FAMILY_RECIPES[family])
+        weights = (out_dir / family / "weights").resolve()
+        log(f"{family}: exporting the start every run loads ({reference_name})")
+        export_initial_weights(recipe_path, list(SHORT), backends[reference_name][0], weights, 600)
+        todo = []
+        for name in paths:
+            for backend in backends:
+                recipe = load_recipe(recipe_path, overrides_for(judge.BY_NAME[name], backend, weights))
+                todo.append(Job(recipe=recipe, backend=backend, run_dir=out_dir / family / name / backend,
+                                label=f"{family} / {name} / {backend}"))
+        for job, result in zip(todo, run_jobs(todo, backends, resume=True, force=True, progress=progress,
+                                              log=log)[0]):
+            runs[(family, job.run_dir.parent.name, job.backend)] = result
+    verdicts = []
+    for name in paths:
+        path = judge.BY_NAME[name]
+        for backend in backends:
+            per_family = {}
+            for family in families:
+                run = runs[(family, name, backend)]
+                spread = judge.fp32_spread([runs[k] for k in runs if k[0] == family and k[1] == "fp32"])
+                others = [runs[(family, name, b)] for b in backends if b != backend]
+                per_family[family] = judge.judge_family(path, run, runs.get((family, "fp32", backend)), others,
+                                                        spread)
+            verdicts.append(judge.combine(backend, name, per_family))
+    write_json_atomic(out_dir / VERDICTS_FILE, {
+        "env": {**host.host_env(), "backends": {name: d for name, (_, d) in backends.items()}},
+        "verdicts": [v.to_dict() for v in verdicts]})
+    return verdicts
+
+
+def unchecked_paths(spec_setups: list[tuple[str, dict, dict]], backends: Backends,
+                    directory: Path = DEFAULT_OUT) -> list[str]:
+    """Warnings for compare: each (backend, path) a run takes that has no passing selfcheck verdict on
+    this machine. ``spec_setups``: (backend, setup, knobs) of each run about to launch."""
+    try:
+        data = read_json_object(directory / VERDICTS_FILE)
+    except UnreadableFile:
+        data = {}
+    here = host.host_env()["host"]["hostname"]
+    checked = data.get("env", {}).get("host", {}).get("hostname") == here
+    verdicts = {(v["backend"], v["path"]): v for v in data.get("verdicts", [])} if checked else {}
+    warnings = []
+    for backend, setup, knobs in spec_setups:
+        device = backends[backend][1].get("device_name")
+        described = data.get("env", {}).get("backends", {}).get(backend, {})
+        same_device = checked and described.get("device_name") == device
+        for path in judge.paths_of(setup, knobs):
+            verdict = verdicts.get((backend, path)) if same_device else None
+            if verdict is None:
+                text = (f"{backend} {path}: never selfchecked on this machine ({device}); run xfw selfcheck "
+                        "before trusting these numbers")
+            elif verdict["verdict"] != "pass":
+                text = f"{backend} {path}: selfcheck says {verdict['verdict']} here ({verdict['detail']})"
+            else:
+                continue
+            if text not in warnings:
+                warnings.append(text)
+    return warnings
