@@ -1,7 +1,7 @@
 """What does xfw's harness cost? Its measured throughput against a bare hand-written loop on the same
 model, optimizer and batches, alternated in one process, for every tiny family on each backend::
 
-    python benchmarks/harness_overhead.py --backends torch,paddle --pairs 30 --out results/cpu/harness_overhead
+    python benchmarks/harness_overhead.py --backends torch,paddle --pairs 30 --out results/cpu/harness-overhead
 
 Each backend runs in its own interpreter (``.venv/<backend>/bin/python``, started by this script with
 ``--backend``) with one host thread (``OMP_NUM_THREADS=MKL_NUM_THREADS=1``: a steady CPU), builds
@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# This checkout's xfw and adapters, whatever the environments have installed.
+sys.path[:0] = [str(ROOT), str(ROOT / "adapters" / "torch"), str(ROOT / "adapters" / "paddle")]
 RECIPES = ["recipes/tiny/llava_sft.yaml", "recipes/tiny/llava_next_sft.yaml", "recipes/tiny/qwen2vl_sft.yaml",
            "recipes/tiny/sd15_pretrain.yaml", "recipes/tiny/sd3_dreambooth.yaml"]
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -95,7 +97,8 @@ def _torch_loop(spec: dict):
         marks = [_marks()]
         for step in range(steps):
             for i in range(accum):
-                loss = loss_fn(model, pool[(step * accum + i) % len(pool)]) / accum
+                with session._autocast():  # the recipe's precision (O0: none), as the session's step
+                    loss = loss_fn(model, pool[(step * accum + i) % len(pool)]) / accum
                 loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -124,7 +127,7 @@ def _paddle_loop(spec: dict):
         marks = [_marks()]
         for step in range(steps):
             for i in range(accum):
-                loss = loss_fn(model, pool[(step * accum + i) % len(pool)], contextlib.nullcontext) / accum
+                loss = loss_fn(model, pool[(step * accum + i) % len(pool)], session._autocast) / accum
                 loss.backward()
             optimizer.step()
             optimizer.clear_grad(set_to_zero=False)
@@ -246,11 +249,11 @@ class _NullSession:
                 "grad_accum_steps": 1, "mem_source": "peak_rss", "notes": ""}
 
 
-def harness_alone(spec: dict, steps: int = 20000) -> dict:
+def harness_alone(spec: dict, session, steps: int = 20000) -> dict:
     """The harness's own cost with a step that costs nothing: per step inside the measured window
     (timestamps, loss tokens, the drain check), and per record written (once a second inside the
-    window: json, flush, memory readings)."""
-    from xfw.contract import harness
+    window: the adapter's memory reading, the resident set, json, flush)."""
+    from xfw.contract import harness, rss
     from xfw.contract.records import RecordWriter
 
     run_spec = {**spec, "measure": {**spec["measure"], "warmup_steps": 0, "steps": steps},
@@ -260,9 +263,10 @@ def harness_alone(spec: dict, steps: int = 20000) -> dict:
         writer = RecordWriter(Path(tmp) / "steps.jsonl", 0)
         harness.run_training(run_spec, writer, marked)
         t0 = time.perf_counter()
-        for _ in range(1000):
+        for _ in range(1000):  # what the harness's write_step does: memory readings, then one record
+            alloc, reserved = session.memory_peaks()
             writer.write("step", step=0, phase="measure", step_time_s=0.01, samples=1, tokens=1, loss=1.0,
-                         mem_alloc_peak_bytes=1, mem_reserved_peak_bytes=None, rss_peak_bytes=1)
+                         mem_alloc_peak_bytes=alloc, mem_reserved_peak_bytes=reserved, rss_peak_bytes=rss.peak_bytes())
         record_s = (time.perf_counter() - t0) / 1000
         writer.close()
     window_s = marked.syncs[1][0] - marked.syncs[0][0]
@@ -276,6 +280,8 @@ def measure_recipe(backend: str, recipe: str, pairs: int, leg_s: float) -> dict:
     from xfw.run.recipe import load_recipe, resolve_spec
 
     spec = resolve_spec(load_recipe(ROOT / recipe, []), backend=backend, run_id="overhead")
+    if spec["precision"]["amp_level"] == "O2" or spec["derived"]["num_processes"] != 1:
+        raise SystemExit(f"{recipe}: the bare loop is written for one process at O0/O1 (no master weights)")
     session, bare, versions = (_torch_loop if backend == "torch" else _paddle_loop)(spec)
     accum, samples = spec["derived"]["grad_accum_steps"], spec["batch"]["micro"] * spec["derived"]["grad_accum_steps"]
     pool = [session.to_device(b) for b in make_pool(spec, 0)]
@@ -300,7 +306,7 @@ def measure_recipe(backend: str, recipe: str, pairs: int, leg_s: float) -> dict:
     for clock in ("wall", "cpu", "cpu_median_step", "cpu_fastest_step"):
         b, h = [x[clock] for x in legs["bare"]], [x[clock] for x in legs["harness"]]
         out[clock] = {"bare_ips": b, "harness_ips": h, **summarize_pairs(b, h)}
-    alone = harness_alone(spec)
+    alone = harness_alone(spec, session)
     median_step_s = samples / statistics.median(out["cpu_median_step"]["bare_ips"])
     out["harness_alone"] = {**alone, "bare_step_s": median_step_s,
                             "per_step_fraction": alone["per_step_s"] / median_step_s,
