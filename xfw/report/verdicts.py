@@ -168,7 +168,7 @@ def evaluate(rows: list[dict], night: str, policy: RegressionPolicy) -> list[Ver
 def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: list[dict],
            policy: RegressionPolicy) -> list[Verdict]:
     base = dict(entry=entry, backend=backend)
-    mem = {"mem_source": current.get("mem_source") or ""}
+    mem = {"mem_source": memory_source_of(current) or ""}  # the shared measure's source
     status = current["status"]
     last = same[-1] if same else None
     if status != "ok":
