@@ -97,3 +97,26 @@ def test_a_run_recorded_before_the_shared_measure_still_loads_with_its_own_sourc
     result = RunResult.load(tmp_path / "paddle")
     assert result.ok and result.measurement.rss_peak_bytes is None
     assert (result.measurement.memory_bytes, result.measurement.memory_source) == (8_000_000, "host_allocator")
+
+
+def test_the_nightly_trend_draws_mfu_on_gpu_nights_and_memory_measured_one_way(tmp_path):
+    from xfw.report import nightly_report
+
+    def row(night, backend, memory, source, mfu=None):
+        return {"night": night, "entry": "e", "backend": backend, "status": "ok", "ips": 10.0, "mfu": mfu,
+                "memory_bytes": memory, "memory_source": source, "mem_source": "host_allocator"}
+
+    old = {"night": "n1", "entry": "e", "backend": "paddle", "status": "ok", "ips": 10.0, "mfu": None,
+           "mem_alloc_peak_bytes": 9_000_000, "mem_source": "host_allocator"}  # before the shared measure
+    rows = [old, row("n2", "paddle", 400 * 2**20, "peak_rss"), row("n2", "torch", 380 * 2**20, "peak_rss")]
+    assert nightly_report.latest_memory_sources(rows, ["paddle", "torch"]) == {"paddle": "peak_rss",
+                                                                               "torch": "peak_rss"}
+    assert nightly_report.memory_label({"paddle": "peak_rss", "torch": "peak_rss"}) == "peak memory (MiB)"
+    path = nightly_report.trend_plot(rows, "e", ["n1", "n2"], set(), tmp_path / "cpu.png")
+    gpu = [row(n, b, 2**30, "cuda_allocator", mfu=0.4) for n in ("n1", "n2") for b in ("paddle", "torch")]
+    wide = nightly_report.trend_plot(gpu, "e", ["n1", "n2"], set(), tmp_path / "gpu.png")
+
+    def width(png):  # a PNG's IHDR: the width at bytes 16-20
+        return int.from_bytes(png.read_bytes()[16:20], "big")
+
+    assert width(wide) > width(path)  # a third panel, MFU, on GPU nights only
