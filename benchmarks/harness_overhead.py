@@ -1,85 +1,436 @@
-"""How much does xfw's harness cost? The adapter's throughput against a bare hand-written
-loop on the same model, optimizer and batches, alternated in one process (A B A B ...) so
-drift hits both sides alike. The target is a ratio within 2% of 1.
+"""What does xfw's harness cost? Its measured throughput against a bare hand-written loop on the same
+model, optimizer and batches, alternated in one process, for every tiny family on each backend::
 
-    python benchmarks/harness_overhead.py recipes/qwen2vl2b_sft.yaml --set batch.micro=4 ... --out r.json
+    python benchmarks/harness_overhead.py --backends torch,paddle --pairs 30 --out results/cpu/harness-overhead
 
-The bare loop is nanoGPT-bench style: synchronise, N optimizer steps, synchronise, time. It
-uses O1 (autocast over fp32 weights) so it needs no master-weight bookkeeping: the recipe's
-precision is forced to bf16 O1 on both sides.
+Each backend runs in its own interpreter (``.venv/<backend>/bin/python``, started by this script with
+``--backend``) with one host thread (``OMP_NUM_THREADS=MKL_NUM_THREADS=1``: a steady CPU), builds
+the adapter's own session for each recipe, and then repeats pairs of legs in ABBA order (bare,
+harness, harness, bare, ...) so that drift and order hit both alike:
+
+* bare: nanoGPT-bench style, the family's loss, backward, optimizer step, zero grad, timed with the
+  clock around N steps (synchronised on a GPU);
+* harness: ``xfw.contract.harness.run_training`` for N measured steps (no warm-up: the session is
+  warm), its throughput as the report computes it (``xfw.report.measure.summarize``), on the bare
+  loop's own converted batches (:class:`Marked`).
+
+Garbage collection runs between legs, never inside one (as ``timeit``). Legs can be one step long
+(``--leg-s 0``): the two loops then alternate step by step, so both see the same load, which on a
+shared host moves from one second to the next; a one-step window also charges the harness's fixed
+per-window work to a single step (an overestimate).
+
+Per pair the ratio harness ips / bare ips, twice: by the wall clock (the harness's ips as reported,
+from its measured window) and by the process's CPU time over the same window (read where the
+harness synchronises; unlike the wall clock, blind to other processes taking the CPU, which on a
+shared host is most of the noise). Reported for each: the median of
+the ratios, its 95% confidence interval (distribution-free, from order statistics), the 10th-90th
+percentile spread of single ratios, and the number of pairs. The harness's cost is shown within
+1% where the whole interval lies within [0.99, 1.01]. Writes ``OUT/<backend>.json`` (every leg, the
+environment, the command) and ``OUT/README.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
+import math
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from xfw.contract import harness
-from xfw.report.measure import summarize
-from xfw.run.recipe import load_recipe, resolve_spec
-from xfw.contract.records import RecordWriter, load_records
-from xfw.contract.synthetic import make_pool
-from xfw_torch.session import build_session
-
-
-def bare_loop(session, pool, accum: int, steps: int) -> float:
-    """Samples per second of a hand-written loop over the session's model and optimizer."""
-    model, optimizer, micro = session.model, session.optimizer, pool[0]["input_ids"].shape[0]
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for step in range(steps):
-        for i in range(accum):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(**pool[(step * accum + i) % len(pool)]).loss / accum
-            loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    return steps * accum * micro / (time.perf_counter() - t0)
+ROOT = Path(__file__).resolve().parent.parent
+# This checkout's xfw and adapters, whatever the environments have installed.
+sys.path[:0] = [str(ROOT), str(ROOT / "adapters" / "torch"), str(ROOT / "adapters" / "paddle")]
+RECIPES = ["recipes/tiny/llava_sft.yaml", "recipes/tiny/llava_next_sft.yaml", "recipes/tiny/qwen2vl_sft.yaml",
+           "recipes/tiny/sd15_pretrain.yaml", "recipes/tiny/sd3_dreambooth.yaml"]
+THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+CLOCKS = ("cpu_fastest_step", "cpu_median_step", "cpu", "wall")
 
 
-def harness_loop(spec: dict, session, steps: int) -> float:
+# --- statistics ------------------------------------------------------------------------------------
+
+def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median: order statistics k and n + 1 - k, k the
+    largest with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2."""
+    xs, n = sorted(values), len(values)
+    tail, k, cumulative = (1 - confidence) / 2, 0, 0.0
+    while k < n and cumulative + math.comb(n, k) / 2 ** n <= tail:
+        cumulative += math.comb(n, k) / 2 ** n
+        k += 1
+    k = max(k, 1)
+    return xs[k - 1], xs[n - k]
+
+
+def summarize_pairs(bare: list[float], harnessed: list[float]) -> dict:
+    ratios = [h / b for b, h in zip(bare, harnessed)]
+    lo, hi = median_ci(ratios)
+    deciles = statistics.quantiles(ratios, n=10)
+    return {"pairs": len(ratios), "median_ratio": statistics.median(ratios), "ci95": [lo, hi],
+            "ci95_half_width": (hi - lo) / 2, "p10_p90": [deciles[0], deciles[-1]],
+            "within_1_percent": 0.99 <= lo and hi <= 1.01, "ratios": ratios}
+
+
+# --- one backend, in its own interpreter -------------------------------------------------------------
+
+def _marks() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def _torch_loop(spec: dict):
+    import torch
+
+    from xfw_torch.families import family_module
+    from xfw_torch.session import build_session
+
+    session = build_session(spec)
+    loss_fn = family_module(spec["model"]["family"]).loss_fn
+    sync = torch.cuda.synchronize if session.cuda else (lambda: None)
+
+    def bare(pool: list, accum: int, steps: int) -> list[tuple[float, float]]:
+        model, optimizer = session.model, session.optimizer
+        sync()
+        marks = [_marks()]
+        for step in range(steps):
+            for i in range(accum):
+                with session._autocast():  # the recipe's precision (O0: none), as the session's step
+                    loss = loss_fn(model, pool[(step * accum + i) % len(pool)]) / accum
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            marks.append(_marks())  # on a GPU per-step marks say little; the window's ends are synchronised
+        sync()
+        marks[-1] = _marks()
+        return marks
+
+    versions = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    return session, bare, versions
+
+
+def _paddle_loop(spec: dict):
+    import paddle
+
+    from xfw_paddle.families import family_module
+    from xfw_paddle.session import build_session
+
+    session = build_session(spec)
+    loss_fn = family_module(spec["model"]["family"]).loss_fn
+    sync = paddle.device.cuda.synchronize if session.gpu else (lambda: None)
+
+    def bare(pool: list, accum: int, steps: int) -> list[tuple[float, float]]:
+        model, optimizer = session.model, session.optimizer
+        sync()
+        marks = [_marks()]
+        for step in range(steps):
+            for i in range(accum):
+                loss = loss_fn(model, pool[(step * accum + i) % len(pool)], session._autocast) / accum
+                loss.backward()
+            optimizer.step()
+            optimizer.clear_grad(set_to_zero=False)
+            marks.append(_marks())
+        sync()
+        marks[-1] = _marks()
+        return marks
+
+    return session, bare, {"paddle": paddle.__version__}
+
+
+class Marked:
+    """The session as the harness sees it, noting both clocks at each of its timestamps (the window's
+    start, then the end of every step) and at its two synchronisations (the window's ends: with no
+    warm-up the harness synchronises exactly twice). With ``pool``, the batches the harness converts
+    are the bare loop's, already on the device: the same tensors, as warm in the caches."""
+
+    def __init__(self, session, pool: list | None = None):
+        self._session, self.marks, self.syncs = session, [], []
+        self._pool, self._next = pool, 0
+
+    def to_device(self, batch):
+        if self._pool is None:
+            return self._session.to_device(batch)
+        self._next += 1
+        return self._pool[self._next - 1]
+
+    def timestamp(self):
+        stamp = self._session.timestamp()
+        self.marks.append(_marks())
+        return stamp
+
+    def synchronize(self) -> None:
+        self._session.synchronize()
+        self.syncs.append(_marks())
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
+def harness_leg(spec: dict, session, steps: int, pool: list | None = None) -> tuple[float, list[tuple[float, float]]]:
+    """(ips as the report computes it, the clocks at the window's start, after every step and at its end)."""
+    from xfw.contract import harness
+    from xfw.contract.records import RecordWriter, load_records
+    from xfw.report.measure import summarize
+
     run_spec = {**spec, "measure": {**spec["measure"], "warmup_steps": 0, "steps": steps}}
+    marked = Marked(session, pool)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "steps.jsonl"
-        writer = RecordWriter(path, 0)
-        harness.run_training(run_spec, writer, session)
+        writer = RecordWriter(Path(tmp) / "steps.jsonl", 0)
+        with _quiet_gc():
+            harness.run_training(run_spec, writer, marked)
         writer.close()
-        return summarize(load_records(path)).ips
+        assert len(marked.syncs) == 2 and len(marked.marks) == steps + 1, (marked.syncs, len(marked.marks))
+        return summarize(load_records(Path(tmp) / "steps.jsonl")).ips, \
+            [marked.syncs[0], *marked.marks[1:-1], marked.syncs[1]]
+
+
+@contextlib.contextmanager
+def _quiet_gc():
+    """No garbage collection inside a leg (as timeit): collected before, for both loops alike."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def leg_stats(marks: list[tuple[float, float]], samples: int) -> dict:
+    """A leg's throughput three ways: wall clock over the window, CPU time over the window, and the
+    median step's CPU time (robust to another process's burst; misses the rare record write, which
+    :func:`harness_alone` prices)."""
+    steps = len(marks) - 1
+    cpu_steps = [b[1] - a[1] for a, b in zip(marks, marks[1:])]
+    return {"wall": steps * samples / (marks[-1][0] - marks[0][0]),
+            "cpu": steps * samples / (marks[-1][1] - marks[0][1]),
+            "cpu_median_step": samples / statistics.median(cpu_steps),
+            "cpu_fastest_step": samples / min(cpu_steps)}
+
+
+class _NullSession:
+    """A session whose step costs nothing: what is left is the harness's own work."""
+
+    rank, num_ranks = 0, 1
+
+    def to_device(self, batch):
+        return batch
+
+    def train_step(self, micro_batches):
+        return 0.0
+
+    def loss_token(self, loss):
+        return loss
+
+    def loss_value(self, token):
+        return float(token)
+
+    def timestamp(self):
+        return time.perf_counter()
+
+    def is_done(self, stamp):
+        return True
+
+    def elapsed_s(self, start, end):
+        return end - start
+
+    def synchronize(self):
+        pass
+
+    def memory_peaks(self):
+        return 1, None
+
+    def applied(self):
+        return {"framework": "none", "framework_version": "0", "device": "cpu", "device_name": "cpu",
+                "weight_dtype": "float32", "compute_dtype": "float32", "amp_level": "O0", "master_weights": False,
+                "sharding_impl": "none", "attention_impl": "none", "tf32": False, "fused_optimizer": False,
+                "recompute": False, "num_params_total": 0, "num_params_trainable": 0, "num_processes": 1,
+                "grad_accum_steps": 1, "mem_source": "peak_rss", "notes": ""}
+
+
+def harness_alone(spec: dict, session, steps: int = 20000) -> dict:
+    """The harness's own cost with a step that costs nothing: per step inside the measured window
+    (timestamps, loss tokens, the drain check), and per record written (once a second inside the
+    window: the adapter's memory reading, the resident set, json, flush)."""
+    from xfw.contract import harness, rss
+    from xfw.contract.records import RecordWriter
+
+    run_spec = {**spec, "measure": {**spec["measure"], "warmup_steps": 0, "steps": steps},
+                "derived": {**spec["derived"], "grad_accum_steps": 1}}
+    marked = Marked(_NullSession())
+    with tempfile.TemporaryDirectory() as tmp:
+        writer = RecordWriter(Path(tmp) / "steps.jsonl", 0)
+        harness.run_training(run_spec, writer, marked)
+        t0 = time.perf_counter()
+        for _ in range(1000):  # what the harness's write_step does: memory readings, then one record
+            alloc, reserved = session.memory_peaks()
+            writer.write("step", step=0, phase="measure", step_time_s=0.01, samples=1, tokens=1, loss=1.0,
+                         mem_alloc_peak_bytes=alloc, mem_reserved_peak_bytes=reserved, rss_peak_bytes=rss.peak_bytes())
+        record_s = (time.perf_counter() - t0) / 1000
+        writer.close()
+    window_s = marked.syncs[1][0] - marked.syncs[0][0]
+    # The window's records are written after it here (a null step never reaches the drain interval
+    # inside it), so its time is the per-step work alone.
+    return {"per_step_s": window_s / steps, "per_record_s": record_s, "steps": steps}
+
+
+def measure_recipe(backend: str, recipe: str, pairs: int, leg_s: float) -> dict:
+    from xfw.contract.synthetic import make_pool
+    from xfw.run.recipe import load_recipe, resolve_spec
+
+    spec = resolve_spec(load_recipe(ROOT / recipe, []), backend=backend, run_id="overhead")
+    if spec["precision"]["amp_level"] == "O2" or spec["derived"]["num_processes"] != 1:
+        raise SystemExit(f"{recipe}: the bare loop is written for one process at O0/O1 (no master weights)")
+    session, bare, versions = (_torch_loop if backend == "torch" else _paddle_loop)(spec)
+    accum, samples = spec["derived"]["grad_accum_steps"], spec["batch"]["micro"] * spec["derived"]["grad_accum_steps"]
+    pool = [session.to_device(b) for b in make_pool(spec, 0)]
+    warm = bare(pool, accum, 5)  # warm (kernels, allocator) and calibrate
+    step_s = (warm[-1][1] - warm[0][1]) / 5
+    harness_leg(spec, session, 3)
+    steps = max(1, round(leg_s / step_s)) if leg_s else 1
+    legs: dict[str, list[dict]] = {"bare": [], "harness": []}
+    reported = []
+    for i in range(pairs):
+        for leg in (("bare", "harness") if i % 2 == 0 else ("harness", "bare")):  # ABBA
+            if leg == "bare":
+                with _quiet_gc():
+                    marks = bare(pool, accum, steps)
+                legs["bare"].append(leg_stats(marks, samples))
+            else:
+                ips, marks = harness_leg(spec, session, steps, pool)
+                legs["harness"].append(leg_stats(marks, samples))
+                reported.append(ips)
+    out = {"recipe": recipe, "family": spec["model"]["family"], "steps_per_leg": steps, "samples_per_step": samples,
+           "harness_reported_ips": reported, "versions": versions}
+    for clock in CLOCKS:
+        b, h = [x[clock] for x in legs["bare"]], [x[clock] for x in legs["harness"]]
+        out[clock] = {"bare_ips": b, "harness_ips": h, **summarize_pairs(b, h)}
+    alone = harness_alone(spec, session)
+    median_step_s = samples / statistics.median(out["cpu_median_step"]["bare_ips"])
+    out["harness_alone"] = {**alone, "bare_step_s": median_step_s,
+                            "per_step_fraction": alone["per_step_s"] / median_step_s,
+                            "records_fraction": alone["per_record_s"] / harness_drain_interval_s()}
+    return out
+
+
+def harness_drain_interval_s() -> float:
+    from xfw.contract.harness import DRAIN_INTERVAL_S
+
+    return DRAIN_INTERVAL_S
+
+
+def run_backend(args) -> None:
+    from xfw.contract.env import host_env
+
+    results = [measure_recipe(args.backend, r, args.pairs, args.leg_s) for r in args.recipes]
+    env = {**host_env(), "threads_env": {k: os.environ.get(k) for k in THREADS}, "load_average": os.getloadavg()}
+    out = {"backend": args.backend, "command": args.command, "pairs": args.pairs, "leg_s": args.leg_s,
+           "env": env, "results": results}
+    path = Path(args.out) / f"{args.backend}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    tmp.replace(path)
+
+
+# --- the driver ------------------------------------------------------------------------------------
+
+def pooled_claim(results: list[tuple[str, dict]]) -> str:
+    """One sentence on every pair of every recipe and backend, on the CPU clock over the window."""
+    ratios = [x for _, r in results for x in r["cpu"]["ratios"]]
+    lo, hi = median_ci(ratios)
+    return (f"the median ratio on the CPU clock over the window is {statistics.median(ratios):.4f} over "
+            f"{len(ratios)} pairs, 95% interval [{lo:.4f}, {hi:.4f}]"
+            + (": the harness costs less than 1%, and the spread is smaller than that" if 0.99 <= lo and hi <= 1.01
+               else ": not enough to bound the harness's cost within 1%"))
+
+
+def readme(out_dir: Path, backends: list[str]) -> str:
+    """OUT/README.md from the JSON files: the summary, the pairs, the harness alone, the environment."""
+    data = {b: json.loads((out_dir / f"{b}.json").read_text()) for b in backends}
+    results = [(b, r) for b in backends for r in data[b]["results"]]
+    measures = [r[c] for _, r in results for c in CLOCKS]
+    widest = max(measures, key=lambda c: c["ci95_half_width"])
+    shown = sum(c["within_1_percent"] for c in measures)
+    worst_step = max((r["harness_alone"]["per_step_fraction"], b, r["recipe"]) for b, r in results)
+    worst_record = max((r["harness_alone"]["records_fraction"], b, r["recipe"]) for b, r in results)
+    lines = ["# Harness overhead (CPU, one thread)", "",
+             "Harness throughput over a bare hand-written loop, same model, optimizer and batches, alternated in "
+             "one process (ABBA pairs; `benchmarks/harness_overhead.py`, whose docstring defines each measure). "
+             "Every leg, the environment and the command are in the JSON files beside this one.", "",
+             "**Summary.** Median ratios (harness / bare) from "
+             f"{min(c['median_ratio'] for c in measures):.3f} to {max(c['median_ratio'] for c in measures):.3f}; "
+             f"the 95% interval of the median lies within [0.99, 1.01] for {shown} of {len(measures)} measures, "
+             f"the widest being ±{widest['ci95_half_width']:.1%}; pooled over the families (below), "
+             f"{pooled_claim(results)}. The harness alone costs at most "
+             f"{worst_step[0]:.3%} of a step ({worst_step[1]}, {worst_step[2]}) and its records at most "
+             f"{worst_record[0]:.4%} of a second ({worst_record[1]}, {worst_record[2]}).", "",
+             "| backend | recipe | pairs | steps/leg | measure | median ratio | 95% CI of the median "
+             "| p10–p90 of single ratios | within 1% |", "|---|---|---:|---:|---|---:|---|---|---|"]
+    alone = ["", "The harness alone (a step that costs nothing): its work per step inside the window, and per "
+                 "record (written once a second inside the window), against the bare loop's median step:", "",
+             "| backend | recipe | bare step (ms, CPU) | harness per step (µs) | share of a step "
+             "| per record (µs) | share of a second |", "|---|---|---:|---:|---:|---:|---:|"]
+    pooled = ["", "Pooled over the five tiny families (every pair of every recipe: the harness's relative cost "
+                  "is one property of the harness, and each recipe alone has too few pairs on a noisy host to "
+                  "bound it within 1%):", "",
+              "| backends | measure | pairs | median ratio | 95% CI of the median | within 1% |",
+              "|---|---|---:|---:|---|---|"]
+    for scope in [[b] for b in backends] + ([backends] if len(backends) > 1 else []):
+        for clock in CLOCKS:
+            ratios = [x for b, r in results if b in scope for x in r[clock]["ratios"]]
+            lo, hi = median_ci(ratios)
+            pooled.append(f"| {' + '.join(scope)} | {clock} | {len(ratios)} | {statistics.median(ratios):.4f} "
+                          f"| [{lo:.4f}, {hi:.4f}] | {'yes' if 0.99 <= lo and hi <= 1.01 else 'no'} |")
+    envs = ["", "Environment:", ""]
+    for backend, r in results:
+        for clock in CLOCKS:
+            c = r[clock]
+            lines.append(f"| {backend} | {r['recipe']} | {c['pairs']} | {r['steps_per_leg']} | {clock} "
+                         f"| {c['median_ratio']:.4f} | [{c['ci95'][0]:.4f}, {c['ci95'][1]:.4f}] "
+                         f"| [{c['p10_p90'][0]:.3f}, {c['p10_p90'][1]:.3f}] | {'yes' if c['within_1_percent'] else 'no'} |")
+        a = r["harness_alone"]
+        alone.append(f"| {backend} | {r['recipe']} | {a['bare_step_s'] * 1e3:.2f} | {a['per_step_s'] * 1e6:.1f} "
+                     f"| {a['per_step_fraction']:.3%} | {a['per_record_s'] * 1e6:.1f} | {a['records_fraction']:.4%} |")
+    for backend in backends:
+        env, versions = data[backend]["env"], data[backend]["results"][0]["versions"]
+        envs.append(f"- {backend}: {env['host']['cpu']}, {env['host']['num_cpus']} CPUs, Python {env['python']}, "
+                    f"{', '.join(f'{k} {v}' for k, v in versions.items())}, xfw {env['xfw_git_sha']}, "
+                    f"{env['date_utc']}, threads {env['threads_env']}, load average at the start "
+                    f"{env.get('load_average', '?')}.")
+    command = data[backends[0]]["command"]
+    return "\n".join(lines + pooled + alone + envs) + f"\n\nCommand: `{command}`\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("recipe")
-    parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--backends", default="torch,paddle", help="backends to measure, each in its own interpreter")
+    parser.add_argument("--backend", help=argparse.SUPPRESS)  # set by the driver: measure in this interpreter
+    parser.add_argument("--recipes", nargs="+", default=RECIPES)
+    parser.add_argument("--pairs", type=int, default=30, help="(bare, harness) pairs per recipe")
+    parser.add_argument("--leg-s", type=float, default=1.5, help="target seconds per leg (sets the steps per leg)")
+    parser.add_argument("--out", required=True, help="directory for <backend>.json and README.md")
+    parser.add_argument("--command", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--readme-only", action="store_true", help="rewrite OUT/README.md from OUT/<backend>.json")
     args = parser.parse_args()
-    overrides = args.overrides + ["precision.dtype=bf16", "precision.amp_level=O1"]
-    spec = resolve_spec(load_recipe(args.recipe, overrides), backend="torch", run_id="overhead")
-    session = build_session(spec)
-    accum = spec["derived"]["grad_accum_steps"]
-    pool = [session.to_device(b) for b in make_pool(spec, 0)]
-    bare_loop(session, pool, accum, 3)  # warm-up: kernels, allocator, autotuning
-    bare, harnessed = [], []
-    for _ in range(args.rounds):
-        bare.append(bare_loop(session, pool, accum, args.steps))
-        harnessed.append(harness_loop(spec, session, args.steps))
-    result = {
-        "recipe": args.recipe, "overrides": overrides, "steps_per_round": args.steps, "rounds": args.rounds,
-        "bare_ips": bare, "harness_ips": harnessed,
-        "ratio_harness_over_bare": statistics.median(harnessed) / statistics.median(bare),
-        "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-    }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    if args.backend:
+        run_backend(args)
+        return
+    if args.readme_only:
+        backends = [b for b in args.backends.split(",") if (Path(args.out) / f"{b}.json").exists()]
+        (Path(args.out) / "README.md").write_text(readme(Path(args.out), backends))
+        return
+    command = " ".join(["python", "benchmarks/harness_overhead.py", *sys.argv[1:]])
+    backends = [b for b in args.backends.split(",") if b]
+    for backend in backends:
+        python = ROOT / ".venv" / backend / "bin" / "python"
+        subprocess.run([str(python), __file__, "--backend", backend, "--recipes", *args.recipes, "--pairs",
+                        str(args.pairs), "--leg-s", str(args.leg_s), "--out", args.out, "--command", command],
+                       check=True, env={**os.environ, **THREADS})
+    (Path(args.out) / "README.md").write_text(readme(Path(args.out), backends))
+    print((Path(args.out) / "README.md").read_text())
 
 
 if __name__ == "__main__":

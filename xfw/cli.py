@@ -19,15 +19,30 @@ launched; 130 interrupted.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
 
 import click
 
-from xfw import workflow
-from xfw.report.layouts import LAYOUTS
-from xfw.run import launcher
+
+class _Lazy:
+    """A module imported when first used, so ``xfw --help`` costs click alone (under 0.3 s, not the
+    numpy, report and launcher imports a command needs)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+workflow = _Lazy("xfw.workflow")
+launcher = _Lazy("xfw.run.launcher")
+LAYOUT_NAMES = ("contrast", "strategies", "ranks", "batch", "scaling", "cost")
+"""``xfw.report.layouts.LAYOUTS``' names, written out here so the CLI loads without the report layer
+(tests/unit/test_cli.py holds them equal)."""
 
 
 def _printable(text: str) -> str:
@@ -42,14 +57,20 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _interpreters(pairs: tuple[str, ...]) -> dict[str, str]:
+def _pairs(flag: str, pairs: tuple[str, ...], example: str) -> dict[str, str]:
     out = {}
     for pair in pairs:
         name, sep, path = pair.partition("=")
         if not sep or not name or not path:
-            _fail(f"--python {pair!r}: expected NAME=PATH, e.g. --python paddle=/opt/paddle/bin/python")
+            _fail(f"{flag} {pair!r}: expected NAME=PATH, e.g. {example}")
+        if name in out:
+            _fail(f"{flag} {pair!r}: {name} is given twice")
         out[name] = path
     return out
+
+
+def _interpreters(pairs: tuple[str, ...]) -> dict[str, str]:
+    return _pairs("--python", pairs, "--python paddle=/opt/paddle/bin/python")
 
 
 def _backend_list(text: str) -> list[str]:
@@ -243,7 +264,7 @@ def estimate(recipe, overrides, run_dir) -> None:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Where report.md/.csv/.html (report-<layout>.*) go (default: the first directory given, "
                    "replacing its report).")
-@click.option("--layout", type=click.Choice(list(LAYOUTS)), default="contrast", show_default=True,
+@click.option("--layout", type=click.Choice(LAYOUT_NAMES), default="contrast", show_default=True,
               help="contrast: backends side by side (seed 003); strategies: per GPU count and sharding (seed 000); "
                    "ranks: per-rank time and memory (seed 001); batch: throughput per global batch with OOM rows "
                    "(seed 002); scaling: linear-scaling efficiency; cost: cost per 1M samples (seed 004).")
@@ -275,12 +296,17 @@ def assemble(node_dirs, out_dir, force) -> None:
 @python_option
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Directory for the weights, both runs and parity.json (default: runs/parity-<recipe>).")
+@click.option("--weights", "weights", multiple=True, metavar="NAME=DIR",
+              help="Start backend NAME from DIR (a model.safetensors directory, e.g. the shared export with one "
+                   "weight changed) instead of the shared export: checks that parity finds the difference. Repeatable.")
 @force_option
-def parity(recipe, backends, steps, overrides, pythons, out_dir, force) -> None:
+def parity(recipe, backends, steps, overrides, pythons, out_dir, weights, force) -> None:
     """Train both backends from the same weights on the same batches (fp32, CPU-exact) and
-    compare the loss per step; exit 1 when a step is outside tolerance."""
+    compare the loss and the gradient norm per step; exit 1 when a step is outside tolerance. A
+    failing run names the first module whose output differs on the first batch, or says why none."""
     _finish(lambda: workflow.parity(recipe, _backend_list(backends), steps=steps, overrides=list(overrides),
-                                    interpreters=_interpreters(pythons), out_dir=out_dir, force=force))
+                                    interpreters=_interpreters(pythons), out_dir=out_dir, force=force,
+                                    weights=_pairs("--weights", weights, "--weights paddle=runs/changed")))
 
 
 @main.command()

@@ -533,8 +533,13 @@ def describe_backends(backend_names: list[str], interpreters: dict[str, str]) ->
 # --- parity and the nightly job ----------------------------------------------------------------------
 
 def parity(recipe_path: str, backend_names: list[str], *, steps: int, overrides: list[str],
-           interpreters: dict[str, str], out_dir: Path | None = None, force: bool = False) -> Outcome:
-    """Both backends from one start on the same batches; parity.json/.md/.html; exit 1 if a step fails."""
+           interpreters: dict[str, str], out_dir: Path | None = None, force: bool = False,
+           weights: dict[str, str] | None = None) -> Outcome:
+    """Both backends from one start on the same batches; parity.json/.md/.html; exit 1 if a step fails.
+    ``weights``: a backend started from its own ``model.weights`` directory instead of the shared
+    export (to test the checker: a weight changed on one side must be found)."""
+    from xfw.contract.presets import PRESETS
+    from xfw.contract.weights import Checkpoint, WeightsError
     from xfw.run import parity as par
 
     if len(backend_names) != 2:
@@ -542,11 +547,19 @@ def parity(recipe_path: str, backend_names: list[str], *, steps: int, overrides:
     (recipe,) = load_all([recipe_path], overrides)
     _refuse_commands(recipe, backend_names, "parity starts both sides from one exported model, which only "
                      "xfw's own adapters do")
+    for name, directory in (weights or {}).items():
+        if name not in backend_names:
+            raise UsageError(f"--weights {name}={directory}: {name!r} is not one of the compared backends "
+                             f"({', '.join(backend_names)})")
+        try:
+            Checkpoint(directory, family=PRESETS[recipe.model.preset]["family"])  # reads every header
+        except WeightsError as err:
+            raise UsageError(f"--weights {name}={directory}: {err}") from None
     out_dir = out_dir or Path("runs") / f"parity-{recipe.name}"
     with _guarded(out_dir):
         try:
             result = par.run_parity(recipe_path, overrides, steps, out_dir, interpreters,
-                                    backends=(backend_names[0], backend_names[1]), force=force)
+                                    backends=(backend_names[0], backend_names[1]), force=force, weights=weights)
         except par.ParityError as err:
             raise UsageError(str(err)) from None
         except jobs.JobsInterrupted:

@@ -1,19 +1,21 @@
 """Parity across the real adapters: the same start, the same batches, the same losses.
 
 Each tiny recipe trains 3 steps on both backends from one exported weight file
-(``xfw.run.parity.run_parity``); a weight changed on one side only is caught at step 0. When the
-changed weight is the final RMSNorm's, the module probe names that module. The round trip
+(``xfw.run.parity.run_parity``). The final RMSNorm's weight negated on one side (``xfw parity
+--weights paddle=DIR``) fails step 0, and the module probe names that module by comparing outputs
+element by element (the negated output keeps its norm). The round trip
 torch → file → Paddle → file → torch, every family: test_parity_roundtrip.py.
 """
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import ROOT, require_interpreter
-from xfw.run import launcher, parity
+from xfw.run import parity
 from xfw.contract import weights
 from xfw.report.results import RunResult
 from xfw.run.recipe import load_recipe
@@ -67,26 +69,35 @@ def test_lora_runs_start_from_the_same_adapters_so_every_step_matches_to_roundin
     assert any(n.endswith(".lora_A.weight") and np.abs(v).max() > 0 for n, v in saved.items())
 
 
-def launch_paddle(recipe_path: str, weights_dir, run_dir):
-    backend = launcher.resolve_backend("paddle", {})
-    recipe = load_recipe(recipe_path, parity.forced_overrides(STEPS, weights_dir))
-    return launcher.launch(recipe, backend, run_dir, description=parity.describe_backend(backend))
-
-
-def test_a_weight_changed_on_one_side_fails_parity_at_step_0_and_the_module_is_named(parity_runs, tmp_path):
+def test_a_negated_weight_on_one_side_is_located_by_xfw_parity(parity_runs, tmp_path):
+    """The final norm's weight negated on the Paddle side (``xfw parity --weights paddle=DIR``): its
+    output keeps its norm, so only an element-wise comparison can name the module."""
     report = parity_runs["llava"]
     state = weights.load_file(f"{report.weights_dir}/model.safetensors")
-    state["model.language_model.norm.weight"] = state["model.language_model.norm.weight"] * np.float32(1.01)
-    weights.save_file(state, tmp_path / "changed" / "model.safetensors")
+    state["model.language_model.norm.weight"] = -state["model.language_model.norm.weight"]
+    weights.save_file(state, tmp_path / "negated" / "model.safetensors")
 
-    result = launch_paddle(str(ROOT / RECIPES["llava"]), tmp_path / "changed", tmp_path / "paddle")
-    assert result.ok, result.reason
-    torch_losses = parity.measured_losses(ROOT / report.run_dirs["torch"])
-    steps = parity.compare_losses(torch_losses, parity.measured_losses(tmp_path / "paddle"))
-    assert not steps[0].passed and steps[0].rel_diff > 1e-5
-    probes = [parity.probe(launcher.resolve_backend(name, {}), run_dir, 120)
-              for name, run_dir in (("torch", ROOT / report.run_dirs["torch"]), ("paddle", tmp_path / "paddle"))]
-    assert parity.first_differing_module(*probes) == "model.language_model.norm"
+    python = require_interpreter("torch")
+    out = tmp_path / "parity"
+    result = subprocess.run([str(python), "-m", "xfw.cli", "parity", RECIPES["llava"], "--steps", "2", "--out", str(out),
+                             "--weights", f"paddle={tmp_path / 'negated'}"], capture_output=True, text=True,
+                            cwd=ROOT, timeout=600)
+    assert result.returncode == 1, result.stderr[-2000:]
+    saved = json.loads((out / "parity.json").read_text())
+    assert saved["first_failing_step"] == 0 and saved["first_differing_module"] == "model.language_model.norm"
+    assert saved["module_difference"]["compared"] == "elements" and saved["module_difference"]["rel_diff"] > 1.9
+    assert "First module whose output differs" in result.stdout and "`model.language_model.norm`" in result.stdout
+    assert f"paddle started from {tmp_path / 'negated'}" in result.stdout
+
+
+def test_parity_refuses_weights_for_a_backend_it_does_not_compare(tmp_path):
+    python = require_interpreter("torch")
+    result = subprocess.run([str(python), "-m", "xfw.cli", "parity", RECIPES["llava"], "--out", str(tmp_path / "p"),
+                             "--weights", f"jax={tmp_path}"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2 and "--weights jax=" in result.stderr and "not one of the compared" in result.stderr
+    result = subprocess.run([str(python), "-m", "xfw.cli", "parity", RECIPES["llava"], "--out", str(tmp_path / "p"),
+                             "--weights", f"paddle={tmp_path}"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2 and "holds no model.safetensors" in result.stderr
 
 
 def test_a_weight_file_that_does_not_fit_is_rejected_naming_the_key(tmp_path):

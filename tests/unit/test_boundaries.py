@@ -93,7 +93,7 @@ def test_cli_commands_and_options_are_frozen():
         "compare": ["backends", "force", "master_addr", "master_port", "node_rank", "out_dir", "overrides",
                     "parity_dirs", "pythons", "recipes", "repeat"],
         "env": ["backends", "pythons"],
-        "parity": ["backends", "force", "out_dir", "overrides", "pythons", "recipe", "steps"],
+        "parity": ["backends", "force", "out_dir", "overrides", "pythons", "recipe", "steps", "weights"],
         "estimate": ["overrides", "recipe", "run_dir"],
         "maxbatch": ["backends", "candidates", "force", "max_micro", "out_dir", "overrides", "pythons", "recipe"],
         "nightly": ["history_dir", "master_addr", "master_port", "night", "node_rank", "only_backends", "overrides",

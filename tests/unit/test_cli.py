@@ -4,6 +4,7 @@ import json
 
 from click.testing import CliRunner
 
+from conftest import ROOT
 from xfw import cli
 from xfw.report.results import load_runs
 
@@ -107,3 +108,30 @@ def test_repeat_option_runs_k_times_and_shows_the_spread(write_recipe, tmp_path,
     assert result.exit_code == 0
     assert sorted(p.name for p in (out / "tiny-test").iterdir()) == ["fake-r0", "fake-r1", "fake2-r0", "fake2-r1"]
     assert "| 120 (spread 0.0%) | +20% | 100 (spread 0.0%) |" in result.output
+
+
+def test_help_and_validate_import_neither_pandas_nor_matplotlib_and_help_not_even_numpy():
+    """Start-up (issue 15): ``xfw --help`` loads click alone; ``xfw validate`` what a recipe needs."""
+    import subprocess
+    import sys
+
+    heavy = ("pandas", "matplotlib", "numpy", "rich", "xfw.report", "xfw.run.launcher")
+    code = ("import sys, runpy; sys.argv = {argv!r}\n"
+            "try:\n    runpy.run_module('xfw.cli', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+            f"import json; print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))")
+    helped = subprocess.run([sys.executable, "-c", code.format(argv=["xfw", "--help"])], capture_output=True,
+                            text=True, check=True, cwd=ROOT)
+    assert json.loads(helped.stdout.strip().splitlines()[-1]) == []
+    validated = subprocess.run([sys.executable, "-c", code.format(argv=["xfw", "validate", "recipes/tiny/llava_sft.yaml"])],
+                               capture_output=True, text=True, check=True, cwd=ROOT)
+    assert "recipes/tiny/llava_sft.yaml: ok" in validated.stdout
+    loaded = json.loads(validated.stdout.strip().splitlines()[-1])
+    assert "pandas" not in loaded and "matplotlib" not in loaded
+
+
+def test_the_cli_names_every_report_layout():
+    from xfw import cli
+    from xfw.report.layouts import LAYOUTS
+
+    assert cli.LAYOUT_NAMES == tuple(LAYOUTS)

@@ -61,7 +61,7 @@ def test_a_backend_with_no_run_is_reported_missing():
 
 def test_memory_cells_carry_unit_and_source():
     (row,) = compare_runs([result("paddle", 1.0), result("torch", 1.0)], ["paddle", "torch"])
-    assert contrast.fmt_memory(row.sides["torch"]) == "2.00/3.00 GiB (GPU allocator)"
+    assert contrast.fmt_memory(row.sides["torch"]) == "2.00/3.00 GiB alloc/reserved (GPU allocator)"
 
 
 def test_unequal_parameter_counts_are_warned_about_and_marked():

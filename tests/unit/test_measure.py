@@ -66,3 +66,16 @@ def test_a_run_without_a_window_has_no_throughput_but_keeps_its_steps():
 def test_spread_is_relative_range_and_needs_two_values():
     assert spread([10.0]) is None
     assert spread([9.0, 10.0, 11.0]) == pytest.approx(0.2)
+
+
+def test_the_shared_memory_measure_is_the_peak_rss_on_a_cpu_and_the_allocator_on_a_gpu():
+    cpu = [{**r, "rss_peak_bytes": 5000 + r["step"]} if r["kind"] == "step" else r for r in run()]
+    cpu = [{**r, "mem_source": "host_allocator"} if r["kind"] == "applied" else r for r in cpu]
+    cpu.append({"kind": "start", "rank": 0, "rss_after_build_bytes": 4000, "rss_peak_since_build": True})
+    m = summarize(cpu)
+    assert (m.memory_bytes, m.memory_source, m.rss_after_build_bytes) == (5004, "peak_rss", 4000)
+    assert m.mem_alloc_peak_bytes == 999_999 and m.mem_source == "host_allocator"  # the framework's own, kept
+    gpu = summarize([{**r, "rss_peak_bytes": 5000} if r["kind"] == "step" else r for r in run()])
+    assert (gpu.memory_bytes, gpu.memory_source, gpu.rss_peak_bytes) == (999_999, "cuda_allocator", 5000)
+    old = summarize([{**r, "mem_source": "host_allocator"} if r["kind"] == "applied" else r for r in run()])
+    assert (old.memory_bytes, old.memory_source) == (999_999, "host_allocator")

@@ -233,3 +233,14 @@ def test_nightly_rejects_a_backend_the_suite_does_not_run_and_creates_nothing(tm
     empty = CliRunner().invoke(cli.main, ["nightly", str(ROOT / "suites/cpu_smoke.yaml"), "--history",
                                           str(tmp_path / "h"), "--report-only"])
     assert empty.exit_code == 2 and "--report-only: no recorded night" in empty.output
+
+
+def test_memory_is_compared_only_with_nights_that_measured_it_the_same_way():
+    old = [row("n1", mem=9_000_000), row("n2", mem=9_000_000)]  # Paddle's host allocator, before the shared measure
+    for r in old:
+        r["mem_source"] = "host_allocator"
+    new = {**row("n3", mem=1), "memory_bytes": 400 * 2**20, "memory_source": "peak_rss"}
+    v = verdicts_for(old + [new], "n3")[("e", "torch", "memory")]
+    assert v.verdict == "new" and not v.flagged and v.baseline is None
+    later = {**row("n4", mem=1), "memory_bytes": 500 * 2**20, "memory_source": "peak_rss"}
+    assert verdicts_for(old + [new, later], "n4")[("e", "torch", "memory")].verdict == "regression"

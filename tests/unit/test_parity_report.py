@@ -54,13 +54,48 @@ def test_parity_forces_fp32_one_process_no_warmup_and_the_shared_weights():
     assert not any(s.startswith("model.weights") for s in run_parity.forced_overrides(10))
 
 
+def probe(outputs: dict) -> parity.Probe:
+    """A side's probe: modules in call order with their outputs."""
+    return [{"name": n, "norm": float(np.linalg.norm(v)), "shape": list(v.shape)} for n, v in outputs.items()], outputs
+
+
 def test_the_first_module_whose_output_differs_is_named_in_forward_order():
-    ours = [{"name": "embed", "norm": 2.0}, {"name": "pos", "norm": 1.0}, {"name": "norm", "norm": 5.0},
-            {"name": "head", "norm": 7.0}]
-    theirs = [{"name": "embed", "norm": 2.0 + 1e-7}, {"name": "head", "norm": 7.5}, {"name": "norm", "norm": 5.1}]
-    assert parity.first_differing_module(ours, theirs) == "norm"  # "pos" is only a module on one side: skipped
-    assert parity.first_differing_module(ours[:2], theirs) is None
-    assert parity.first_differing_module([{"name": "x", "norm": 1.0}], [{"name": "x", "norm": float("nan")}]) == "x"
+    x = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(3, 4)
+    ours = probe({"embed": x, "pos": x, "norm": x * 2, "head": x * 3})
+    theirs = probe({"embed": x + 1e-7, "head": x * 3.5, "norm": x * 2.1})
+    assert parity.first_differing_module(ours, theirs)["name"] == "norm"  # "pos" is only a module on one side
+    assert parity.first_differing_module(probe({"embed": x}), theirs) is None
+    assert parity.first_differing_module(probe({"x": x}), probe({"x": x * np.nan}))["name"] == "x"
+
+
+def test_a_negated_output_keeps_its_norm_and_is_still_found_element_by_element():
+    x = np.linspace(-1.0, 2.0, 12, dtype=np.float32).reshape(3, 4)
+    found = parity.first_differing_module(probe({"a": x, "norm": x}), probe({"a": x, "norm": -x}))
+    assert found["name"] == "norm" and found["compared"] == "elements"
+    assert found["num_differing"] == 12 and math.isclose(found["rel_diff"], 2.0, rel_tol=1e-6)
+    # The rounding identical weights give (≤ 7.0e-6 of the largest magnitude, measured) is not a difference.
+    assert parity.first_differing_module(probe({"a": x}), probe({"a": x + np.float32(2e-6)})) is None
+
+
+def test_outputs_of_different_shapes_or_an_old_probe_fall_back_to_the_norm():
+    x = np.ones((2, 3), np.float32)
+    old_theirs = ([{"name": "a", "norm": 2.0}], {})  # written before outputs were kept
+    assert parity.first_differing_module(probe({"a": x}), old_theirs)["compared"] == "norm"
+    assert parity.first_differing_module(probe({"a": x}), probe({"a": x.reshape(3, 2)})) is None
+    batched = parity.first_differing_module(probe({"a": x}), probe({"a": -x.reshape(2, 1, 3)}))  # same elements
+    assert batched["compared"] == "elements" and batched["num_differing"] == 6
+
+
+def test_a_failed_step_always_says_which_module_or_why_none_could_be_named():
+    x = np.ones((2, 3), np.float32)
+    failed = report([3.1, 2.5])
+    failed.locate(probe({"a": x}), probe({"a": x}))
+    assert failed.first_differing_module is None and "no module could be named" in failed.module_note
+    assert "no module could be named: none of the 1 modules" in failed.markdown()
+    failed.locate(probe({"a": x}), probe({"a": -x}))
+    assert "`a`: 6 of 6 elements beyond tolerance" in failed.markdown()
+    unprobed = report([3.1, 2.5])
+    assert "No module could be named." in unprobed.markdown()
 
 
 def test_gradient_norms_are_compared_per_step_and_fail_a_step_beyond_their_tolerance():

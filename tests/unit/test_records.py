@@ -83,3 +83,13 @@ def test_the_gradient_norm_knob_is_a_boolean_for_one_process_and_off_by_default(
     with pytest.raises(InvalidSpec, match=r"backends\.torch\.grad_norm: only with one process"):
         wants_grad_norm(spec({"grad_norm": True}, processes=2))
     assert wants_grad_norm(spec({"grad_norm": False}, processes=2)) is False
+
+
+def test_resident_memory_readings_are_optional_integers_and_the_reset_flag_a_boolean():
+    base = {"schema": 1, "rank": 0, "kind": "start", "num_ranks": 1, "warmup_steps": 0, "steps": 1, "t_unix_s": 1.0}
+    assert validate_record(base) == []  # a run from before the harness read its resident memory
+    assert validate_record({**base, "rss_after_build_bytes": 10, "rss_peak_since_build": True}) == []
+    assert validate_record({**base, "rss_peak_since_build": 1})
+    assert validate_record({**base, "rss_after_build_bytes": True})
+    assert validate_record({**STEP, "rss_peak_bytes": 4096}) == []
+    assert validate_record({**STEP, "rss_peak_bytes": 1.5})

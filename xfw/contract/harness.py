@@ -28,7 +28,7 @@ from typing import Any, Callable, Protocol
 
 from xfw.contract import batches, lifeline
 from xfw.contract import records as rec
-from xfw.contract import synthetic
+from xfw.contract import rss, synthetic
 
 EXIT_OK, EXIT_INVALID, EXIT_UNSUPPORTED, EXIT_OOM = 0, 2, 3, 4
 DRAIN_INTERVAL_S = 1.0
@@ -140,13 +140,17 @@ class _Steps:
 
 
 def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None:
+    # The model is built: the process's resident memory counts from here, the same way for every
+    # backend (xfw.contract.rss), beside the framework's own figure (memory_peaks).
+    rss_after_build, rss_since_build = rss.reset_peak()
     warmup, steps = spec["measure"]["warmup_steps"], spec["measure"]["steps"]
     samples = spec["batch"]["micro"] * spec["derived"]["grad_accum_steps"]
     data = _Steps(spec, session)
     with_grad_norm = wants_grad_norm(spec)
     grad_norms: list[float] = []  # index: step; filled only when asked (parity)
     described: list[list[tuple[int, int, int, str]]] = []  # index: step; each micro-batch's description
-    writer.start(num_ranks=session.num_ranks, warmup_steps=warmup, steps=steps)
+    writer.start(num_ranks=session.num_ranks, warmup_steps=warmup, steps=steps,
+                 rss_after_build_bytes=rss_after_build, rss_peak_since_build=rss_since_build)
 
     def write_step(step: int, phase: str, time_s: float, loss: float | None) -> None:
         alloc, reserved = session.memory_peaks()
@@ -154,7 +158,8 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
         tokens, padded, longest, hashes = zip(*described[step])
         writer.write("step", step=step, phase=phase, step_time_s=time_s, samples=samples, tokens=sum(tokens),
                      loss=loss, mem_alloc_peak_bytes=alloc, mem_reserved_peak_bytes=reserved,
-                     padded_tokens=sum(padded), max_seq_len=max(longest), batch_hashes=list(hashes), **extra)
+                     padded_tokens=sum(padded), max_seq_len=max(longest), batch_hashes=list(hashes),
+                     rss_peak_bytes=rss.peak_bytes(), **extra)
 
     # Warm-up: synchronised every step (it is excluded, so the syncs cost nothing we report).
     for step in range(warmup):
@@ -221,9 +226,9 @@ def _export(export_weights: Callable[[dict, str], None] | None, spec: dict, dire
 
 
 def _count(count_params: Callable[[dict], dict] | None, spec_paths: list[str], path: str) -> int:
-    """``--count-params FILE``: every spec's model counted in this one process (the framework is
-    imported once), the results written to FILE together; a spec that fails is recorded as
-    failed and the others are still counted. Exit code: 0, or the first failure's."""
+    """``--count-params FILE`` (and ``--count-flops FILE``): every spec's model counted in this one
+    process (the framework is imported once), the results written to FILE together; a spec that
+    fails is recorded as failed and the others are still counted. Exit code: 0, or the first failure's."""
     from xfw.contract.atomic import write_json_atomic
 
     if count_params is None:
@@ -253,15 +258,16 @@ def _count(count_params: Callable[[dict], dict] | None, spec_paths: list[str], p
 def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
          argv: list[str] | None = None, *, export_weights: Callable[[dict, str], None] | None = None,
          probe_modules: Callable[[dict, str], None] | None = None,
-         count_params: Callable[[dict], dict] | None = None) -> int:
+         count_params: Callable[[dict], dict] | None = None,
+         count_flops: Callable[[dict], dict] | None = None) -> int:
     """Entry point for ``python -m xfw_<backend>``: spec in, records out, status as exit code.
 
     ``--describe`` prints one JSON object (framework, versions, device, multi-process launcher)
     and exits; the core uses it for ``xfw env`` and to check an interpreter before launching.
     ``--export-weights DIR --spec spec.json`` calls the adapter's optional ``export_weights``;
     ``--probe-modules FILE --spec spec.json`` its optional ``probe_modules``: one forward pass on
-    the first synthetic batch, every parameter-owning module's output norm written to FILE as
-    ``{"modules": [{"name": canonical module name, "norm": float}, ...]}`` in call order.
+    the first synthetic batch, every parameter-owning module's output in call order, written to
+    FILE and FILE's ``.safetensors`` sibling by ``xfw.contract.module_outputs.write_probe``.
 
     ``--count-params FILE --spec a.json [--spec b.json ...]`` calls the adapter's optional
     ``count_params(spec) -> dict`` once per spec: the model a run would start from (stage
@@ -271,11 +277,16 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
         {"counts": [{"spec": "a.json", "total": N, "trainable": M, "parts": {part: n, ...},
                      "trainable_parts": {part: m, ...}},
                     {"spec": "b.json", "status": "unsupported", "message": "..."}]}
+
+    ``--count-flops FILE --spec a.json ...`` likewise calls the optional ``count_flops(spec) -> dict``:
+    one training step's forward and backward on the spec's first micro-batch, its FLOPs counted
+    per ledger term (``xfw.contract.families.flops``) without allocating weights; the same file
+    shape, each entry ``{"spec", "samples", "total", "terms": {term: n}, "recompute": {term: n}}``.
     """
     parser = argparse.ArgumentParser(description="Run one xfw spec and append records.")
     parser.add_argument("--describe", action="store_true", help="print this backend's description as JSON")
     parser.add_argument("--spec", action="append", help="resolved spec.json written by the core "
-                                                        "(several only with --count-params)")
+                                                        "(several only with --count-params/--count-flops)")
     parser.add_argument("--records", help="steps.jsonl to append records to")
     parser.add_argument("--rank", type=int, default=None, help="this process's rank (default: from the launcher)")
     parser.add_argument("--export-weights", metavar="DIR",
@@ -284,17 +295,22 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
                         help="write per-module output norms of one forward pass to FILE (JSON) and exit")
     parser.add_argument("--count-params", metavar="FILE",
                         help="write each --spec's parameter counts, built without weights, to FILE (JSON) and exit")
+    parser.add_argument("--count-flops", metavar="FILE",
+                        help="write each --spec's counted FLOPs of one training step, built without weights, "
+                             "to FILE (JSON) and exit")
     args = parser.parse_args(argv)
     lifeline.watch_parent()  # every process of a run (each rank) ends if the xfw that started it dies
     if args.describe:
         print(json.dumps(describe()))
         return EXIT_OK
-    if args.count_params:
-        if not args.spec:
-            parser.error("--count-params needs --spec")
-        return _count(count_params, args.spec, args.count_params)
+    for flag, target, hook in (("--count-params", args.count_params, count_params),
+                               ("--count-flops", args.count_flops, count_flops)):
+        if target:
+            if not args.spec:
+                parser.error(f"{flag} needs --spec")
+            return _count(hook, args.spec, target)
     if args.spec and len(args.spec) > 1:
-        parser.error("one --spec only (several are for --count-params)")
+        parser.error("one --spec only (several are for --count-params and --count-flops)")
     for flag, target, hook in (("--export-weights", args.export_weights, export_weights),
                                ("--probe-modules", args.probe_modules, probe_modules)):
         if target:

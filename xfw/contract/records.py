@@ -8,12 +8,15 @@ keys. Each rank writes, in order: ``start``, ``step`` x (warm-up + measured), ``
      "samples": 16, "tokens": 65536, "loss": 3.218, "mem_alloc_peak_bytes": 1048576,
      "mem_reserved_peak_bytes": null}
 
-A step record may also carry (:data:`OPTIONAL`) ``grad_norm_l2``, only when the run asked for it,
-and what the step's data was: ``padded_tokens`` (sequence positions with padding; ``tokens``
-counts only the trained ones), ``max_seq_len`` (its longest sample) and ``batch_hashes`` (one
-hash per micro-batch, ``xfw.contract.batches.batch_hash``); the window record ``padded_tokens``.
-A run xfw attached to (``xfw.contract.probe``) adds a few ``applied`` fields, and a window parsed
-from a command's log says so (``"source": "command_log"``).
+Optional fields (:data:`OPTIONAL`; runs written before them lack them and still load): a step's
+``grad_norm_l2``, only when the run asked for it; what the step's data was: ``padded_tokens``
+(sequence positions with padding; ``tokens`` counts only the trained ones), ``max_seq_len`` (its
+longest sample) and ``batch_hashes`` (one hash per micro-batch, ``xfw.contract.batches.batch_hash``),
+and the window record's ``padded_tokens``; ``rss_peak_bytes`` on every step and
+``rss_after_build_bytes`` / ``rss_peak_since_build`` on ``start``, the process's resident memory
+(``xfw.contract.rss``), the one memory measure both backends share on a CPU. A run xfw attached to
+(``xfw.contract.probe``) adds a few ``applied`` fields, and a window parsed from a command's log
+says so (``"source": "command_log"``).
 
 The core tails the file for live progress and computes every statistic from it
 (``xfw.report.measure``); stdout is never parsed.
@@ -51,12 +54,17 @@ FIELDS: dict[str, dict[str, tuple]] = {
     "error": {"status": _STR, "message": _STR},
     "end": {},
 }
-# kind -> {key: accepted types} that a record may carry, only when asked for. ``grad_norm_l2``:
-# the global L2 norm of the trainable parameters' gradients before the optimizer step (parity
-# asks for it; reading it is a host sync every step, so measured runs never carry it). The data
-# keys describe what the step trained on (module docstring); ``batch_hashes`` is a list of strings.
+# kind -> {key: accepted types} that a record may carry. ``grad_norm_l2``: the global L2 norm of
+# the trainable parameters' gradients before the optimizer step (parity asks for it; reading it is a
+# host sync every step, so measured runs never carry it). The data keys describe what the step
+# trained on (module docstring); ``batch_hashes`` is a list of strings. ``rss_*``: the harness's
+# resident-memory readings (xfw.contract.rss): the peak so far on each step; on ``start`` the
+# resident set right after the model is built, and whether the peak counts from there (else from
+# the process's start).
 OPTIONAL: dict[str, dict[str, tuple]] = {
-    "step": {"grad_norm_l2": _NUM + _NONE, "padded_tokens": _INT, "max_seq_len": _INT, "batch_hashes": _LIST},
+    "step": {"grad_norm_l2": _NUM + _NONE, "padded_tokens": _INT, "max_seq_len": _INT, "batch_hashes": _LIST,
+             "rss_peak_bytes": _INT + _NONE},
+    "start": {"rss_after_build_bytes": _INT + _NONE, "rss_peak_since_build": _BOOL},
     # What a run xfw attached to (xfw.contract.probe) can see beyond the adapters' fields: the
     # micro-batch per process, Paddle's fp32 master gradients, and where its steps end.
     "applied": {"micro_batch": _INT, "master_grad": _BOOL, "step_boundary": _STR},
@@ -132,8 +140,9 @@ class RecordWriter:
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
         self._file.flush()
 
-    def start(self, *, num_ranks: int, warmup_steps: int, steps: int) -> None:
-        self.write("start", num_ranks=num_ranks, warmup_steps=warmup_steps, steps=steps, t_unix_s=time.time())
+    def start(self, *, num_ranks: int, warmup_steps: int, steps: int, **optional: Any) -> None:
+        self.write("start", num_ranks=num_ranks, warmup_steps=warmup_steps, steps=steps, t_unix_s=time.time(),
+                   **optional)
 
     def close(self) -> None:
         self._file.close()

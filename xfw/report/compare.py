@@ -61,7 +61,15 @@ class Side:
     mem_alloc_peak_bytes: int | None = None
     mem_reserved_peak_bytes: int | None = None
     mem_source: str | None = None
+    """The source of ``mem_*``: the framework's own figure (an allocator's, or PyTorch's peak RSS on a CPU)."""
+    memory_bytes: int | None = None
+    """The measure both backends share (``Measurement.memory_bytes``): what the contrast shows."""
+    memory_source: str | None = None
+    rss_after_build_bytes: int | None = None
     mfu: float | None = None
+    mfu_peak: str = ""
+    """The peak ``mfu`` divides by and its datasheet, or why there is none (``RunResult.mfu_peak``)."""
+    flops_per_sample: float | None = None
     source: str = "xfw"
     """Where the numbers come from (``Measurement.source``): ``command_log`` is not measured by xfw."""
     num_repeats: int = 0
@@ -76,6 +84,10 @@ class Side:
     @property
     def ok(self) -> bool:
         return self.status == "ok" and self.ips is not None
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.ok and self.applied.get("device", "cpu") != "cpu"
 
     @property
     def num_processes(self) -> int:
@@ -135,6 +147,9 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
         side.mem_reserved_peak_bytes = _median(x.mem_reserved_peak_bytes for x in m)
         side.mem_source, side.mfu = m[0].mem_source, _median(r.mfu for r in ok)
         side.data = {k: getattr(m[0], k) for k in DATA_KEYS}
+        side.memory_bytes, side.memory_source = _median(x.memory_bytes for x in m), m[0].memory_source
+        side.rss_after_build_bytes = _median(x.rss_after_build_bytes for x in m)
+        side.mfu_peak, side.flops_per_sample = ok[0].mfu_peak, ok[0].flops_per_sample
         side.source = "command_log" if any(x.source == "command_log" for x in m) else "xfw"
     return side
 
@@ -235,7 +250,7 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
                 row.differing.append(key)
                 row.warnings.append(f"{key} differs: " + ", ".join(f"{k}={v}" for k, v in values.items()))
     compare_data(row)
-    sources = {s.mem_source for s in sides.values() if s.ok and s.mem_source}  # a parsed log has none
+    sources = {s.memory_source for s in sides.values() if s.ok and s.memory_source}  # a parsed log has none
     if len(sources) > 1:
         row.warnings.append("memory is measured from different sources (" + ", ".join(sorted(sources))
                             + "): not directly comparable")

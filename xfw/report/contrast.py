@@ -1,13 +1,15 @@
 """The contrast report (seed 003): backends side by side per (recipe, variant), with the settings
 each side applied. Pure functions from :mod:`xfw.report.compare` rows to a :class:`~xfw.report.table.Page`::
 
-    | Model      | Stage | paddle ips | Contrast | torch ips | paddle memory (alloc/reserved) | ...
-    |------------|-------|-----------:|---------:|----------:|--------------------------------| ...
-    | Tiny LLaVA | SFT   |        125 |     -70% |       412 | 8.55/8.55 MiB (host allocator) | ...
+    | Model      | Stage | paddle ips | Contrast | torch ips | paddle memory                              | ...
+    |------------|-------|-----------:|---------:|----------:|--------------------------------------------| ...
+    | Tiny LLaVA | SFT   |        125 |     -70% |       412 | 512.31 MiB peak RSS (498.02 after build)   | ...
 
 followed by failed runs, warnings (every applied setting that differs), and the settings table.
-Memory cells carry their unit and source: a CPU peak RSS is never presented as if it were an
-allocator's peak.
+Memory is the measure both sides share (``Measurement.memory_bytes``): the CUDA allocator's peak
+allocated/reserved on a GPU, each process's peak resident set on a CPU with the resident set right
+after the model was built beside it (start-up is not training memory); each framework's own figure
+stays in the CSV and the settings. Every cell carries its unit and source.
 """
 
 from __future__ import annotations
@@ -42,19 +44,31 @@ def fmt_contrast(row: ComparisonRow) -> str:
     return text + (" (noise)" if row.within_noise else "")
 
 
-def fmt_memory_pair(alloc: float | None, reserved: float | None, source: str | None) -> str:
-    """``2.00/3.00 GiB (GPU allocator)``; ``371.48/– MiB (peak RSS)`` where a source has no reserved figure."""
+def fmt_memory_pair(alloc: float | None, reserved: float | None, source: str | None, *, what: str = "") -> str:
+    """``2.00/3.00 GiB (GPU allocator)``; ``371.48/– MiB (peak RSS)`` where a source has no reserved figure;
+    ``what`` names the pair (``alloc/reserved``) before the source."""
     if alloc is None and reserved is None:
         return "–"
     unit, scale = ("GiB", GIB) if max(alloc or 0, reserved or 0) >= GIB else ("MiB", MIB)
     shown = [f"{v / scale:.2f}" if v is not None else "–" for v in (alloc, reserved)]
-    return f"{shown[0]}/{shown[1]} {unit} ({SOURCE_LABELS.get(source or '', source or '?')})"
+    return f"{shown[0]}/{shown[1]} {unit}{f' {what}' if what else ''} ({SOURCE_LABELS.get(source or '', source or '?')})"
 
 
 def fmt_memory(side: Side) -> str:
-    if not side.ok or side.mem_alloc_peak_bytes is None:
+    """The shared measure: peak RSS (and after the build) on a CPU, allocated/reserved on a GPU."""
+    if not side.ok or side.memory_bytes is None:
         return "–"
-    return fmt_memory_pair(side.mem_alloc_peak_bytes, side.mem_reserved_peak_bytes, side.mem_source)
+    if side.memory_source == "peak_rss":
+        peak, after = side.memory_bytes, side.rss_after_build_bytes
+        unit, scale = ("GiB", GIB) if peak >= GIB else ("MiB", MIB)
+        return f"{peak / scale:.2f} {unit} peak RSS" + (f" ({after / scale:.2f} after build)" if after else "")
+    return fmt_memory_pair(side.mem_alloc_peak_bytes, side.mem_reserved_peak_bytes, side.memory_source,
+                           what="alloc/reserved")
+
+
+def fmt_mfu(side: Side) -> str:
+    """The side's MFU; n/a on a GPU without a datasheet peak (the table's notes say why)."""
+    return f"{side.mfu:.1%}" if side.mfu is not None else "n/a" if side.on_gpu else "–"
 
 
 def fmt_side_rate(side: Side) -> str:
@@ -91,8 +105,8 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
     if b:
         header += ["Contrast", f"{b} ips"]
     numeric = tuple(i for i, h in enumerate(header) if h.endswith(" ips") or h == "Contrast")
-    header += [f"{name} memory (alloc/reserved)" for name in backends]
-    with_mfu = any(side.mfu is not None for row in rows for side in row.sides.values())
+    header += [f"{name} memory" for name in backends]
+    with_mfu = any(side.mfu is not None or side.on_gpu for row in rows for side in row.sides.values())
     if with_mfu:
         numeric += tuple(range(len(header), len(header) + len(backends)))
         header += [f"{name} MFU" for name in backends]
@@ -108,12 +122,23 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
             line += [fmt_contrast(row), fmt_side_rate(row.sides[b])]
         line += [fmt_memory(row.sides[name]) for name in backends]
         if with_mfu:
-            line += [f"{row.sides[name].mfu:.1%}" if row.sides[name].mfu is not None else "–" for name in backends]
+            line += [fmt_mfu(row.sides[name]) for name in backends]
         line += [fmt_params(row, backends)]
         cells.append(line)
     parsed = any(is_parsed(side) for row in rows for side in row.sides.values())
     return Table(header=header, cells=cells, records=numeric_records(rows, backends), numeric=numeric,
-                 name="contrast", notes=[PARSED_LINE] if parsed else [])
+                 name="contrast", notes=([PARSED_LINE] if parsed else []) + (mfu_notes(rows) if with_mfu else []))
+
+
+def mfu_notes(rows: list[ComparisonRow]) -> list[str]:
+    """How MFU was computed, every peak it divides by (with its datasheet), and each GPU side without
+    one and why."""
+    peaks = sorted({s.mfu_peak for row in rows for s in row.sides.values() if s.mfu is not None})
+    missing = sorted({f"{s.backend} on {s.device}: {s.mfu_peak}" for row in rows for s in row.sides.values()
+                      if s.on_gpu and s.mfu is None and s.mfu_peak})
+    notes = ["MFU = model FLOPs per sample (the family's ledger, recomputation excluded; the same for every "
+             "backend) × ips / (peak × GPUs)." + (f" Peak: {'; '.join(peaks)}." if peaks else "")]
+    return notes + [f"No MFU for {m}." for m in missing]
 
 
 def row_name(row: ComparisonRow) -> str:
@@ -218,7 +243,9 @@ def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str 
         blocks.append(Image(chart, "bar chart of throughput per backend"))
     if len(backends) > 1:
         blocks.append(Paragraph(f"Contrast = ({backends[0]} − {backends[1]}) / {backends[1]} on samples per second "
-                                "(ips, global, measured window only). Memory: peak allocated / peak reserved per rank.",
+                                "(ips, global, measured window only). Memory, per rank, the same measure on both sides: peak "
+                                "allocated / reserved by the CUDA allocator on a GPU; on a CPU each process's peak "
+                                "resident set from the model's build on, beside the resident set right after the build.",
                                 muted=True))
     if any(side.ips_spread is not None for row in rows for side in row.sides.values()):
         blocks.append(Paragraph("With repeats, ips is the median and spread = (max − min) / median; a contrast no "
@@ -251,8 +278,10 @@ def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict
                 f"{name}_ips_spread": s.ips_spread, f"{name}_tokens_per_s": s.tokens_per_s,
                 f"{name}_step_time_median_s": s.step_time_median_s,
                 f"{name}_mem_alloc_peak_bytes": s.mem_alloc_peak_bytes,
+                f"{name}_memory_bytes": s.memory_bytes, f"{name}_memory_source": s.memory_source,
+                f"{name}_rss_after_build_bytes": s.rss_after_build_bytes,
                 f"{name}_mem_reserved_peak_bytes": s.mem_reserved_peak_bytes, f"{name}_mem_source": s.mem_source,
-                f"{name}_mfu": s.mfu,
+                f"{name}_mfu": s.mfu, f"{name}_mfu_peak": s.mfu_peak, f"{name}_flops_per_sample": s.flops_per_sample,
                 f"{name}_num_params_total": s.applied.get("num_params_total"),
                 f"{name}_num_params_trainable": s.applied.get("num_params_trainable"),
                 f"{name}_compute_dtype": s.applied.get("compute_dtype"), f"{name}_num_repeats": s.num_repeats,

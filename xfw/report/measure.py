@@ -11,6 +11,13 @@ time, summed over ranks (seed 003's "ips"); tokens/s counts trained tokens only,
 Warm-up steps never enter a statistic of speed or memory; ``loss_first`` is the first recorded
 loss, warm-up included (the loss a run started from).
 
+Memory, per rank and then the largest rank: the framework's own figure (``mem_alloc_peak_bytes``,
+``mem_reserved_peak_bytes``, source ``mem_source``) and the process's resident set
+(``rss_peak_bytes`` since the model was built, ``rss_after_build_bytes``; ``xfw.contract.rss``).
+``memory_bytes`` / ``memory_source`` is the one measure both backends share, what contrasts and
+nightly trends compare: the CUDA allocator's peak on a GPU, the peak resident set on a CPU (and a
+run recorded before the harness read it keeps its framework's figure, its source named).
+
 What the run trained on comes from the step records' data keys (``xfw.contract.records``): the
 padding fraction and the mean and longest sequence of the measured steps, and ``batch_digest``, one
 digest over every micro-batch's hash (warm-up included) in (step, rank) order: two runs with the
@@ -59,8 +66,30 @@ class Measurement:
     """A digest of every micro-batch's hash in (step, rank) order, warm-up included (module docstring)."""
     num_batches: int = 0
     """Micro-batch hashes the digest covers."""
+    rss_peak_bytes: int | None = None
+    """Largest over ranks of the process's peak resident set (since its model was built, where the
+    kernel allowed the reset: ``rss_peak_since_build``)."""
+    rss_after_build_bytes: int | None = None
+    """Largest over ranks of the resident set right after the model was built (framework start-up,
+    libraries and weights: not training memory)."""
+    rss_peak_since_build: bool | None = None
     source: str = "xfw"
     """``xfw`` (measured by xfw: its adapter or its probe) or ``command_log`` (:data:`PARSED_NOTE`)."""
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """The measure both backends share (module docstring)."""
+        shared = self.mem_source == "cuda_allocator" or self.rss_peak_bytes is None
+        return self.mem_alloc_peak_bytes if shared else self.rss_peak_bytes
+
+    @property
+    def memory_source(self) -> str | None:
+        """``cuda_allocator`` | ``peak_rss`` | (a run from before the harness read the RSS) its
+        framework's ``mem_source``."""
+        if self.memory_bytes is None:
+            return None
+        return "peak_rss" if self.mem_source != "cuda_allocator" and self.rss_peak_bytes is not None \
+            else self.mem_source
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -90,6 +119,7 @@ def summarize(records: list[dict]) -> Measurement:
     measured = [r for r in steps if r["phase"] == "measure"]
     windows = {r["rank"]: r for r in records if r.get("kind") == "window"}
     applied = [r for r in records if r.get("kind") == "applied"]
+    starts = {r["rank"]: r for r in records if r.get("kind") == "start"}
     ranks = sorted({r["rank"] for r in steps} | set(windows))
 
     per_rank = []
@@ -103,6 +133,8 @@ def summarize(records: list[dict]) -> Measurement:
             "tokens_per_s": window["tokens"] / window["window_time_s"] if window else None,
             "mem_alloc_peak_bytes": _max_or_none(r["mem_alloc_peak_bytes"] for r in steps if r["rank"] == rank),
             "mem_reserved_peak_bytes": _max_or_none(r["mem_reserved_peak_bytes"] for r in steps if r["rank"] == rank),
+            "rss_peak_bytes": _max_or_none(r.get("rss_peak_bytes") for r in steps if r["rank"] == rank),
+            "rss_after_build_bytes": starts.get(rank, {}).get("rss_after_build_bytes"),
             "num_measured_steps": len(mine),
         })
 
@@ -115,6 +147,9 @@ def summarize(records: list[dict]) -> Measurement:
     times = np.array([r["step_time_s"] for r in measured], dtype=float)
     losses = [r["loss"] for r in sorted(steps, key=lambda r: r["step"]) if r["rank"] == (ranks[0] if ranks else 0)]
     tokens_rate = sum(p["tokens_per_s"] for p in complete) if complete else None
+    mem_source = applied[0]["mem_source"] if applied else None
+    alloc = _max_or_none(p["mem_alloc_peak_bytes"] for p in per_rank)
+    since_build = [r.get("rss_peak_since_build") for r in starts.values() if "rss_peak_since_build" in r]
     return Measurement(
         num_ranks=len(complete),
         ips=sum(p["ips"] for p in complete) if complete else None,
@@ -125,9 +160,9 @@ def summarize(records: list[dict]) -> Measurement:
         window_time_s=max(p["window_time_s"] for p in complete) if complete else None,
         num_measured_steps=len(measured),
         num_warmup_steps=len(steps) - len(measured),
-        mem_alloc_peak_bytes=_max_or_none(p["mem_alloc_peak_bytes"] for p in per_rank),
+        mem_alloc_peak_bytes=alloc,
         mem_reserved_peak_bytes=_max_or_none(p["mem_reserved_peak_bytes"] for p in per_rank),
-        mem_source=applied[0]["mem_source"] if applied else None,
+        mem_source=mem_source,
         loss_first=_finite_or_none(losses[0]) if losses else None,
         loss_last=_finite_or_none(losses[-1]) if losses else None,
         per_rank=per_rank,
@@ -135,6 +170,9 @@ def summarize(records: list[dict]) -> Measurement:
         seq_len_mean=trained / sum(r["samples"] for r in measured) if padded else None,
         seq_len_max=max(longest) if longest else None,
         batch_digest=digest, num_batches=len(hashes),
+        rss_peak_bytes=_max_or_none(p["rss_peak_bytes"] for p in per_rank),
+        rss_after_build_bytes=_max_or_none(p["rss_after_build_bytes"] for p in per_rank),
+        rss_peak_since_build=all(since_build) if since_build else None,
         source="command_log" if any(w.get("source") == "command_log" for w in windows.values()) else "xfw",
     )
 

@@ -1,54 +1,113 @@
-"""Model FLOPs utilisation: analytic training FLOPs of the neutral architecture x throughput,
-over the device's datasheet peak::
+"""Model FLOPs utilisation: the family's model FLOPs per sample x throughput, over the device's
+datasheet peak, with the peak named and cited so a reader can check it::
 
-    mfu = flops_per_sample(arch, stage) * ips / (peak_flops(device, dtype) * num_gpus)
+    mfu = model_flops_per_sample(arch, stage, lora) * ips / (peak(device, dtype) * num_devices)
 
-Model FLOPs count what the recipe must compute, not what an implementation chose to do:
-activation recomputation is excluded (that would be hardware FLOPs utilisation), as in
-PaLM (Chowdhery et al. 2022, appendix B). Matmul FLOPs only: 2 per multiply-add; attention
-scores and values 2 x 2 x T^2 x d per layer, full (non-causal) as in PaLM's 6N + 12LHQT.
+    >>> utilisation(arch=a, stage="sft", lora=None, ips=10.0, device="cuda:0",
+    ...             device_name="NVIDIA H100 80GB HBM3", compute_dtype="bfloat16", tf32=False, num_devices=8)
+    Utilisation(mfu=0.113, flops_per_sample=8.9e13, peak="NVIDIA H100 SXM5 bfloat16 dense 989.4 TFLOP/s ...")
 
-Training multipliers per part: a trained part costs 3x its forward (forward, activation
-gradients, weight gradients); a frozen part that gradients must flow through (the LM under
-LoRA or projector-only pretraining) 2x; a frozen part nothing upstream of it trains (the
-vision tower) 1x. Each family counts its own FLOPs under these rules, with the parts its stages
-train (``flops_per_sample`` in ``xfw.contract.families.<family>``); this module holds the
-device peaks.
+Model FLOPs are the family's ledger (``xfw.contract.families.count_flops``, checked against PyTorch's
+FLOP counter by tests/contract/test_flop_counter.py): what the recipe must compute, forward and
+backward, recomputation excluded (that would be hardware FLOPs utilisation; PaLM, Chowdhery et al.
+2022, appendix B). Both backends' runs of one recipe divide by the same count, computed here from
+the spec, so their MFU columns are comparable. No MFU on a CPU, nor on a device the peak table does
+not list: the report says which, never a guessed peak.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 from xfw.contract import families
 
-# Dense (no sparsity) peak TFLOP/s by compute dtype, from NVIDIA's datasheets: H100 SXM5 and
-# H800 SXM5 (same tensor cores), H200 SXM; H100 PCIe; A100 SXM4 80GB.
-_PEAK_TFLOPS = [
-    ("H200", {"bfloat16": 989.4, "float16": 989.4, "tf32": 494.7, "float32": 66.9}),
-    ("H100 PCIe", {"bfloat16": 756.0, "float16": 756.0, "tf32": 378.0, "float32": 51.2}),
-    ("H100", {"bfloat16": 989.4, "float16": 989.4, "tf32": 494.7, "float32": 66.9}),
-    ("H800", {"bfloat16": 989.4, "float16": 989.4, "tf32": 494.7, "float32": 66.9}),
-    ("A100", {"bfloat16": 312.0, "float16": 312.0, "tf32": 156.0, "float32": 19.5}),
+# Dense (no sparsity) peak TFLOP/s by compute dtype. NVIDIA's datasheets print tensor-core peaks
+# "with sparsity"; the dense figure is half of it. Each row: the device names it covers (a regex over
+# the name the framework reports), the datasheet's name for it, its peaks, and the datasheet.
+_H100_SXM = {"bfloat16": 989.4, "float16": 989.4, "tf32": 494.7, "float32": 66.9}
+_PEAKS = [
+    (r"\bH200\b(?!.*\bNVL\b)", "NVIDIA H200 SXM", _H100_SXM,
+     "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column"),
+    (r"\bH100\b.*\bPCIe\b", "NVIDIA H100 PCIe", {"bfloat16": 756.0, "float16": 756.0, "tf32": 378.0, "float32": 51.2},
+     "NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe column"),
+    (r"\bH100\b(?!.*\b(PCIe|NVL)\b)", "NVIDIA H100 SXM5", _H100_SXM,
+     "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column"),
+    (r"\bH800\b(?!.*\b(PCIe|NVL)\b)", "NVIDIA H800 SXM5", _H100_SXM,
+     "NVIDIA H800 datasheet: the H100 SXM's tensor cores"),
+    (r"\bA100\b", "NVIDIA A100", {"bfloat16": 312.0, "float16": 312.0, "tf32": 156.0, "float32": 19.5},
+     "NVIDIA A100 Tensor Core GPU datasheet (SXM and PCIe alike)"),
 ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Peak:
+    """The peak an MFU divides by, and where it comes from."""
+
+    device: str
+    """The datasheet's name for the device."""
+    dtype: str
+    """The compute dtype the peak is for (``tf32`` for float32 on TF32 tensor cores)."""
+    flops: float
+    """Dense peak, FLOP/s."""
+    source: str
+
+    def label(self) -> str:
+        return f"{self.device} {self.dtype} dense {self.flops / 1e12:g} TFLOP/s ({self.source})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Utilisation:
+    mfu: float | None
+    flops_per_sample: float | None
+    """Model FLOPs of one sample (the family's ledger); None where the family keeps none."""
+    peak: str
+    """What ``mfu`` divided by (:meth:`Peak.label`), or why there is no MFU."""
+
+
+def find_peak(device_name: str, compute_dtype: str, tf32: bool = False) -> Peak | None:
+    """The datasheet peak of one device for a compute dtype; None for devices the table does not list."""
+    key = "tf32" if compute_dtype == "float32" and tf32 else compute_dtype
+    for pattern, device, peaks, source in _PEAKS:
+        if re.search(pattern, device_name) and key in peaks:
+            return Peak(device=device, dtype=key, flops=peaks[key] * 1e12, source=source)
+    return None
 
 
 def peak_flops(device_name: str, compute_dtype: str, tf32: bool = False) -> float | None:
     """Peak FLOP/s of one device for a compute dtype; None for CPUs and unknown devices."""
-    key = "tf32" if compute_dtype == "float32" and tf32 else compute_dtype
-    for name, peaks in _PEAK_TFLOPS:
-        if name in device_name:
-            value = peaks.get(key)
-            return value * 1e12 if value else None
-    return None
+    peak = find_peak(device_name, compute_dtype, tf32)
+    return peak.flops if peak else None
+
+
+def utilisation(*, arch: dict, stage: str, lora: dict | None, ips: float | None, device: str, device_name: str,
+                compute_dtype: str, tf32: bool, num_devices: int, trainable: list | None = None,
+                seq_len: float | None = None) -> Utilisation:
+    """MFU of one run, with the FLOPs and the peak behind it (module docstring). ``device``: the
+    applied device (``cpu``, ``cuda:0``, ``gpu:0``); ``trainable``: the recipe's ``model.trainable``,
+    else the stage's parts; ``seq_len``: the mean sequence trained (variable-length data), else the
+    architecture's."""
+    if seq_len and arch.get("data", {}).get("seq_len"):
+        arch = families.with_seq_len(arch, round(seq_len))
+    known = arch.get("family") in families.FAMILIES
+    flops = families.flops_per_sample(arch, stage, lora, trainable) if known else None
+    if device == "cpu" or not device:
+        return Utilisation(mfu=None, flops_per_sample=flops, peak="CPU: no MFU (no datasheet peak for a CPU)")
+    peak = find_peak(device_name, compute_dtype, tf32)
+    if peak is None:
+        return Utilisation(mfu=None, flops_per_sample=flops,
+                           peak=f"no datasheet peak for {device_name or 'this device'} at {compute_dtype} in "
+                                "xfw's table (xfw/report/mfu.py): no MFU rather than a guess")
+    if flops is None:
+        return Utilisation(mfu=None, flops_per_sample=None, peak=f"no FLOPs ledger for the {arch.get('family')} family")
+    value = flops * ips / (peak.flops * num_devices) if ips else None
+    return Utilisation(mfu=value, flops_per_sample=flops, peak=peak.label())
 
 
 def mfu(*, arch: dict, stage: str, ips: float | None, device_name: str, compute_dtype: str, tf32: bool,
-        num_devices: int, trainable: list | None = None, seq_len: float | None = None) -> float | None:
-    """``seq_len``: the mean sequence trained (variable-length data), else the architecture's;
-    ``trainable``: the recipe's ``model.trainable``, else the stage's parts."""
-    if seq_len and arch.get("data", {}).get("seq_len"):
-        arch = families.with_seq_len(arch, round(seq_len))
-    flops = families.flops_per_sample(arch, stage, trainable) if arch.get("family") in families.FAMILIES else None
-    peak = peak_flops(device_name, compute_dtype, tf32)
-    if flops is None or peak is None or not ips:
-        return None
-    return flops * ips / (peak * num_devices)
+        num_devices: int, lora: dict | None = None, trainable: list | None = None,
+        seq_len: float | None = None) -> float | None:
+    """The MFU alone, for a GPU run (:func:`utilisation`)."""
+    return utilisation(arch=arch, stage=stage, lora=lora, ips=ips, device="cuda", device_name=device_name,
+                       compute_dtype=compute_dtype, tf32=tf32, num_devices=num_devices, trainable=trainable,
+                       seq_len=seq_len).mfu

@@ -2,8 +2,8 @@
 
 Top to bottom: the regressions (or a line saying there are none), failed runs, the night's
 contrast table (seed 003) and bar chart, every (entry, backend) against its baseline, a trend plot
-per entry (throughput and peak memory over the nights, one line per backend, flagged points
-circled in red), and the environment of each night::
+per entry (throughput, peak memory and, on GPUs, MFU over the nights, one line per backend,
+flagged points circled in red), and the environment of each night::
 
     path = write_night_report(Path("/data/xfw-nightly"), "2026-11-22", suite_name="h800-nightly")
     # /data/xfw-nightly/nights/2026-11-22/{report.html, report.md, chart.png, trend-*.png}
@@ -22,7 +22,7 @@ from xfw.report.history import NIGHTS_DIR, History, night_order
 from xfw.report.plot import plot_comparison
 from xfw.report.results import load_runs
 from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Table, to_html, to_markdown
-from xfw.report.verdicts import VERDICTS_FILE, Verdict, load_verdicts, memory_of
+from xfw.report.verdicts import VERDICTS_FILE, Verdict, load_verdicts, memory_of, memory_source_of
 
 TREND_NIGHTS = 30
 """Nights shown in each trend plot (the most recent)."""
@@ -55,27 +55,30 @@ def verdict_table(verdicts: list[Verdict]) -> Table:
 
 def trend_plot(rows: list[dict], entry: str, nights: list[str], flagged: set[tuple[str, str, str]],
                path: Path) -> Path:
-    """Throughput and peak memory of one entry over ``nights``, a line per backend."""
+    """Throughput and peak memory of one entry over ``nights``, a line per backend; MFU beside them
+    when any night has one (GPU runs: ``xfw.report.mfu``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     backends = sorted({r["backend"] for r in rows if r["entry"] == entry})
-    fig, (ax_ips, ax_mem) = plt.subplots(1, 2, figsize=(11, 3.4))
+    latest = latest_memory_sources(rows, backends)
+    metrics = [("ips", "ips (samples/s)", 1), ("memory", memory_label(latest), 2**20)]
+    if any(r.get("mfu") is not None for r in rows if r["entry"] == entry):
+        metrics.append(("mfu", "MFU (%, model FLOPs)", 0.01))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 3.4))
     xs = list(range(len(nights)))
     for i, backend in enumerate(backends):
         color = _COLORS.get(backend, _FALLBACK[i % len(_FALLBACK)])
-        for ax, metric in ((ax_ips, "ips"), (ax_mem, "memory")):
+        for ax, (metric, _, scale) in zip(axes, metrics):
             points = []
             for x, night in zip(xs, nights):
                 ok = [r for r in rows if r["night"] == night and r["entry"] == entry and r["backend"] == backend
-                      and r["status"] == "ok"]
-                values = [r["ips"] if metric == "ips" else memory_of(r) for r in ok]
-                values = [v for v in values if v is not None]
+                      and r["status"] == "ok" and (metric != "memory" or memory_source_of(r) == latest[backend])]
+                values = [v for v in (_metric(r, metric) for r in ok) if v is not None]
                 if values:
-                    value = sorted(values)[len(values) // 2]
-                    points.append((x, value / (1 if metric == "ips" else 2**20), night))
+                    points.append((x, sorted(values)[len(values) // 2] / scale, night))
             if not points:
                 continue
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=color, label=backend)
@@ -83,27 +86,43 @@ def trend_plot(rows: list[dict], entry: str, nights: list[str], flagged: set[tup
             if bad:
                 ax.scatter([p[0] for p in bad], [p[1] for p in bad], s=160, facecolors="none",
                            edgecolors="#b00020", linewidths=2.2, zorder=5)
-    sources = {b: next((r.get("mem_source") for r in rows if r["backend"] == b and r.get("mem_source")), None)
-               for b in backends}
-    mem_label = "peak memory (MiB)"
-    if len({v for v in sources.values() if v}) > 1:  # e.g. peak RSS beside an allocator: say so on the axis
-        mem_label += "\n" + ", ".join(f"{b}: {v.replace('_', ' ')}" for b, v in sources.items() if v)
-    for ax, label in ((ax_ips, "ips (samples/s)"), (ax_mem, mem_label)):
+    for ax, (_, label, _) in zip(axes, metrics):
         ax.set_xticks(xs, nights, rotation=30 if len(nights) > 4 else 0, ha="right" if len(nights) > 4 else "center",
                       fontsize=8)
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0)
         ax.spines[["top", "right"]].set_visible(False)
         ax.grid(axis="y", alpha=0.3)
-    if ax_ips.get_legend_handles_labels()[0]:  # no line at all when every run failed
-        ax_ips.legend(fontsize=8)
-    fig.suptitle(f"{entry}: throughput and peak memory per night", fontsize=11)
+    if axes[0].get_legend_handles_labels()[0]:  # no line at all when every run failed
+        axes[0].legend(fontsize=8)
+    fig.suptitle(f"{entry}: {', '.join(m[0] if m[0] != 'memory' else 'peak memory' for m in metrics)} per night",
+                 fontsize=11)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=100)
     plt.close(fig)
     tmp.replace(path)
     return path
+
+
+def _metric(row: dict, metric: str) -> float | None:
+    return row["ips"] if metric == "ips" else memory_of(row) if metric == "memory" else row.get("mfu")
+
+
+def latest_memory_sources(rows: list[dict], backends: list[str]) -> dict[str, str | None]:
+    """Each backend's memory source on its latest night: the trend draws only nights measured the
+    same way (a history from before the shared measure holds Paddle's host allocator figure)."""
+    return {b: next((memory_source_of(r) for r in reversed(rows) if r["backend"] == b and memory_source_of(r)), None)
+            for b in backends}
+
+
+def memory_label(sources: dict[str, str | None]) -> str:
+    """The memory axis's label: the shared measure (``verdicts.memory_of``), each backend's source
+    named where they differ."""
+    label = "peak memory (MiB)"
+    if len({v for v in sources.values() if v}) > 1:
+        label += "\n" + ", ".join(f"{b}: {v.replace('_', ' ')}" for b, v in sources.items() if v)
+    return label
 
 
 def _night_states(history_dir: Path, nights: list[str]) -> list[dict]:
@@ -180,8 +199,10 @@ def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
                 subtitle=f"{len(results)} runs, each compared with the median of up to {window} previous nights "
                          f"of the same workload; history: {history_dir.resolve()}",
                 footer="Written by xfw nightly. Throughput is global samples per second over each run's measured "
-                       "window; memory is the peak allocated per rank (source in the table). Verdicts: a change "
-                       "beyond max(floor, k × measured noise) is flagged.")
+                       "window; memory is the measure both backends share, per rank: the CUDA allocator's peak on a "
+                       "GPU, the process's peak resident set on a CPU (source in the table). MFU (GPU runs) divides "
+                       "the family's model FLOPs by the datasheet peak named in the table's notes. Verdicts: a "
+                       "change beyond max(floor, k × measured noise) is flagged.")
 
 
 def write_night_report(history_dir: Path, night: str, *, suite_name: str) -> Path:

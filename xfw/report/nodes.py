@@ -23,7 +23,7 @@ from pathlib import Path
 from xfw.contract import records as rec
 from xfw.contract.atomic import UnreadableFile, read_json_object
 from xfw.report.measure import summarize
-from xfw.report.results import RunResult, compute_mfu
+from xfw.report.results import RunResult, mfu_fields
 
 
 def _key(r: RunResult) -> str:
@@ -80,7 +80,7 @@ def assemble_parts(parts: list[RunResult]) -> RunResult:
     return RunResult(
         backend=first.backend, recipe=first.recipe, preset=first.preset, stage=first.stage, status=status,
         reason=reason, measurement=measurement, applied=applied, env=first.env,
-        mfu=compute_mfu(spec, measurement, applied) if spec else None, exit_code=first.exit_code,
+        **mfu_fields(spec, measurement, applied), exit_code=first.exit_code,
         wall_time_s=max((p.wall_time_s or 0.0 for p in parts), default=None), repeat_index=first.repeat_index,
         run_dir=str(Path(first.run_dir).parent), variant=dict(first.variant), setup=dict(first.setup),
         node={"count": count, "parts": [p.run_dir for p in parts]},

@@ -9,8 +9,9 @@ step failed, the first module whose output differs (:func:`first_differing_modul
 
 Tolerances: the step-0 loss, computed from identical weights on identical inputs, may differ only by
 fp32 rounding (relative ≤ 1e-5); every later step (after the optimizer has amplified rounding
-differences) relative ≤ 1e-3. The gradient norm: the same two bounds (:data:`GRAD_NORM_REL`,
-docs/parity.md). Running parity is :mod:`xfw.run.parity`.
+differences) relative ≤ 1e-3. The gradient norm is part of the verdict, with the same two bounds
+(:data:`GRAD_NORM_REL`, docs/parity.md). A module's output differs beyond :data:`MODULE_REL_TOL`,
+element by element. Running parity is :mod:`xfw.run.parity`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from xfw.contract.atomic import write_json_atomic
 from xfw.report.table import Bullets, Page, Paragraph, Strong, Table, to_markdown
@@ -84,8 +87,14 @@ class ParityReport:
     notes: list[str] = field(default_factory=list)
     """What the reader should know that is not a failure (a side given its own weights)."""
     first_differing_module: str | None = None
-    """When a step fails: the first module (canonical name, forward order) whose output norm
-    differs on the first batch from each side's starting weights; None if none does or no probe ran."""
+    """When a step fails: the first module (canonical name, forward order) whose output differs,
+    element by element, on the first batch from each side's starting weights; None when none could
+    be named (``module_note`` says why)."""
+    module_difference: dict | None = None
+    """How that module's outputs differ (:func:`module_differences`' entry)."""
+    module_note: str = ""
+    """When a step failed and no module was named: why (the probe did not run, or no module's output
+    differs on the first batch: the difference arises later, in backward or the optimizer step)."""
     backends: tuple[str, str] = ("reference", "other")
     """(reference, other): the reference exports the starting weights both sides load."""
     recipe_fingerprint: str | None = None
@@ -98,6 +107,16 @@ class ParityReport:
     @property
     def first_failing_step(self) -> int | None:
         return next((s.step for s in self.steps if not s.passed), None)
+
+    def locate(self, reference: Probe, other: Probe) -> None:
+        """Name the first module whose output differs, or say why none could be."""
+        self.module_difference = first_differing_module(reference, other)
+        self.first_differing_module = self.module_difference["name"] if self.module_difference else None
+        if self.module_difference is None:
+            compared = len(module_differences(reference, other))
+            self.module_note = (f"no module could be named: none of the {compared} modules both sides call has an "
+                                f"output that differs beyond {MODULE_REL_TOL:g} of its largest magnitude on the first "
+                                "batch, so the difference arises later (backward, the gradient norm, the optimizer)")
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -134,7 +153,9 @@ class ParityReport:
         blocks: list = [Paragraph(f"{self.num_steps} steps, fp32 AMP O0, 1 process, both sides from "
                                   f"`{self.weights_dir}`. Tolerance: relative loss difference ≤ {t.step0_rel:g} at "
                                   f"step 0, ≤ {t.step_rel:g} at every step; relative gradient-norm difference "
-                                  f"{g_tol}. A step passes only when both are within."),
+                                  f"{g_tol}. A step passes only when both are within: the gradient norm is part of the "
+                                  "verdict, and catches a difference the loss hides (a changed vision weight can move "
+                                  "the loss by less than its tolerance)."),
                         Table(header=header, cells=cells, numeric=tuple(range(10)),
                               records=[asdict(s) for s in self.steps], name="parity")]
         worst = self.worst()
@@ -145,12 +166,23 @@ class ParityReport:
                    if worst["grad_norm_rel_diff"] is not None else "") + "."))
         if self.first_failing_step is not None:
             blocks.append(Paragraph(f"First step outside tolerance: {self.first_failing_step}."))
-            if self.first_differing_module:
-                blocks.append(Paragraph(f"First module whose output differs (first batch, starting weights): "
-                                        f"`{self.first_differing_module}`."))
+            blocks.append(Paragraph(self.module_line()))
         if self.problems or self.notes:
             blocks.append(Bullets(self.problems + self.notes))
         return Page(title=f"Parity: {self.recipe} — {'PASS' if self.passed else 'FAIL'}", blocks=blocks)
+
+    def module_line(self) -> str:
+        """Which module's output differs first, and how; or why none could be named."""
+        d = self.module_difference
+        if self.first_differing_module and d:
+            how = (f"{d['num_differing']:,} of {d['size']:,} elements beyond tolerance, max |Δ| {d['max_abs_diff']:.3g} "
+                   f"({d['rel_diff']:.2e} of the output's largest magnitude)" if d["compared"] == "elements" else
+                   f"output norms differ by {d['rel_diff']:.2e} (outputs not comparable element by element)")
+            return (f"First module whose output differs (first batch, each side's starting weights): "
+                    f"`{self.first_differing_module}`: {how}.")
+        if self.first_differing_module:
+            return f"First module whose output differs (first batch, starting weights): `{self.first_differing_module}`."
+        return (self.module_note or "No module could be named.").rstrip(".") + "."
 
     def markdown(self) -> str:
         return to_markdown(self.page())
@@ -200,20 +232,53 @@ def compare_losses(reference: list[float | None], other: list[float | None],
     return out
 
 
-MODULE_REL_TOL = 1e-5
-"""Relative output-norm difference that marks a module as differing: fp32 rounding through the
-tiny models reaches ~1e-7 (measured on tiny-llava), a changed weight far more."""
+MODULE_REL_TOL = 1e-4
+"""A module's output differs when some element differs by more than this fraction of the output's
+largest magnitude (max |other − reference| > MODULE_REL_TOL × max |reference|), compared element by
+element on the first batch from each side's starting weights. Measured with identical weights (fp32,
+CPU, every tiny recipe): at most 1.5e-6 (docs/parity.md); a changed weight moves its module's output
+by far more, and a negated one by 2x its magnitude while its norm stays the same."""
+
+Probe = tuple[list[dict], dict]
+"""A side's module probe (``xfw.contract.module_outputs.read_probe``): modules in call order, their outputs."""
 
 
-def first_differing_module(reference: list[dict], other: list[dict], rel_tol: float = MODULE_REL_TOL) -> str | None:
-    """The first module, in the reference's forward order, whose output norm differs beyond
-    ``rel_tol`` (``{"name", "norm"}`` entries from ``--probe-modules``). Modules only one side
-    calls as a module (a parameter used directly) are skipped."""
-    norms = {m["name"]: m["norm"] for m in other}
-    for m in reference:
-        theirs = norms.get(m["name"])
-        if theirs is not None and not abs(theirs - m["norm"]) <= rel_tol * max(abs(m["norm"]), 1e-30):
-            return m["name"]
-    return None
+def module_differences(reference: Probe, other: Probe, rel_tol: float = MODULE_REL_TOL) -> list[dict]:
+    """Every module both sides called, in the reference's forward order, with how its outputs differ:
+    element by element where both kept an output of the same shape (or as many elements with the
+    same last dimension, in row-major order), else by the output norm (a probe written before
+    outputs were kept, or a layout one side does not share). Each entry::
+
+        {"name", "compared": "elements" | "norm", "max_abs_diff", "rel_diff", "num_differing", "size", "differs"}
+
+    ``rel_diff``: max |Δ| over max |reference| (elements), or |Δ norm| over the norm."""
+    (ref_modules, ref_out), (other_modules, other_out) = reference, other
+    norms = {m["name"]: m["norm"] for m in other_modules}
+    out = []
+    for m in ref_modules:
+        name = m["name"]
+        if name not in norms:
+            continue  # only one side calls it as a module (a parameter used directly)
+        a, b = ref_out.get(name), other_out.get(name)
+        if a is not None and b is not None and a.shape != b.shape and a.size == b.size and a.shape[-1:] == b.shape[-1:]:
+            b = b.reshape(a.shape)  # one side batches what the other flattens (Qwen2-VL's vision blocks)
+        if a is not None and b is not None and a.shape == b.shape:
+            diff = np.abs(b.astype(np.float64) - a.astype(np.float64))
+            scale = max(float(np.abs(a).max()) if a.size else 0.0, 1e-30)
+            worst = float(diff.max()) if diff.size else 0.0
+            differing = diff > rel_tol * scale
+            entry = {"compared": "elements", "max_abs_diff": worst, "rel_diff": worst / scale,
+                     "num_differing": int(np.count_nonzero(differing | np.isnan(diff))), "size": int(a.size)}
+        else:
+            worst = abs(norms[name] - m["norm"])
+            entry = {"compared": "norm", "max_abs_diff": worst, "rel_diff": worst / max(abs(m["norm"]), 1e-30),
+                     "num_differing": None, "size": None}
+        entry["differs"] = not entry["rel_diff"] <= rel_tol  # NaN differs
+        out.append({"name": name, **entry})
+    return out
 
 
+def first_differing_module(reference: Probe, other: Probe, rel_tol: float = MODULE_REL_TOL) -> dict | None:
+    """The first module, in the reference's forward order, whose output differs beyond ``rel_tol``
+    (:func:`module_differences`); None when none does."""
+    return next((d for d in module_differences(reference, other, rel_tol) if d["differs"]), None)

@@ -30,7 +30,7 @@ from typing import Any
 from xfw.contract import records as rec
 from xfw.contract.atomic import UnreadableFile, read_json_object, write_json_atomic
 from xfw.report.measure import Measurement, summarize
-from xfw.report.mfu import mfu
+from xfw.report.mfu import utilisation
 
 STATUSES = ("ok", "oom", "timeout", "crashed", "unsupported", "invalid", "unreadable", "incomplete")
 """What a run ended as. The last two are found when reading a run directory, never by the launcher."""
@@ -57,7 +57,11 @@ class RunResult:
     """The settings the adapter actually applied (rank 0's ``applied`` record)."""
     env: dict = field(default_factory=dict)
     mfu: float | None = None
-    """Model FLOPs utilisation (xfw.report.mfu); None on CPUs and for families without a FLOPs count."""
+    """Model FLOPs utilisation (xfw.report.mfu); None on CPUs and devices without a datasheet peak."""
+    mfu_peak: str = ""
+    """The peak ``mfu`` divides by, with its datasheet, or why there is no MFU (``Peak.label``)."""
+    flops_per_sample: float | None = None
+    """Model FLOPs of one sample: the family's ledger for this recipe, the same for every backend."""
     exit_code: int | None = None
     wall_time_s: float | None = None
     repeat_index: int = 0
@@ -131,15 +135,15 @@ class RunResult:
             status, reason = "incomplete", (f"{run_dir / 'steps.jsonl'}: a measured window for "
                                             f"{measurement.num_ranks} of {expected} ranks (truncated or removed?)")
         try:
-            mfu_value = compute_mfu(spec, measurement, applied)
+            utilised = mfu_fields(spec, measurement, applied)
         except (KeyError, TypeError, ValueError):
-            mfu_value = None
+            utilised = {}
         return cls(
             backend=summary.get("backend", spec.get("backend", run_dir.name)),
             recipe=summary.get("recipe", spec.get("name", "?")),
             preset=summary.get("preset", _get(spec, "model", "preset") or "?"),
             stage=summary.get("stage", spec.get("stage", "?")),
-            status=status, reason=reason, measurement=measurement, applied=applied, mfu=mfu_value, env=env,
+            status=status, reason=reason, measurement=measurement, applied=applied, **utilised, env=env,
             exit_code=summary.get("exit_code"), wall_time_s=summary.get("wall_time_s"),
             repeat_index=summary.get("repeat_index", 0), run_dir=str(run_dir), variant=summary.get("variant", {}),
             setup=setup_from_spec(spec), node=node,
@@ -179,13 +183,17 @@ def setup_from_spec(spec: dict) -> dict:
             "knobs": dict(spec.get("backend_knobs") or {}) if isinstance(spec.get("backend_knobs") or {}, dict) else {}}
 
 
-def compute_mfu(spec: dict, measurement: Measurement, applied: dict) -> float | None:
+def mfu_fields(spec: dict, measurement: Measurement, applied: dict) -> dict:
+    """RunResult's ``mfu``, ``mfu_peak`` and ``flops_per_sample`` for a run ({} without a spec or an
+    ``applied`` record): the recipe's model FLOPs, whichever backend ran it (``xfw.report.mfu``)."""
     if not spec or not applied:
-        return None
-    return mfu(arch=spec["model"]["arch"], stage=spec["stage"], ips=measurement.ips,
-               device_name=applied.get("device_name", ""), compute_dtype=applied.get("compute_dtype", ""),
-               tf32=bool(applied.get("tf32")), num_devices=applied.get("num_processes", 1),
-               trainable=spec["model"].get("trainable"), seq_len=measurement.seq_len_mean)
+        return {}
+    u = utilisation(arch=spec["model"]["arch"], stage=spec["stage"], lora=spec.get("lora"), ips=measurement.ips,
+                    device=applied.get("device", ""), device_name=applied.get("device_name", ""),
+                    compute_dtype=applied.get("compute_dtype", ""), tf32=bool(applied.get("tf32")),
+                    num_devices=applied.get("num_processes", 1), trainable=spec["model"].get("trainable"),
+                    seq_len=measurement.seq_len_mean)
+    return {"mfu": u.mfu, "mfu_peak": u.peak, "flops_per_sample": u.flops_per_sample}
 
 
 def find_run_dirs(paths: list[str | os.PathLike]) -> list[Path]:

@@ -8,7 +8,8 @@ or the run's status)::
 Throughput is flagged when it fell by more than ``max(ips_drop, noise_k × noise)``, where the noise
 is the larger of the history's own scatter (1.4826 × MAD / median, once 3 nights exist) and the
 standard error of this run's mean step ((p90 − p10) / 2.563 / median / √steps); memory likewise
-with ``mem_growth`` and the history's scatter; a run that was ok and now is not is always flagged.
+with ``mem_growth`` and the history's scatter, against nights that measured memory the same way
+(``memory_of``); a run that was ok and now is not is always flagged.
 Only nights that measured the same workload (:func:`xfw.report.history.workload_fingerprint`)
 are compared.
 """
@@ -97,14 +98,23 @@ def _per_night(rows: list[dict]) -> dict[tuple[str, str, str], dict]:
         mems = [memory_of(r) for r in ok if memory_of(r) is not None]
         base["ips"] = statistics.median(ips) if ips else None
         base["memory"] = statistics.median(mems) if mems else None
+        base["memory_source"] = memory_source_of(ok[0]) if ok else None
         out[key] = base
     return out
 
 
 def memory_of(row: dict) -> float | None:
-    """Peak allocated where the framework reports it (CUDA, Paddle's host allocator, peak RSS), else reserved."""
+    """The measure both backends share (``Measurement.memory_bytes``: the CUDA allocator's peak on a
+    GPU, the peak resident set on a CPU); a row written before it existed: its framework's peak
+    allocated, else reserved (its source: :func:`memory_source_of`)."""
+    if row.get("memory_bytes") is not None:
+        return row["memory_bytes"]
     value = row.get("mem_alloc_peak_bytes")
     return value if value is not None else row.get("mem_reserved_peak_bytes")
+
+
+def memory_source_of(row: dict) -> str | None:
+    return row.get("memory_source") if row.get("memory_bytes") is not None else row.get("mem_source")
 
 
 def relative_scatter(values: list[float]) -> float | None:
@@ -158,7 +168,7 @@ def evaluate(rows: list[dict], night: str, policy: RegressionPolicy) -> list[Ver
 def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: list[dict],
            policy: RegressionPolicy) -> list[Verdict]:
     base = dict(entry=entry, backend=backend)
-    mem = {"mem_source": current.get("mem_source") or ""}
+    mem = {"mem_source": memory_source_of(current) or ""}  # the shared measure's source
     status = current["status"]
     last = same[-1] if same else None
     if status != "ok":
@@ -177,7 +187,9 @@ def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: l
     out = []
     for metric, floor, higher_is_better in (("ips", policy.ips_drop, True), ("memory", policy.mem_growth, False)):
         value = current.get(metric)
-        history = [r[metric] for r in good if r.get(metric) is not None]
+        # Memory measured another way (a history from before the shared measure) is no baseline.
+        history = [r[metric] for r in good if r.get(metric) is not None
+                   and (metric != "memory" or r.get("memory_source") == current.get("memory_source"))]
         if value is None or len(history) < policy.min_nights:
             out.append(Verdict(**base, **(mem if metric == "memory" else {}), metric=metric, verdict="new",
                                value=value, baseline_nights=len(history),

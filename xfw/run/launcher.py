@@ -33,7 +33,7 @@ from xfw.contract import records as rec
 from xfw.report.measure import summarize
 from xfw.run import command, logparse
 from xfw.run.recipe import Recipe, resolve_spec
-from xfw.report.results import RunResult, compute_mfu, setup_from_spec
+from xfw.report.results import RunResult, mfu_fields, setup_from_spec
 from xfw.contract.atomic import write_json_atomic
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -344,7 +344,7 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     applied = rec.applied_settings(records)
     measurement = summarize(records)
     result = RunResult(**base, status=status, reason=reason, measurement=measurement, applied=applied,
-                       mfu=compute_mfu(spec, measurement, applied), env=env, exit_code=proc.returncode,
+                       **mfu_fields(spec, measurement, applied), env=env, exit_code=proc.returncode,
                        wall_time_s=round(wall, 3))
     result.save(run_dir)
     return result, interrupted

@@ -27,7 +27,8 @@ from xfw.contract import records as rec
 from xfw.contract import weights as neutral
 from xfw.contract.atomic import write_json_atomic
 from xfw.contract.harness import GRAD_NORM_KNOB
-from xfw.report.parity import PARITY_FILE, ParityReport, Tolerances, compare_losses, first_differing_module
+from xfw.contract.module_outputs import read_probe
+from xfw.report.parity import PARITY_FILE, ParityReport, Probe, Tolerances, compare_losses
 from xfw.run import jobs, launcher
 from xfw.run.recipe import Recipe, RecipeError, load_recipe, resolve_spec, to_dict
 
@@ -40,13 +41,14 @@ class ParityError(ValueError):
     """Parity could not start (a bad recipe, a missing backend, an export that failed); one line."""
 
 
-def probe(backend: launcher.Backend, run_dir: Path, timeout_s: float) -> list[dict] | None:
-    """``--probe-modules`` on the spec a run used; None if the adapter could not."""
+def probe(backend: launcher.Backend, run_dir: Path, timeout_s: float) -> Probe | None:
+    """``--probe-modules`` on the spec a run used (its own starting weights): every module's output
+    on the first batch (``xfw.contract.module_outputs``); None if the adapter could not."""
     path = run_dir / "modules.json"
     try:
         launcher.adapter_task(backend, ["--probe-modules", str(path), "--spec", str(run_dir / "spec.json")],
                               timeout_s=timeout_s, failed="the module probe failed")
-        return json.loads(path.read_text())["modules"]
+        return read_probe(path)
     except (launcher.BackendError, OSError, ValueError, KeyError):
         return None
 
@@ -135,9 +137,9 @@ def run_parity(recipe_path: str, overrides: list[str], steps: int, out_dir: Path
     if report.first_failing_step is not None:
         probes = [probe(resolved[name], out_dir / name, base.measure.timeout_s) for name in (reference, other)]
         if None in probes:
-            report.notes.append("the module probe did not run on both sides")
+            report.module_note = "no module could be named: the module probe did not run on both sides"
         else:
-            report.first_differing_module = first_differing_module(*probes)
+            report.locate(*probes)
     if any(len(v) != steps for v in losses.values()):
         report.problems.append(f"measured steps: {reference} {len(losses[reference])}, {other} {len(losses[other])}, "
                                f"asked {steps}")

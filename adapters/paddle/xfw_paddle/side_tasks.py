@@ -2,7 +2,7 @@
 the model a run of the spec starts from (:func:`xfw_paddle.session.start_model`)::
 
     python -m xfw_paddle --export-weights DIR --spec spec.json          # initial weights, canonical names
-    python -m xfw_paddle --probe-modules FILE --spec spec.json          # per-module output norms
+    python -m xfw_paddle --probe-modules FILE --spec spec.json          # per-module outputs (xfw.contract.module_outputs)
     python -m xfw_paddle --count-params FILE --spec a.json --spec b.json   # sizes, built lazily
 
 The file formats are ``xfw.contract.harness``'s.
@@ -65,10 +65,11 @@ def _first_tensor(output):
 
 
 def probe_modules(spec: dict, path: str) -> None:
-    """``--probe-modules FILE``: as the PyTorch adapter's, with each layer named by the
-    canonical name of the module its parameters map to (the family's ``canonical_names``)."""
-    from xfw.contract.atomic import write_json_atomic
+    """``--probe-modules FILE``: as the PyTorch adapter's (outputs in the same layout: a Linear's
+    output is [..., out] on both sides), with each layer named by the canonical name of the module
+    its parameters map to (the family's ``canonical_names``)."""
     from xfw.contract.batches import first_batch
+    from xfw.contract.module_outputs import write_probe
 
     check_spec(spec)
     paddle.set_device("cpu")
@@ -76,7 +77,7 @@ def probe_modules(spec: dict, path: str) -> None:
     model = start_model(spec, use_sdpa=_use_sdpa(spec))
     model.train()
     names = canonical_names(family, model)
-    found: list[dict] = []
+    found: list[tuple[str, np.ndarray]] = []
     seen: set[str] = set()
 
     def hook(name):
@@ -84,7 +85,7 @@ def probe_modules(spec: dict, path: str) -> None:
             tensor = _first_tensor(output)
             if name not in seen and tensor is not None and tensor.dtype in (paddle.float32, paddle.float64):
                 seen.add(name)
-                found.append({"name": name, "norm": float(paddle.linalg.norm(tensor.detach().astype("float64")))})
+                found.append((name, tensor.detach().astype("float32").numpy()))
         return record
 
     for name, layer in model.named_sublayers():
@@ -95,4 +96,4 @@ def probe_modules(spec: dict, path: str) -> None:
     batch = device_batch(family, spec["model"]["arch"], first_batch(spec), gpu=False)
     with paddle.no_grad():
         family.loss_fn(model, batch, contextlib.nullcontext)
-    write_json_atomic(path, {"modules": found})
+    write_probe(path, found)

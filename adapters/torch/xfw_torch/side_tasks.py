@@ -2,8 +2,9 @@
 the model a run of the spec starts from (:func:`xfw_torch.session.start_model`)::
 
     python -m xfw_torch --export-weights DIR --spec spec.json          # initial weights, canonical names
-    python -m xfw_torch --probe-modules FILE --spec spec.json          # per-module output norms
+    python -m xfw_torch --probe-modules FILE --spec spec.json          # per-module outputs (xfw.contract.module_outputs)
     python -m xfw_torch --count-params FILE --spec a.json --spec b.json   # sizes, built on the meta device
+    python -m xfw_torch --count-flops FILE --spec a.json --spec b.json    # one step's FLOPs, on the meta device
 
 The file formats are ``xfw.contract.harness``'s.
 """
@@ -32,6 +33,21 @@ def count_params(spec: dict) -> dict:
                                                   for n, p in model.named_parameters()))
 
 
+def count_flops(spec: dict) -> dict:
+    """``--count-flops``: the spec's starting model built on the meta device as for
+    ``--count-params``, recompute enabled when the spec asks, one training step's forward and
+    backward on its first micro-batch under FlopCounterMode, by ledger term (:mod:`xfw_torch.flops`)."""
+    from xfw_torch.flops import count_step
+
+    family = family_module(spec["model"]["family"])
+    with torch.device("meta"):
+        model = start_model(spec, torch.device("meta"), _attn(spec), weights=False)
+    if spec["recompute"]:
+        family.enable_recompute(model)
+    model.train()
+    return count_step(spec, model, family.loss_fn)
+
+
 def export_weights(spec: dict, directory: str) -> None:
     """``python -m xfw_torch --export-weights DIR --spec spec.json``: the model a run of this
     spec starts from, LoRA adapters included, written to ``DIR/model.safetensors`` under the
@@ -50,14 +66,15 @@ def _first_tensor(output):
 
 def probe_modules(spec: dict, path: str) -> None:
     """``--probe-modules FILE``: one forward pass of the spec's starting model on the first
-    batch (synthetic or prepared); the output norm of every module that owns a parameter, in call order
-    (first call only), under its canonical name (this model's own)."""
-    from xfw.contract.atomic import write_json_atomic
+    batch (synthetic or prepared); the output of every module that owns a parameter, in call order
+    (first call only), under its canonical name (this model's own), written by
+    ``xfw.contract.module_outputs``."""
     from xfw.contract.batches import first_batch
+    from xfw.contract.module_outputs import write_probe
 
     model = start_model(spec, torch.device("cpu"), _attn(spec))
     model.train()  # as a run's first step computes it
-    found: list[dict] = []
+    found: list[tuple[str, object]] = []
     seen: set[str] = set()
 
     def hook(name):
@@ -65,7 +82,7 @@ def probe_modules(spec: dict, path: str) -> None:
             tensor = _first_tensor(output)
             if name not in seen and tensor is not None and tensor.is_floating_point():
                 seen.add(name)
-                found.append({"name": name, "norm": float(tensor.detach().double().norm())})
+                found.append((name, tensor.detach().float().cpu().numpy()))
         return record
 
     for name, module in model.named_modules():
@@ -74,4 +91,4 @@ def probe_modules(spec: dict, path: str) -> None:
     batch = {k: torch.from_numpy(v) for k, v in first_batch(spec).items()}
     with torch.no_grad():
         family_module(spec["model"]["family"]).loss_fn(model, batch)
-    write_json_atomic(path, {"modules": found})
+    write_probe(path, found)

@@ -13,8 +13,9 @@ A family module (``xfw.contract.families.llava`` ...) owns, for its neutral arch
 * ``LORA_MODULE``: the canonical name of the module LoRA adapters go into; ``LORA_TARGETS``: the
   module names a recipe's ``lora.targets`` may use; ``lora_linears(arch)``: (in, out) of every
   linear under ``LORA_MODULE`` each of those names matches;
-* ``flops_per_sample(arch, trained)``: model training FLOPs of one sample when the parts ``trained``
-  train, None where not counted;
+* ``flop_ledger(arch, trained, lora, recompute)``: every matrix product of one sample's training
+  step when the parts ``trained`` train (:mod:`xfw.contract.families.flops`; ``lora`` the spec's lora
+  section in stage lora, else None), whose tally gives model FLOPs per part and the recomputation on top;
 * ``activation_bytes(arch, micro, *, dtype, recompute)``: stored activations at the peak, and
   optionally ``activation_note(...)``, a sentence for the estimate's report;
 * optionally ``PAD``: ``{key: (axis, value)}`` for the batch keys whose length varies per sample
@@ -44,6 +45,8 @@ from typing import Iterable
 
 import numpy as np
 
+from xfw.contract.families import flops
+from xfw.contract.families.flops import FlopCount
 from xfw.contract.hf_names import is_lora
 
 FAMILIES = {
@@ -158,10 +161,36 @@ def tally(arch: dict, params: Iterable[tuple[str, int, bool]]) -> dict:
             "trainable_parts": trainable}
 
 
-def flops_per_sample(arch: dict, stage: str, trainable: Iterable[str] | None = None) -> float | None:
-    """Model training FLOPs of one sample (``xfw.report.mfu``); None where the family has no count yet."""
-    count = getattr(_facts(arch), "flops_per_sample", None)
-    return count(arch, trainable_parts(arch, stage, trainable)) if count else None
+def count_flops(arch: dict, stage: str, lora: dict | None = None, *, recompute: bool = False,
+                trainable: Iterable[str] | None = None) -> FlopCount | None:
+    """One sample's training FLOPs by term, model and recomputed (``xfw.contract.families.flops``)
+    when the stage's parts train (or ``trainable``, a recipe's ``model.trainable``); ``lora``: the
+    spec's lora section (stage lora). None where the family keeps no ledger."""
+    ledger = getattr(_facts(arch), "flop_ledger", None)
+    if ledger is None:
+        return None
+    trained = trainable_parts(arch, stage, trainable)
+    return flops.tally(ledger(arch, trained, lora if stage == "lora" else None, recompute))
+
+
+def flops_per_sample(arch: dict, stage: str, lora: dict | None = None,
+                     trainable: Iterable[str] | None = None) -> float | None:
+    """Model training FLOPs of one sample (``xfw.report.mfu``): recomputation excluded; None where
+    the family keeps no ledger."""
+    count = count_flops(arch, stage, lora, trainable=trainable)
+    return count.model if count is not None else None
+
+
+def flop_term(arch: dict, module: str) -> str:
+    """The ledger term a module's products belong to, by its canonical name: :data:`LORA` for
+    adapters (``...q_proj.lora_A...``), else its part; ``other`` for a module in no part (a wrapper
+    around the parts, e.g. the root)."""
+    if ".lora_A" in f".{module}" or ".lora_B" in f".{module}":
+        return LORA
+    for part, prefixes in _facts(arch).PARTS.items():
+        if f"{module}.".startswith(prefixes):
+            return part
+    return "other"
 
 
 def spec_parts(spec: dict) -> tuple[str, ...]:

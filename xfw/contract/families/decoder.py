@@ -6,8 +6,9 @@ so its linear shapes, forward FLOPs and stored activations are written once, her
     >>> decoder_linear_shapes({"hidden_size": 64, "intermediate_size": 128, "num_heads": 4, "num_kv_heads": 2})
     {'q_proj': (64, 64), 'k_proj': (64, 32), 'v_proj': (64, 32), 'o_proj': (64, 64), 'gate_proj': (64, 128), 'up_proj': (64, 128), 'down_proj': (128, 64)}
 
-FLOPs are model FLOPs under the conventions of ``xfw.report.mfu``'s docstring (matmuls only,
-PaLM's accounting); :func:`train_multiplier` is its rule for what a training step costs a part.
+FLOPs are ledgers of matrix products (:mod:`xfw.contract.families.flops`: its conventions, and
+why a product costs 1x, 2x or 3x its forward in a training step): :func:`decoder_ledger` and
+:func:`vit_ledger`.
 
 Activations of one decoder layer, in bytes for 16-bit activations (x2 for fp32), follow the
 per-tensor accounting of Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
@@ -28,6 +29,8 @@ no activations; projector and LoRA intermediates are ignored (small).
 
 from __future__ import annotations
 
+from xfw.contract.families.flops import Matmul, adapted, attention, linear, lora_rank
+
 # Module names stage lora may target in the decoder (every linear of a layer).
 DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -45,23 +48,56 @@ def decoder_lora_linears(text: dict) -> dict[str, list[tuple[int, int]]]:
     return {name: [shape] * text["num_layers"] for name, shape in decoder_linear_shapes(text).items()}
 
 
-def train_multiplier(trained: bool, upstream_trains: bool) -> int:
-    """Forwards' worth of FLOPs a training step costs a part: 3 if it trains (forward, activation
-    and weight gradients), 2 if frozen but gradients cross it to a trained part upstream, else 1."""
-    return 3 if trained else 2 if upstream_trains else 1
+def decoder_ledger(text: dict, seq_len: int, *, term: str, trains: bool, grad_in: bool, lora: dict | None,
+                   recompute: bool, rope_axes: int = 1) -> list[Matmul]:
+    """Every product of the decoder and its LM head for one sample (``flops``' conventions): the
+    rotary table (inverse frequencies x positions, one per M-RoPE axis), then per layer q/k/v, the
+    attention, o, gate/up and down, each with its LoRA adapters when targeted, then the head over
+    every position. ``grad_in``: the embeddings carry a gradient (a trained part feeds them);
+    ``trains``: the decoder's own weights train. Recompute reruns each layer a gradient reaches
+    (transformers' per-layer checkpointing) up to its down_proj, never the head."""
+    s, h, f = seq_len, text["hidden_size"], text["intermediate_size"]
+    shapes = decoder_linear_shapes(text)
+    head_dim = h // text["num_heads"]
+    out = [Matmul(term, 2.0 * rope_axes * (head_dim // 2) * s)]  # no weight, no gradient
+    carries = grad_in
+
+    def block(names: tuple[str, ...], flows: bool, rec: bool) -> bool:
+        """Linears that share one input; whether their outputs carry a gradient."""
+        for name in names:
+            out.extend(adapted(term, s, *shapes[name], trains=trains, grad_in=flows, lora_r=lora_rank(lora, name),
+                               recomputed=rec, ends_unit=name == "down_proj"))
+        return flows or trains or any(lora_rank(lora, n) for n in names)
+
+    for _ in range(text["num_layers"]):
+        rec = recompute and block_needs_backward(carries, trains, lora, DECODER_LINEARS)
+        qkv = block(("q_proj", "k_proj", "v_proj"), carries, rec)
+        out.append(attention(term, s, s, h, grad=qkv, recomputed=rec))
+        carries = block(("o_proj",), qkv, rec) or carries
+        gate_up = block(("gate_proj", "up_proj"), carries, rec)
+        carries = block(("down_proj",), gate_up, rec) or carries
+    out.append(linear(term, s, h, text["vocab_size"], trains=trains, grad_in=carries))
+    return out
 
 
-def decoder_forward_flops(text: dict, seq_len: int, with_head: bool = True) -> float:
-    h, f, layers = text["hidden_size"], text["intermediate_size"], text["num_layers"]
-    kv = h // text["num_heads"] * text["num_kv_heads"]
-    linear = 2 * seq_len * (2 * h * h + 2 * h * kv + 3 * h * f)
-    attention = 2 * 2 * seq_len * seq_len * h
-    head = 2 * seq_len * h * text["vocab_size"] if with_head else 0
-    return layers * (linear + attention) + head
+def block_needs_backward(grad_in: bool, trains: bool, lora: dict | None, names: tuple[str, ...]) -> bool:
+    """Whether backward enters a checkpointed unit (and so recomputes it): a gradient reaches its
+    input, or it holds weights that train."""
+    return grad_in or trains or any(lora_rank(lora, n) for n in names)
 
 
-def vit_forward_flops(num_tokens: int, hidden: int, mlp: int, layers: int) -> float:
-    return layers * (2 * num_tokens * (4 * hidden * hidden + 2 * hidden * mlp) + 2 * 2 * num_tokens ** 2 * hidden)
+def vit_ledger(term: str, tokens: int, width: int, mlp: int, layers: int, *, qkv_fused: bool = False,
+               trains: bool = False) -> list[Matmul]:
+    """A ViT's blocks: q, k, v, o, attention, the MLP. Frozen (the default) they run forward only
+    (nothing upstream trains); trained (a recipe's ``model.trainable`` naming the tower), every weight
+    gets its gradient and every input one, the patch embedding below them training too."""
+    qkv = [linear(term, tokens, width, 3 * width, trains=trains, grad_in=trains)] if qkv_fused else \
+        [linear(term, tokens, width, width, trains=trains, grad_in=trains)] * 3
+    one = [*qkv, attention(term, tokens, tokens, width, grad=trains),
+           linear(term, tokens, width, width, trains=trains, grad_in=trains),
+           linear(term, tokens, width, mlp, trains=trains, grad_in=trains),
+           linear(term, tokens, mlp, width, trains=trains, grad_in=trains)]
+    return one * layers
 
 
 def decoder_activation_bytes(text: dict, seq_len: int, micro: int, *, dtype: str, recompute: bool) -> float:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xfw.contract.families import decoder
+from xfw.contract.families import decoder, flops
 from xfw.contract.families import ArchError
 
 IGNORE_INDEX = -100
@@ -238,19 +238,29 @@ def lora_linears(arch: dict) -> dict[str, list[tuple[int, int]]]:
     return decoder.decoder_lora_linears(arch["text"])
 
 
-def flops_per_sample(arch: dict, trained: tuple[str, ...]) -> float:
-    """Model training FLOPs of one sample (``decoder``'s docstring): every tile through the
-    vision tower and projector, then the language model over the whole sequence."""
+def flop_ledger(arch: dict, trained: tuple[str, ...], lora: dict | None, recompute: bool) -> list[flops.Matmul]:
+    """Every product of one sample's step (``xfw.contract.families.flops``) when the parts ``trained``
+    train: each tile through the vision tower (all its layers run, the feature layer's successors
+    included: transformers collects the hidden states of a full pass; frozen unless a recipe's
+    ``model.trainable`` names it) and the projector (the CLS token dropped first), then the language
+    model over the whole sequence. Where the projector trains (every stage's default) a gradient
+    reaches the language model's input; its first linear, fed by a frozen tower, computes no input
+    gradient."""
     v, t = arch["vision"], arch["text"]
     patches = (v["image_size"] // v["patch_size"]) ** 2
-    tiles = num_tiles(arch)
-    vision = tiles * (decoder.vit_forward_flops(patches + 1, v["hidden_size"], v["intermediate_size"], v["num_layers"])
-                      + 2 * patches * 3 * v["patch_size"] ** 2 * v["hidden_size"])
-    projector = tiles * 2 * patches * (v["hidden_size"] * t["hidden_size"] + t["hidden_size"] ** 2)
-    lm = decoder.decoder_forward_flops(t, arch["data"]["seq_len"])
-    return (decoder.train_multiplier("vision" in trained, False) * vision
-            + decoder.train_multiplier("projector" in trained, "vision" in trained) * projector
-            + decoder.train_multiplier("text" in trained, "projector" in trained) * lm)
+    tokens = patches + (0 if v["drop_cls"] else 1)
+    sees = "vision" in trained
+    tower = [flops.conv("vision", patches, v["patch_size"] ** 2, 3, v["hidden_size"], trains=sees, grad_in=False),
+             *decoder.vit_ledger("vision", patches + 1, v["hidden_size"], v["intermediate_size"], v["num_layers"],
+                                 trains=sees)]
+    projects = "projector" in trained or sees
+    projector = [flops.linear("projector", tokens, v["hidden_size"], t["hidden_size"], trains="projector" in trained,
+                              grad_in=sees),
+                 flops.linear("projector", tokens, t["hidden_size"], t["hidden_size"], trains="projector" in trained,
+                              grad_in=projects)]
+    lm = decoder.decoder_ledger(t, arch["data"]["seq_len"], term="text", trains="text" in trained, grad_in=projects,
+                                lora=lora, recompute=recompute)
+    return num_tiles(arch) * (tower + projector) + lm
 
 
 def activation_bytes(arch: dict, micro: int, *, dtype: str, recompute: bool) -> float:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xfw.contract.families import decoder
+from xfw.contract.families import decoder, flops
 from xfw.contract.families import ArchError
 
 IGNORE_INDEX = -100
@@ -209,20 +209,28 @@ def lora_linears(arch: dict) -> dict[str, list[tuple[int, int]]]:
     return decoder.decoder_lora_linears(arch["text"])
 
 
-def flops_per_sample(arch: dict, trained: tuple[str, ...]) -> float:
-    """Model training FLOPs of one sample (``decoder``'s docstring): patch embedding and vision
-    blocks, the 2x2 merger, then the language model over the whole sequence."""
+def flop_ledger(arch: dict, trained: tuple[str, ...], lora: dict | None, recompute: bool) -> list[flops.Matmul]:
+    """Every product of one sample's step (``xfw.contract.families.flops``) when the parts ``trained``
+    train: the patch embedding (a t x p x p convolution per patch) and the vision blocks (fused qkv;
+    frozen unless a recipe's ``model.trainable`` names them), the 2x2 merger (where it trains, its
+    LayerNorm trains too, so even its first linear computes an input gradient; PaddleMIX's
+    ``freeze_vit`` freezes it with the tower), then the language model over the whole sequence with
+    M-RoPE's three rotary tables."""
     v, t = arch["vision"], arch["text"]
     d, side = v["embed_dim"], arch["data"]["image_size"] // v["patch_size"]
-    patches, merge = side * side, v["spatial_merge_size"] ** 2
-    vision = decoder.vit_forward_flops(patches, d, d * v["mlp_ratio"], v["depth"])
-    vision += 2 * patches * 3 * v["temporal_patch_size"] * v["patch_size"] ** 2 * d
-    merged = d * merge
-    merger = 2 * (patches // merge) * (merged * merged + merged * v["merger_out"])
-    lm = decoder.decoder_forward_flops(t, arch["data"]["seq_len"])
-    return (decoder.train_multiplier("vision" in trained, False) * vision
-            + decoder.train_multiplier("merger" in trained, "vision" in trained) * merger
-            + decoder.train_multiplier("text" in trained, "merger" in trained) * lm)
+    patches, merged = side * side, d * v["spatial_merge_size"] ** 2
+    sees = "vision" in trained
+    tower = [flops.conv("vision", patches, v["temporal_patch_size"] * v["patch_size"] ** 2, 3, d, trains=sees,
+                        grad_in=False),
+             *decoder.vit_ledger("vision", patches, d, d * v["mlp_ratio"], v["depth"], qkv_fused=True, trains=sees)]
+    trains_merger = "merger" in trained
+    merges = trains_merger or sees  # a gradient leaves the merger
+    tokens = patches // v["spatial_merge_size"] ** 2
+    merger = [flops.linear("merger", tokens, merged, merged, trains=trains_merger, grad_in=merges),  # after ln_q
+              flops.linear("merger", tokens, merged, v["merger_out"], trains=trains_merger, grad_in=merges)]
+    lm = decoder.decoder_ledger(t, arch["data"]["seq_len"], term="text", trains="text" in trained, grad_in=merges,
+                                lora=lora, recompute=recompute, rope_axes=3)
+    return tower + merger + lm
 
 
 def activation_bytes(arch: dict, micro: int, *, dtype: str, recompute: bool) -> float:

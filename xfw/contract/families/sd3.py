@@ -16,15 +16,17 @@ timestep σ·num_train_timesteps predicts noise − x0; plain MSE.
 The model's facts (see ``xfw.contract.families``): parts by diffusers' parameter names (the
 MMDiT trains in stage dreambooth; stage lora trains only adapters on its attention linears),
 :func:`count_params` (diffusers' layout exactly, SD3-medium: MMDiT 2,028,328,000, VAE
-83,819,683), :func:`lora_linears` and :func:`activation_bytes`. No FLOPs count yet.
+83,819,683), :func:`lora_linears`, :func:`flop_ledger` (MMDiT trained or adapted, VAE encoder
+forward) and :func:`activation_bytes`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from xfw.contract.families import ArchError, flops
 from xfw.contract.families.sd15 import check_vae, count_vae, latent_shape, make_pixels, vae_scale_factor
-from xfw.contract.families import ArchError
+from xfw.contract.families.sd15.flops import vae_encoder_ledger
 
 TIMESTEP_SAMPLINGS = ("logit_normal", "uniform")
 
@@ -159,9 +161,47 @@ def lora_linears(arch: dict) -> dict[str, list[tuple[int, int]]]:
     return {**{name: every for name in LORA_TARGETS[:-1]}, "to_add_out": [(d, d)] * (layers - 1)}
 
 
-def flops_per_sample(arch: dict, trained: tuple[str, ...]) -> None:
-    """No analytic FLOPs count for SD3 yet."""
-    return None
+def flop_ledger(arch: dict, trained: tuple[str, ...], lora: dict | None, recompute: bool) -> list[flops.Matmul]:
+    """Every product of one sample's step (``xfw.contract.families.flops``): the frozen VAE encoder
+    forward, then the MMDiT: patch embedding, timestep and pooled-text embeddings, the caption
+    projection, per joint block the adaLN modulations, q/k/v of both streams, joint attention over
+    image + text tokens, the output projections and feed-forwards (the last block reads the text
+    stream only), and the final modulation and projection. With LoRA (adapters only) no gradient
+    reaches the embeddings or the modulations (fed by the timestep alone); from the first adapted
+    attention on, both streams carry one. Recompute reruns each joint block a gradient reaches."""
+    t, z = arch["transformer"], vae_scale_factor(arch["vae"])
+    d, p, n_text = t["num_heads"] * t["head_dim"], t["patch_size"], arch["text"]["seq_len"]
+    n_image = (arch["data"]["image_size"] // z // p) ** 2
+    trains = "transformer" in trained
+    out = vae_encoder_ledger(arch["vae"], arch["data"]["image_size"])
+
+    def lin(tokens: int, n_in: int, n_out: int, grad_in: bool, rec: bool = False, name: str = "") -> bool:
+        out.extend(flops.adapted("transformer", tokens, n_in, n_out, trains=trains, grad_in=grad_in,
+                                 lora_r=flops.lora_rank(lora, name), recomputed=rec))
+        return grad_in or trains or bool(flops.lora_rank(lora, name))
+
+    out.append(flops.conv("transformer", n_image, p * p, t["in_channels"], d, trains=trains, grad_in=False))
+    for n_in in (256, t["pooled_projection_dim"]):  # timestep and pooled-text embedders: 2 linears each
+        lin(1, d, d, lin(1, n_in, d, False))
+    modulation = trains  # the conditioning vector carries a gradient only when its linears train
+    image = text = trains
+    text = lin(n_text, t["joint_attention_dim"], t["caption_projection_dim"], False)
+    for i in range(t["num_layers"]):
+        pre_only = i == t["num_layers"] - 1
+        rec = recompute and (image or text or modulation or trains or any(flops.lora_rank(lora, n) for n in LORA_TARGETS))
+        mod = lin(1, d, 6 * d, modulation, rec) | lin(1, d, 2 * d if pre_only else 6 * d, modulation, rec)
+        image_in, text_in = image or mod, text or mod
+        qkv = [lin(n_image, d, d, image_in, rec, name) for name in ("to_q", "to_k", "to_v")]
+        qkv += [lin(n_text, d, d, text_in, rec, name) for name in ("add_q_proj", "add_k_proj", "add_v_proj")]
+        out.append(flops.attention("transformer", n_image + n_text, n_image + n_text, d, grad=any(qkv), recomputed=rec))
+        image = lin(n_image, d, d, any(qkv), rec, "to_out.0") or image_in
+        image = lin(n_image, 4 * d, d, lin(n_image, d, 4 * d, image, rec), rec) or image
+        if not pre_only:
+            text = lin(n_text, d, d, any(qkv), rec, "to_add_out") or text_in
+            text = lin(n_text, 4 * d, d, lin(n_text, d, 4 * d, text, rec), rec) or text
+    lin(1, d, 2 * d, modulation)  # norm_out
+    lin(n_image, d, p * p * t["out_channels"], image or modulation)
+    return out
 
 
 def activation_bytes(arch: dict, micro: int, *, dtype: str, recompute: bool) -> float:

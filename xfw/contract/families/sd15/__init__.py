@@ -14,7 +14,8 @@ The model's facts (see ``xfw.contract.families``): parts by diffusers' parameter
 UNet trains in stage pretrain; stage lora trains only adapters on the UNet's attention
 linears), parameter counts and LoRA linears (:mod:`.params`: diffusers' layout exactly,
 SD1.5: UNet 859,520,964, VAE 83,653,863, CLIP text 123,060,480; ppdiffusers' classes on the
-Paddle side must match it), and activation bytes (:mod:`.activations`). No FLOPs count yet.
+Paddle side must match it), activation bytes (:mod:`.activations`) and the FLOPs ledger
+(:mod:`.flops`: UNet trained or adapted, VAE encoder and text encoder forward).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from xfw.contract.families.sd15.activations import activation_bytes, activation_note  # noqa: F401 - facts
+from xfw.contract.families.sd15.flops import flop_ledger  # noqa: F401 - facts
 from xfw.contract.families.sd15.params import count_params, count_vae, lora_linears  # noqa: F401 - facts
 from xfw.contract.families import ArchError
 
@@ -35,11 +37,6 @@ PARTS = {"unet": ("unet.",), "vae": ("vae.",), "text_encoder": ("text_encoder.",
 STAGE_PARTS = {"pretrain": ("unet",), "lora": ()}  # stage lora: only the adapters on LORA_MODULE
 LORA_MODULE = "unet"
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")  # the attention linears (params.lora_linears)
-
-
-def flops_per_sample(arch: dict, trained: tuple[str, ...]) -> None:
-    """No analytic FLOPs count for SD1.5 yet."""
-    return None
 
 
 # -- shared with SD3: the VAE that turns pixels into latents ----------------------------------
