@@ -160,8 +160,10 @@ def _meta_autocast_off():
 
 def count_step(spec: dict, model: torch.nn.Module, loss_fn) -> dict:
     """One forward and backward of ``model`` (built on meta, training mode) on the spec's first
-    micro-batch: ``{"samples", "total", "terms": {term: model FLOPs}, "recompute": {term: FLOPs}}``,
-    ``total`` being FlopCounterMode's own (model + recompute), everything for the whole micro-batch."""
+    micro-batch: ``{"samples", "seq_len", "total", "terms": {term: model FLOPs}, "recompute": {term:
+    FLOPs}}``, ``total`` being FlopCounterMode's own (model + recompute), everything for the whole
+    micro-batch; ``seq_len`` the positions each of its samples runs (the longest sample's, padding
+    included; None for a family without a token sequence), the length to hold the ledger at."""
     arch = spec["model"]["arch"]
     batch = {k: torch.from_numpy(v) for k, v in make_pool(spec, 0)[0].items()}
     attribution = Attribution(model)
@@ -173,5 +175,6 @@ def count_step(spec: dict, model: torch.nn.Module, loss_fn) -> dict:
     for (term, phase), flops in counter.by_term.items():
         target = recompute if phase == "recompute" else terms
         target[term] = target.get(term, 0) + flops
-    return {"samples": spec["batch"]["micro"], "total": counter.get_total_flops(), "terms": terms,
+    seq_len = int(batch["input_ids"].shape[-1]) if "input_ids" in batch else None
+    return {"samples": spec["batch"]["micro"], "seq_len": seq_len, "total": counter.get_total_flops(), "terms": terms,
             "recompute": recompute}
