@@ -1,0 +1,204 @@
+"""What every workflow shares: the command outcome and the usage error, input checked before
+anything launches, reports written, and the guard a command runs under (its lock, SIGTERM).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from xfw.contract.atomic import write_text_atomic
+from xfw.report import compare as cmp
+from xfw.report import contrast, table
+from xfw.report.plot import plot_comparison
+from xfw.report.results import RunResult
+from xfw.report.table import Page
+from xfw.run import command, jobs, launcher, lock
+from xfw.run.recipe import Recipe, RecipeError, load_recipe, resolve_spec
+
+
+Log = Callable[[str], None]
+class UsageError(ValueError):
+    """Bad input found before anything launched; the message is complete."""
+
+
+@dataclass
+class Outcome:
+    """What a command produced: text for stdout, files and notes for stderr, an exit code."""
+
+    text: str = ""
+    paths: dict[str, Path] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    exit_code: int = 0
+
+
+def silent(_line: str) -> None:
+    pass
+
+
+def load_all(paths: list[str], overrides: list[str]) -> list[Recipe]:
+    """Validate every recipe; raise one UsageError listing every problem."""
+    recipes, problems = [], []
+    for path in paths:
+        try:
+            recipes.append(load_recipe(path, overrides))
+        except RecipeError as err:
+            problems.append(str(err))
+    if problems:
+        raise UsageError("\n".join(problems))
+    names = [r.name for r in recipes]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise UsageError(f"two recipes are named {duplicates[0]!r}: run directories would collide")
+    return recipes
+
+
+def data_summary(recipe: Recipe) -> str:
+    """One line on a recipe's prepared real data (``xfw validate``): samples, lengths, where it is."""
+    data = resolve_spec(recipe, backend="validate", run_id="validate")["data"]
+    stats = data["stats"]
+    text = f"data: {stats['num_samples']} samples, {stats['num_images']} images"
+    if stats.get("max_seq_len"):
+        text += (f", sequence length mean {stats['mean_seq_len']:.1f} / max {stats['max_seq_len']} "
+                 f"({stats['truncated']} cut at data.seq_len), template {stats['template']}")
+    return f"{text}; prepared in {data['prepared']}"
+
+
+def prepare_backends(names: list[str], interpreters: dict[str, str], recipes: list[Recipe] = ()) -> jobs.Backends:
+    """Resolve and describe each backend (fails fast, before any launch). A backend that runs a
+    command in every one of ``recipes`` needs no interpreter and no description (xfw.run.command)."""
+    if not names:
+        raise UsageError("no backends given")
+    stray = sorted(set(interpreters) - set(names))
+    if stray:
+        raise UsageError(f"--python {stray[0]}=...: {stray[0]!r} is not a backend of this command "
+                         f"(it runs {', '.join(names)})")
+    out, problems = {}, []
+    for name in names:
+        if command.is_command(list(recipes), name):
+            if name in interpreters:
+                problems.append(f"--python {name}=...: backend {name!r} runs the recipe's command "
+                                f"(backends.{name}.command), not an interpreter; set the command's first item instead")
+            out[name] = (launcher.Backend(name, ""), {"command": True})
+            continue
+        try:
+            backend = launcher.resolve_backend(name, interpreters)
+            out[name] = (backend, launcher.describe_backend(backend))
+        except launcher.BackendError as err:
+            problems.append(str(err))
+    if problems:
+        raise UsageError("\n".join(problems))
+    return out
+
+
+def refuse_commands(recipe: Recipe, backend_names: list[str], why: str) -> None:
+    attached = [name for name in backend_names if command.command_of(recipe, name) is not None]
+    if attached:
+        raise UsageError(f"{recipe.name}: backends.{attached[0]}.command: {why}; use compare, sweep or nightly")
+
+
+def recipe_error(fn, *args):
+    try:
+        return fn(*args)
+    except ValueError as err:  # RecipeError included: one line naming the file and key
+        raise UsageError(str(err)) from None
+
+
+def write_page(page: Page, out_dir: Path, stem: str = "report") -> Outcome:
+    """``stem``.md, .csv and .html in ``out_dir`` from one page; the terminal gets it without images.
+    A file that cannot be written (a full disk) is named in the notes, with exit code 1."""
+    outcome = Outcome(text=table.to_markdown(page, images=False))
+    renderers = {"markdown": (f"{stem}.md", table.to_markdown), "csv": (f"{stem}.csv", table.to_csv),
+                 "html": (f"{stem}.html", table.to_html)}
+    for kind, (name, render) in renderers.items():
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(out_dir / name, render(page))
+            outcome.paths[kind] = out_dir / name
+        except OSError as err:
+            outcome.notes.append(f"could not write {out_dir / name}: {err.strerror or err} (the report is printed above)")
+            outcome.exit_code = 1
+    return outcome
+
+
+def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *, chart: bool = True,
+                 parity: dict[str, dict] | None = None, warnings: list[str] = ()) -> Outcome:
+    """report.md/csv/html and chart.png; ``parity`` (recipe name -> status) adds the parity lines.
+    Exit code 1 when any run is not ok."""
+    rows = cmp.compare_runs(results, backends, parity=parity)
+    try:
+        chart_path = plot_comparison(rows, backends, out_dir / "chart.png") if chart else None
+    except OSError as err:
+        chart_path, problem = None, f"could not write {out_dir / 'chart.png'}: {err.strerror or err}"
+    else:
+        problem = ""
+    outcome = write_page(contrast.contrast_page(rows, backends, chart=chart_path, warnings=list(warnings)), out_dir)
+    if chart_path is not None:
+        outcome.paths["chart"] = chart_path
+    if problem:
+        outcome.notes.append(problem)
+        outcome.exit_code = 1
+    return judge_runs(outcome, results)
+
+
+def judge_runs(outcome: Outcome, results: list[RunResult]) -> Outcome:
+    """Exit code 1 (and a note) when any run is not ok: failed, unreadable or incomplete."""
+    failed = [r for r in results if not r.ok]
+    if failed:
+        outcome.notes.append(f"{len(failed)} of {len(results)} runs did not succeed (their status is in the report)")
+        outcome.exit_code = 1
+    return outcome
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def guarded(out_dir: Path, node_rank: int | None = None) -> Iterator[None]:
+    """While a command runs jobs: its output directory locked (per node for one node of a multi-node
+    run), SIGTERM handled as Ctrl-C (the running adapter is stopped and recorded as cut off), and a
+    refused job reported as bad input."""
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        with lock.hold(out_dir, node_rank=node_rank):
+            yield
+    except (lock.LockedError, jobs.JobError) as err:
+        raise UsageError(str(err)) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def refuse_foreign(out_dir: Path, recipes: list[Recipe], force: bool) -> None:
+    others = [] if force else jobs.foreign_recipes(out_dir, [r.name for r in recipes])
+    if others:
+        raise UsageError(f"{out_dir} already holds runs of {others[0]}"
+                         + (f" and {len(others) - 1} other recipe(s)" if len(others) > 1 else "")
+                         + "; choose another --out, or pass --force (its report will then show only this command's runs)")
+
+
+def interrupted(outcome: Outcome) -> Outcome:
+    outcome.notes.append("interrupted: finished runs are kept; the report above shows them")
+    outcome.exit_code = 130
+    return outcome
+
+
+def check_node(recipes: list[Recipe], rendezvous: launcher.Rendezvous) -> None:
+    """The rendezvous flags fit the recipes: a node rank inside parallel.nnodes, one port for all nodes."""
+    for recipe in recipes:
+        nnodes = recipe.parallel.nnodes
+        if not 0 <= rendezvous.node_rank < nnodes:
+            raise UsageError(f"--node-rank {rendezvous.node_rank}: {recipe.name} runs on parallel.nnodes = {nnodes} "
+                             f"node(s), so the rank is 0" + (f"..{nnodes - 1}" if nnodes > 1 else ""))
+        if nnodes > 1 and rendezvous.master_port is None:
+            raise UsageError(f"{recipe.name}: parallel.nnodes = {nnodes} needs --master-port (the same on every node)")
+
+
+def one_node(recipes: list[Recipe], command: str) -> None:
+    multi = next((r for r in recipes if r.parallel.nnodes > 1), None)
+    if multi is not None:
+        raise UsageError(f"{multi.name}: parallel.nnodes = {multi.parallel.nnodes}: xfw {command} runs on one node; "
+                         "run each node with xfw run or compare --node-rank R (docs/multinode.md)")

@@ -1,0 +1,279 @@
+"""The commands that launch runs: ``run``/``compare``, ``sweep``, ``maxbatch``, ``parity`` and
+``nightly``. Each checks all its input first (:mod:`xfw.workflow.base`), then runs its jobs one
+at a time under the output directory's lock and writes its report.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shlex
+from pathlib import Path
+
+from xfw.contract.atomic import UnreadableFile, write_json_atomic
+from xfw.report.results import RunResult
+from xfw.run import jobs, launcher
+from xfw.run import maxbatch as mb
+from xfw.run import sweep as sw
+from xfw.run.recipe import Recipe
+from xfw.workflow.base import (Log, Outcome, UsageError, check_node, guarded, interrupted, load_all, one_node,
+                               prepare_backends, recipe_error, refuse_commands, refuse_foreign, silent, write_page,
+                               write_report)
+
+
+NODE_WAIT_S = 120.0
+"""How long one node of a multi-node run waits for the other nodes' parts to finish beside its own
+(a shared --out) before reporting its part alone."""
+
+
+def default_out_dir(recipes: list[Recipe], root: Path = Path("runs")) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    label = recipes[0].name if len(recipes) == 1 else "compare"
+    return root / f"{stamp}-{label}"
+
+
+def _jobs(recipes: list[Recipe], backends: list[str], out_dir: Path, node_rank: int = 0) -> list[jobs.Job]:
+    return [job for recipe in recipes
+            for job in jobs.jobs_for(recipe, backends, out_dir, (recipe.name,), node_rank=node_rank)]
+
+
+def launch_commands(recipes: list[Recipe], backends: jobs.Backends, out_dir: Path,
+                    rendezvous: launcher.Rendezvous = launcher.Rendezvous()) -> list[str]:
+    """The exact shell lines ``run`` would execute, with their environment; writes each spec.json
+    (so a line can be run by hand) and launches nothing."""
+    lines = []
+    for job in _jobs(recipes, list(backends), out_dir, rendezvous.node_rank):
+        if job.repeat_index:
+            continue
+        backend, description = backends[job.backend]
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        spec_path = job.run_dir / "spec.json"
+        write_json_atomic(spec_path, launcher.spec_for(job.recipe, job.backend, job.run_dir))
+        run = launcher.invocation(backend, description, job.recipe, spec_path, job.run_dir / "steps.jsonl",
+                                  rendezvous)
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**launcher.run_env(job.recipe), **run.env}.items())
+        inherited = {k: v for k, v in sorted(os.environ.items()) if k.startswith(INHERITED_PREFIXES)}
+        lines.append(f"# {job.backend}: {job.recipe.name} (timeout {job.recipe.measure.timeout_s:g} s); the adapter "
+                     "gets this shell's environment plus the variables in front of the command"
+                     + ("; of that environment these matter to the frameworks: "
+                        + " ".join(f"{k}={shlex.quote(v)}" for k, v in inherited.items()) if inherited else "")
+                     + f"\ncd {shlex.quote(run.cwd or str(Path.cwd()))} && {env} {shlex.join(run.argv)}")
+    return lines
+
+
+INHERITED_PREFIXES = ("CUDA_", "NCCL_", "NVIDIA_", "FLAGS_", "PADDLE_", "TORCH_", "PYTORCH_", "OMP_", "MKL_",
+                      "PYTHONPATH", "LD_LIBRARY_PATH", "HF_", "TRANSFORMERS_", "XFW_")
+"""The caller's variables ``--print-command`` shows: the ones the frameworks and their launchers read."""
+
+
+def parity_statuses(recipes: list[Recipe], out_dir: Path, extra: list[Path] = ()) -> dict[str, dict]:
+    """Each recipe's parity status for the report: the newest matching parity.json in ``extra``,
+    ``out_dir`` (or one level below) or ``runs/parity-<recipe>`` (xfw parity's default out)."""
+    from xfw.run import parity as par  # only here: compare's report is the one place that needs it
+
+    search = [*extra, out_dir, *(Path("runs") / f"parity-{r.name}" for r in recipes)]
+    return {r.name: par.find_parity(r, search) for r in recipes}
+
+
+def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: list[str],
+            interpreters: dict[str, str], out_dir: Path | None = None,
+            rendezvous: launcher.Rendezvous = launcher.Rendezvous(), parity_dirs: list[Path] | None = None,
+            print_command: bool = False, force: bool = False, progress: launcher.Progress | None = None,
+            log: Log = silent) -> Outcome:
+    """``xfw run`` (one backend) and ``xfw compare``: run every recipe on every backend and report.
+    ``parity_dirs`` (a list, possibly empty): look up and show each recipe's parity status."""
+    recipes = load_all(recipe_paths, overrides)
+    backends = prepare_backends(backend_names, interpreters, recipes)
+    out_dir = out_dir or default_out_dir(recipes)
+    if print_command:
+        return Outcome(text="\n".join(launch_commands(recipes, backends, out_dir, rendezvous)))
+    multi_node = any(r.parallel.nnodes > 1 for r in recipes)
+    check_node(recipes, rendezvous)
+    with guarded(out_dir, rendezvous.node_rank if multi_node else None):
+        refuse_foreign(out_dir, recipes, force)
+        todo = _jobs(recipes, list(backends), out_dir, rendezvous.node_rank)
+        jobs.check_jobs(todo, force=force)
+        unchecked = _unchecked(todo, backends)
+        for warning in unchecked:
+            log(f"warning: {warning}")
+        log(f"runs in {out_dir}" + (f" (node {rendezvous.node_rank}'s part)" if multi_node else ""))
+        try:
+            results, _ = jobs.run_jobs(todo, backends, resume=False, force=force, progress=progress,
+                                       rendezvous=rendezvous, log=silent)
+        except jobs.JobsInterrupted as stop:
+            return interrupted(write_report(stop.results, backend_names, out_dir))
+        results, notes = _with_sibling_parts(results, log)
+        parity = None if parity_dirs is None else parity_statuses(recipes, out_dir, parity_dirs)
+        outcome = write_report(results, backend_names, out_dir, parity=parity, warnings=unchecked)
+        outcome.notes += notes
+        return outcome
+
+
+def _unchecked(todo: list[jobs.Job], backends: jobs.Backends) -> list[str]:
+    """Settings paths these jobs take that ``xfw selfcheck`` has not passed on this machine."""
+    from xfw.report.results import setup_from_spec
+    from xfw.run.selfcheck import unchecked_paths
+
+    setups = []
+    for job in todo:
+        spec = launcher.spec_for(job.recipe, job.backend, job.run_dir)
+        setups.append((job.backend, setup_from_spec(spec), spec["backend_knobs"]))
+    return unchecked_paths(setups, backends)
+
+
+def _with_sibling_parts(results: list[RunResult], log: Log) -> tuple[list[RunResult], list[str]]:
+    pairs = [jobs.with_sibling_parts(r, wait_s=NODE_WAIT_S, log=log) for r in results]
+    return [r for r, _ in pairs], [note for _, note in pairs if note]
+
+
+def sweep(recipe_path: str, axes: list[str], backend_names: list[str], *, fixed: list[str],
+          interpreters: dict[str, str], out_dir: Path | None = None, force: bool = False,
+          progress: launcher.Progress | None = None, log: Log = silent) -> Outcome:
+    """Every combination of the axes' values, one run at a time; the same ``out_dir`` resumes.
+    ``fixed`` overrides (``--repeat``) apply to every point without being part of its variant."""
+    points = recipe_error(sw.plan, recipe_path, axes, fixed)
+    one_node([p.recipe for p in points], "sweep")
+    backends = prepare_backends(backend_names, interpreters, [p.recipe for p in points])
+    out_dir = out_dir or Path("runs") / f"sweep-{points[0].recipe.name}"  # no timestamp: a rerun resumes
+    with guarded(out_dir):
+        refuse_foreign(out_dir, [points[0].recipe], force)
+        jobs.check_jobs(sw.sweep_jobs(points, list(backends), out_dir), force=force)
+        log(f"sweep of {len(points)} points x {len(backends)} backends in {out_dir}")
+        try:
+            results = sw.run_sweep(points, backends, out_dir, progress, log, force=force)
+        except jobs.JobsInterrupted as stop:
+            return interrupted(write_report(stop.results, list(backends), out_dir))
+        return write_report(results, list(backends), out_dir)
+
+
+def maxbatch(recipe_path: str, backend_names: list[str], *, overrides: list[str], candidates: str | None,
+             max_micro: int, interpreters: dict[str, str], out_dir: Path | None = None, force: bool = False,
+             progress: launcher.Progress | None = None, log: Log = silent) -> Outcome:
+    """The largest micro-batch that fits, per backend; writes maxbatch.json and maxbatch.md/.csv/.html.
+    Exit code 1 unless every search found its edge through ok and OOM probes only."""
+    values = recipe_error(mb.parse_candidates, candidates) if candidates else None
+    (recipe,) = load_all([recipe_path], overrides)
+    one_node([recipe], "maxbatch")
+    refuse_commands(recipe, backend_names, "maxbatch changes batch.micro, which the command itself decides")
+    for micro in values or []:
+        recipe_error(mb.probe_recipe, recipe_path, micro, overrides)
+    backends = prepare_backends(backend_names, interpreters)
+    out_dir = out_dir or Path("runs") / f"maxbatch-{recipe.name}"  # no timestamp: a rerun keeps settled probes
+    with guarded(out_dir):
+        refuse_foreign(out_dir, [recipe], force)
+        log(f"probes in {out_dir}")
+        try:
+            found = [mb.search(recipe_path, backend, description, out_dir, candidates=values, overrides=overrides,
+                               max_micro=max_micro, progress=progress, log=log, force=force)
+                     for backend, description in backends.values()]
+        except jobs.JobsInterrupted:
+            return Outcome(notes=["interrupted: settled probes are kept; the same command resumes the search"],
+                           exit_code=130)
+    outcome = write_page(mb.to_page(found), out_dir, "maxbatch")
+    outcome.paths["json"] = out_dir / "maxbatch.json"
+    write_json_atomic(outcome.paths["json"], [f.to_dict() for f in found])
+    settled = all(f.edge and all(p.status in ("ok", "oom") for p in f.probes) for f in found)
+    outcome.exit_code = 0 if settled else 1
+    return outcome
+
+
+def parity(recipe_path: str, backend_names: list[str], *, steps: int, overrides: list[str],
+           interpreters: dict[str, str], out_dir: Path | None = None, force: bool = False,
+           weights: dict[str, str] | None = None) -> Outcome:
+    """Both backends from one start on the same batches; parity.json/.md/.html; exit 1 if a step fails.
+    ``weights``: a backend started from its own ``model.weights`` directory instead of the shared
+    export (to test the checker: a weight changed on one side must be found)."""
+    from xfw.contract.presets import PRESETS
+    from xfw.contract.weights import Checkpoint, WeightsError
+    from xfw.run import parity as par
+
+    if len(backend_names) != 2:
+        raise UsageError(f"--backends {','.join(backend_names)!r}: parity compares exactly two backends")
+    (recipe,) = load_all([recipe_path], overrides)
+    refuse_commands(recipe, backend_names, "parity starts both sides from one exported model, which only "
+                     "xfw's own adapters do")
+    for name, directory in (weights or {}).items():
+        if name not in backend_names:
+            raise UsageError(f"--weights {name}={directory}: {name!r} is not one of the compared backends "
+                             f"({', '.join(backend_names)})")
+        try:
+            Checkpoint(directory, family=PRESETS[recipe.model.preset]["family"])  # reads every header
+        except WeightsError as err:
+            raise UsageError(f"--weights {name}={directory}: {err}") from None
+    out_dir = out_dir or Path("runs") / f"parity-{recipe.name}"
+    with guarded(out_dir):
+        try:
+            result = par.run_parity(recipe_path, overrides, steps, out_dir, interpreters,
+                                    backends=(backend_names[0], backend_names[1]), force=force, weights=weights)
+        except par.ParityError as err:
+            raise UsageError(str(err)) from None
+        except jobs.JobsInterrupted:
+            return Outcome(notes=["interrupted: parity did not finish"], exit_code=130)
+    outcome = write_page(result.page(), out_dir, "parity")
+    outcome.paths["json"] = out_dir / "parity.json"
+    outcome.exit_code = 0 if result.passed else 1
+    return outcome
+
+
+def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides: list[str],
+            only_backends: list[str] | None, interpreters: dict[str, str], report_only: bool = False,
+            rendezvous: launcher.Rendezvous = launcher.Rendezvous(), progress: launcher.Progress | None = None,
+            log: Log = silent) -> Outcome:
+    """Run (or resume) a night of a suite, judge it against the history, write its report.
+    Exit 0: no regression; 1: a regression or a failed run; 130: interrupted (the same command resumes)."""
+    from xfw.report.history import NIGHTS_DIR, History
+    from xfw.report.nightly_report import write_night_report
+    from xfw.report.verdicts import VERDICTS_FILE, load_verdicts
+    from xfw.run import nightly as nt
+    from xfw.run.suite import SuiteError, load_suite
+
+    try:
+        suite = load_suite(suite_path, overrides)
+        History(history_dir).rows()  # a corrupt history is found now, not after the first run has trained
+    except (SuiteError, UnreadableFile) as err:
+        raise UsageError(f"{err}" if isinstance(err, SuiteError) else
+                         f"{err}; the history cannot be read (move the file aside to start a new one)") from None
+    if report_only:
+        night = night or (History(history_dir).nights() or [None])[-1]
+        if night is None or not (history_dir / NIGHTS_DIR / night / VERDICTS_FILE).exists():
+            raise UsageError(f"--report-only: no recorded night {night or ''} in {history_dir}".replace("  ", " "))
+        verdicts = load_verdicts(history_dir / NIGHTS_DIR / night)
+        path = write_night_report(history_dir, night, suite_name=suite.name)
+        return Outcome(paths={"report": path}, exit_code=1 if any(v.flagged for v in verdicts) else 0)
+    names = list(suite.backends)
+    if only_backends is not None:
+        stray = [n for n in only_backends if n not in suite.backends]
+        if stray:
+            raise UsageError(f"--backends {stray[0]}: not a backend of {suite_path} "
+                             f"(it runs {', '.join(suite.backends)})")
+        names = only_backends
+    multi = [e.recipe for e in suite.entries if e.recipe.parallel.nnodes > 1]
+    check_node(multi, rendezvous)
+    if rendezvous.node_rank > 0 and night is None:
+        raise UsageError(f"--node-rank {rendezvous.node_rank}: give every node the same --night (node 0 names it)")
+    backends = prepare_backends(names, interpreters, [e.recipe for e in suite.entries])
+    # A scheduler's polite stop (cron's `timeout`, Slurm's time limit) arrives as SIGTERM: the
+    # running adapter is stopped the way Ctrl-C stops it, recorded as cut off and rerun on resume.
+    with guarded(history_dir, rendezvous.node_rank if multi else None):
+        try:
+            result = nt.run_night(suite, backends, history_dir, night=night, overrides=overrides,
+                                  progress=progress, log=log, rendezvous=rendezvous)
+        except KeyboardInterrupt:
+            return Outcome(notes=["interrupted: finished runs are kept; the same command resumes this night"],
+                           exit_code=130)
+    if rendezvous.node_rank > 0:
+        failed = [r for r in result.results if not r.ok]
+        return Outcome(text=f"night {result.night}, node {rendezvous.node_rank}: {len(result.results)} part(s) run, "
+                            f"{len(failed)} failed; node 0 records the assembled runs",
+                       exit_code=1 if failed else 0)
+    report_path = write_night_report(history_dir, result.night, suite_name=suite.name)
+    nt.finish_night(result)
+    flagged = result.regressions
+    if flagged:
+        text = "\n".join([f"{len(flagged)} regression(s) or failure(s) in night {result.night}:"]
+                         + [f"  {v.line()}" for v in flagged])
+    else:
+        text = (f"night {result.night}: no regressions ({len(result.results)} runs, "
+                f"{result.kept} kept from an earlier attempt)")
+    return Outcome(text=text, paths={"report": report_path, "history": history_dir / "history.jsonl"},
+                   exit_code=result.exit_code)
