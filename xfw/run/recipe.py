@@ -8,17 +8,14 @@ dotted key::
 
 ``load_recipe(path, overrides=["batch.micro=2"])`` returns a validated :class:`Recipe`;
 ``resolve_spec(recipe)`` turns it into the JSON-ready ``spec.json`` an adapter reads, with every
-default filled in and the preset expanded into the neutral architecture.
+default filled in and the preset expanded into the neutral architecture. The sections are built
+and checked by :mod:`xfw.run.schema`; the data section lives with the data (:mod:`xfw.run.data.section`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,8 @@ from xfw.contract import presets
 from xfw.contract import weights as neutral_weights
 from xfw.contract.families import family_module
 from xfw.run import command
+from xfw.run.data.section import DATA_FAMILIES, DATA_PATHS, DataSpec
+from xfw.run.schema import FieldError, bounded, build, to_dict
 from xfw.run.yamlfile import YamlError, load_file, load_text
 
 SPEC_SCHEMA = 1
@@ -54,26 +53,6 @@ class RecipeError(ValueError):
     """A problem a user can fix in a recipe; ``str()`` is the whole one-line message."""
 
 
-class FieldError(ValueError):
-    """Raised inside a section's validation; the loader prefixes the section's key path."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(message)
-        self.key = key
-
-
-def _key(f: dataclasses.Field) -> str:
-    """The YAML key of a dataclass field (``global`` is a Python keyword, so it is renamed)."""
-    return f.metadata.get("key", f.name)
-
-
-def bounded(low: float, high: float, **kwargs) -> Any:
-    """A numeric field checked against ``[low, high]`` when a recipe is loaded (metadata ``bounds``);
-    the bounds keep typos such as ``steps: 1e41`` or ``timeout_s: 1e9`` from launching anything."""
-    metadata = {**kwargs.pop("metadata", {}), "bounds": (low, high)}
-    return field(metadata=metadata, **kwargs)
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
     preset: str
@@ -92,101 +71,6 @@ class ModelSpec:
             raise FieldError("preset", f"unknown preset {self.preset!r} (known: {known})")
         if self.trainable is not None and len(set(self.trainable)) != len(self.trainable):
             raise FieldError("trainable", f"names a part twice: {self.trainable}")
-
-
-DATA_KINDS = ("synthetic", "llava_json", "image_captions")
-TEMPLATES = ("auto", "vicuna_v1", "plain", "chatml", "tokenizer")
-INTERPOLATIONS = ("bilinear", "bicubic", "lanczos")
-DATA_FAMILIES = {"llava_json": ("llava", "qwen2vl"), "image_captions": ("sd15", "sd3")}
-"""The model families each kind of real data feeds."""
-DATA_PATHS = ("path", "image_root", "tokenizer", "cache")
-"""Data keys that name files or directories: relative ones are taken from the recipe's directory
-(from the current directory when given with --set), and the resolved spec holds them absolute."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TextTokensSpec:
-    dist: str = "uniform"
-    """How each synthetic sample's text length is drawn (seeded by its place): ``uniform`` in [min, max]."""
-    min: int = bounded(1, 1 << 20)
-    max: int = bounded(1, 1 << 20)
-
-    def __post_init__(self):
-        if self.dist != "uniform":
-            raise FieldError("dist", f"only 'uniform' is supported, got {self.dist!r}")
-        if self.min > self.max:
-            raise FieldError("max", f"{self.max} is below min {self.min}")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DataSpec:
-    kind: str = "synthetic"
-    """``synthetic``: seeded numpy batches made by the core. ``llava_json``: LLaVA's conversation JSON
-    (LLaVA, Qwen2-VL). ``image_captions``: an image folder's metadata.jsonl (SD1.5, SD3). Real data
-    is prepared once by the core (``xfw.run.data``) and read by both backends (docs/data.md)."""
-    image_size: int | None = bounded(1, 16384, default=None)
-    """Square image side in pixels (defaults to the preset's); for real data the tile / target size."""
-    seq_len: int | None = bounded(1, 1 << 20, default=None)
-    """Language sequence length in tokens, image tokens included: exact for synthetic data without
-    ``text_tokens``, else the cap (real samples longer than it are cut, or refused without ``truncation``)."""
-    pool_size: int = bounded(1, 1024, default=4)
-    """Synthetic: optimizer steps' worth of distinct data generated before the timed window and cycled."""
-    seed: int = bounded(0, 2**32 - 1, default=0)
-    """Seeds synthetic samples, and real data's epoch order and per-step draws (noise, timesteps)."""
-    text_tokens: TextTokensSpec | None = None
-    """Synthetic only: text tokens per sample drawn from a seeded distribution (variable lengths,
-    micro-batches padded to their longest); None: every sample exactly ``seq_len``."""
-    path: str | None = None
-    """llava_json: the conversation JSON; image_captions: the metadata.jsonl."""
-    image_root: str | None = None
-    """Directory the samples' image paths are relative to (default: the data file's directory)."""
-    tokenizer: str | None = None
-    """A directory with a Hugging Face ``tokenizer.json`` (and ``tokenizer_config.json`` where it has one)."""
-    template: str = "auto"
-    """llava_json: how a conversation becomes text: ``vicuna_v1`` (LLaVA SFT), ``plain`` (LLaVA
-    pretraining: image + caption), ``chatml`` (Qwen2-VL), ``tokenizer`` (the chat template in
-    tokenizer_config.json); ``auto``: the tokenizer's template if it has one, else the family's."""
-    truncation: bool = True
-    """Cut samples longer than ``seq_len`` (never into their image tokens); false: refuse them."""
-    shuffle: bool = True
-    """Visit real data in a seeded order per epoch (false: file order)."""
-    max_samples: int | None = bounded(1, 1 << 31, default=None)
-    """Use only the data file's first N samples."""
-    max_image_side: int | None = bounded(1, 1 << 16, default=None)
-    """Qwen2-VL: first shrink (nearest) so the longer side is at most this (PaddleMIX: image_resolution 512)."""
-    min_pixels: int = bounded(1, 1 << 40, default=3136)
-    """Qwen2-VL smart resize: the fewest pixels an image keeps (Qwen2VLImageProcessor's min_pixels)."""
-    max_pixels: int = bounded(1, 1 << 40, default=12845056)
-    """Qwen2-VL smart resize: the most pixels an image keeps (Qwen2VLImageProcessor's max_pixels)."""
-    interpolation: str = "bilinear"
-    """image_captions: the resize filter (diffusers' scripts: bilinear; PaddleMIX's laion pretraining: lanczos)."""
-    cache: str | None = None
-    """Where prepared data is kept (default: $XFW_CACHE_DIR, else ~/.cache/xfw/data)."""
-
-    def __post_init__(self):
-        if self.kind not in DATA_KINDS:
-            raise FieldError("kind", f"must be one of {', '.join(DATA_KINDS)}, got {self.kind!r}")
-        for name in ("image_size", "seq_len", "pool_size"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise FieldError(name, f"must be positive, got {value}")
-        if self.template not in TEMPLATES:
-            raise FieldError("template", f"must be one of {', '.join(TEMPLATES)}, got {self.template!r}")
-        if self.interpolation not in INTERPOLATIONS:
-            raise FieldError("interpolation", f"must be one of {', '.join(INTERPOLATIONS)}, got {self.interpolation!r}")
-        if self.min_pixels > self.max_pixels:
-            raise FieldError("max_pixels", f"{self.max_pixels} is below min_pixels {self.min_pixels}")
-        needed = {"synthetic": (), "llava_json": ("path", "tokenizer"), "image_captions": ("path",)}[self.kind]
-        for name in needed:
-            if not getattr(self, name):
-                raise FieldError(name, f"is required for data kind {self.kind!r}")
-        if self.kind == "synthetic":
-            stray = [n for n in ("path", "image_root", "tokenizer") if getattr(self, n)]
-            if stray:
-                raise FieldError(stray[0], "only applies to real data (kind llava_json or image_captions)")
-        elif self.text_tokens is not None:
-            raise FieldError("text_tokens", f"only applies to synthetic data (real data has its own lengths), "
-                             f"not kind {self.kind!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -371,80 +255,12 @@ def _lora_targets(family: str) -> tuple[str, ...] | None:
         return None
 
 
-# ---------------------------------------------------------------------------------------------
-# Building dataclasses from plain data, with key paths in every error.
-
-_SCALARS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping"}
-
-
-def _check_type(value: Any, hint: Any, path: str) -> Any:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if value is None:
-            return None
-        return _check_type(value, args[0], path)
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, path)
-    if origin is list:
-        if not isinstance(value, list):
-            raise FieldError(path, f"must be a list, got {value!r}")
-        (item,) = typing.get_args(hint)
-        return [_check_type(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value) if abs(value) < 1e300 else math.inf
-    if hint is float and isinstance(value, float) and not math.isfinite(value):
-        raise FieldError(path, f"must be a finite number, got {value!r}")
-    if hint in _SCALARS:
-        ok = isinstance(value, hint) and not (hint is int and isinstance(value, bool))
-        if not ok:
-            raise FieldError(path, f"must be {_SCALARS[hint]}, got {value!r}")
-        return value
-    raise AssertionError(f"unhandled type hint {hint!r} at {path}")
-
-
-def _build(cls: type, data: Any, path: str) -> Any:
-    prefix = f"{path}." if path else ""
-    if not isinstance(data, dict):
-        raise FieldError(path or "(top level)", f"must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {_key(f): f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise FieldError(f"{prefix}{unknown[0]}", f"unknown key (expected one of: {', '.join(fields)})")
-    kwargs = {}
-    for key, f in fields.items():
-        if key in data:
-            kwargs[f.name] = _check_type(data[key], hints[f.name], f"{prefix}{key}")
-            low, high = f.metadata.get("bounds", (None, None))
-            value = kwargs[f.name]
-            if low is not None and value is not None and not low <= value <= high:
-                raise FieldError(f"{prefix}{key}", f"{value!r} is outside [{low:g}, {high:g}]")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise FieldError(f"{prefix}{key}", "is required")
-    try:
-        return cls(**kwargs)
-    except FieldError as err:  # raised by __post_init__ with a key local to this section
-        raise FieldError(f"{prefix}{err.key}", str(err)) from None
-
-
 def recipe_from_dict(data: Any, source: str = "<recipe>") -> Recipe:
     """Validate plain data into a Recipe; errors read ``source: key.path: message``."""
     try:
-        return _build(Recipe, data, "")
+        return build(Recipe, data, "")
     except FieldError as err:
         raise RecipeError(f"{source}: {err.key}: {err}") from None
-
-
-def to_dict(obj: Any) -> Any:
-    """A dataclass tree back to plain data, with YAML key names."""
-    if dataclasses.is_dataclass(obj):
-        return {_key(f): to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, list):
-        return [to_dict(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: to_dict(v) for k, v in obj.items()}
-    return obj
 
 
 def apply_override(data: dict, assignment: str, source: str) -> None:
