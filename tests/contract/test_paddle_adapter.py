@@ -154,7 +154,8 @@ SAME_WEIGHTS_LOGITS = """
     import numpy as np
     import paddle
     from xfw_paddle.families import llava
-    from xfw_paddle.session import canonical_names, device_batch, load_weights
+    from xfw_paddle.model import canonical_names, load_weights
+    from xfw_paddle.session import device_batch
 
     def load(model, family, directory, lora=False):
         # The production path: a neutral weight file under canonical names, converted and checked strictly.

@@ -95,7 +95,7 @@ PADDLE_FORWARD = """
     from paddlenlp.peft.lora.lora_layers import LoRALinear
     from xfw_paddle.families import family_module
     from xfw_paddle.families._sd_common import load_diffusers_state
-    from xfw_paddle.session import lora_target
+    from xfw_paddle.model import lora_target
 
     arch, lora = json.loads(sys.argv[1]), json.loads(sys.argv[2])
     weights, batch = np.load(sys.argv[3]), np.load(sys.argv[4])
@@ -238,11 +238,8 @@ LORA_RUN = """
     import sys
     from xfw.contract import harness
     from xfw_paddle import session
-    from xfw_paddle.families import family_module
 
-    # Until session.py uses a family's own apply_lora (the hookup in the report), put it there.
-    FAMILY = sys.argv[1]
-    session.apply_lora = lambda target, lora: family_module(FAMILY).apply_lora(target, lora)
+    # The session takes the family's own apply_lora (xfw_paddle.model.add_lora): ppdiffusers' models.
     sys.exit(harness.main(session.build_session, session.describe, ["--spec", sys.argv[2], "--records", sys.argv[3]]))
 """
 

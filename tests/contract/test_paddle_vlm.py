@@ -85,7 +85,8 @@ SAME_WEIGHTS_QWEN = """
     import numpy as np
     import paddle
     from xfw_paddle.families import qwen2vl
-    from xfw_paddle.session import canonical_names, device_batch, load_weights
+    from xfw_paddle.model import canonical_names, load_weights
+    from xfw_paddle.session import device_batch
 
     def load(model, family, directory, lora=False):
         # The production path: a neutral weight file under canonical names, converted and checked strictly.
@@ -171,10 +172,11 @@ SAME_WEIGHTS_LORA = """
     import importlib, json, sys
     import numpy as np
     import paddle
-    from xfw_paddle.session import apply_lora, device_batch, lora_target
+    from xfw_paddle.model import apply_lora, lora_target
+    from xfw_paddle.session import device_batch
 
     family = importlib.import_module("xfw_paddle.families." + sys.argv[1])
-    from xfw_paddle.session import canonical_names, load_weights
+    from xfw_paddle.model import canonical_names, load_weights
 
     def load(model, family, directory, lora=False):
         # The production path: a neutral weight file under canonical names, converted and checked strictly.

@@ -1,5 +1,5 @@
 """The Paddle adapter's side tasks: what ``python -m xfw_paddle`` does besides training, each on
-the model a run of the spec starts from (:func:`xfw_paddle.session.start_model`)::
+the model a run of the spec starts from (:func:`xfw_paddle.model.start_model`)::
 
     python -m xfw_paddle --export-weights DIR --spec spec.json          # initial weights, canonical names
     python -m xfw_paddle --probe-modules FILE --spec spec.json          # per-module outputs (xfw.contract.module_outputs)
@@ -18,7 +18,8 @@ import paddle
 from xfw.contract import families
 from xfw.contract import weights as neutral
 from xfw_paddle.families import family_module
-from xfw_paddle.session import canonical_names, check_spec, device_batch, start_model
+from xfw_paddle.model import canonical_names, start_model
+from xfw_paddle.session import check_spec, device_batch
 
 
 def _use_sdpa(spec: dict) -> bool:
