@@ -15,9 +15,11 @@ browser:
 demo: setup
 	$(XFW) compare recipes/tiny/llava_sft.yaml --backends paddle,torch --out runs/demo
 
-# Everything: unit tests (no framework) and contract tests (real adapters, tiny models, CPU).
+# Everything: unit tests (no framework) and contract tests (real adapters, tiny models, CPU), in
+# two workers (a test file stays in one, so its module fixtures are built once); WORKERS=0: serial.
+WORKERS ?= 2
 test: setup browser
-	$(PYTEST) tests
+	$(PYTEST) tests $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadfile)
 
 unit: setup
 	$(PYTEST) tests/unit

@@ -9,12 +9,19 @@ the adapter's own session for each recipe, and then repeats pairs of legs in ABB
 harness, harness, bare, ...) so that drift and order hit both alike:
 
 * bare: nanoGPT-bench style, the family's loss, backward, optimizer step, zero grad, timed with the
-  clock around N steps (synchronised on a GPU);
-* harness: ``xfw.contract.harness.run_training`` for N measured steps (no warm-up: the session is
-  warm), its throughput as the report computes it (``xfw.report.measure.summarize``), on the bare
-  loop's own converted batches (:class:`Marked`).
+  clock around N steps (synchronised on a GPU) after one untimed step;
+* harness: ``xfw.contract.harness.run_training`` for one warm-up step and N measured steps, its
+  throughput as the report computes it (``xfw.report.measure.summarize``), on the bare loop's own
+  converted batches (:class:`Marked`).
 
-Garbage collection runs between legs, never inside one (as ``timeit``). Legs can be one step long
+The untimed step before each leg's clock is what every real measured window has (the recipe's
+warm-up): without it, the harness's set-up before its window (synthetic batches made and hashed,
+the record file opened) leaves the caches cold for its first measured step, which a short leg
+charges to the harness (about 1% at three steps per leg, measured), though no real run pays it.
+
+Garbage collection never runs inside a leg (as ``timeit``); a full collection (about 0.2 s in a
+process holding torch and transformers, ten times a tiny step) runs every COLLECT_EVERY pairs,
+between pairs, an odd number so it precedes each loop equally often. Legs can be one step long
 (``--leg-s 0``): the two loops then alternate step by step, so both see the same load, which on a
 shared host moves from one second to the next; a one-step window also charges the harness's fixed
 per-window work to a single step (an overestimate).
@@ -51,6 +58,7 @@ RECIPES = ["recipes/tiny/llava_sft.yaml", "recipes/tiny/llava_next_sft.yaml", "r
            "recipes/tiny/sd15_pretrain.yaml", "recipes/tiny/sd3_dreambooth.yaml"]
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 CLOCKS = ("cpu_fastest_step", "cpu_median_step", "cpu", "wall")
+UNTIMED = 1  # steps each leg takes before its clock starts (the harness: its warm-up step)
 
 
 # --- statistics ------------------------------------------------------------------------------------
@@ -94,9 +102,11 @@ def _torch_loop(spec: dict):
 
     def bare(pool: list, accum: int, steps: int) -> list[tuple[float, float]]:
         model, optimizer = session.model, session.optimizer
-        sync()
-        marks = [_marks()]
-        for step in range(steps):
+        marks = []
+        for step in range(UNTIMED + steps):
+            if step == UNTIMED:
+                sync()
+                marks.append(_marks())
             for i in range(accum):
                 with session._autocast():  # the recipe's precision (O0: none), as the session's step
                     loss = loss_fn(model, pool[(step * accum + i) % len(pool)]) / accum
@@ -124,9 +134,11 @@ def _paddle_loop(spec: dict):
 
     def bare(pool: list, accum: int, steps: int) -> list[tuple[float, float]]:
         model, optimizer = session.model, session.optimizer
-        sync()
-        marks = [_marks()]
-        for step in range(steps):
+        marks = []
+        for step in range(UNTIMED + steps):
+            if step == UNTIMED:
+                sync()
+                marks.append(_marks())
             for i in range(accum):
                 loss = loss_fn(model, pool[(step * accum + i) % len(pool)], session._autocast) / accum
                 loss.backward()
@@ -142,9 +154,9 @@ def _paddle_loop(spec: dict):
 
 class Marked:
     """The session as the harness sees it, noting both clocks at each of its timestamps (the window's
-    start, then the end of every step) and at its two synchronisations (the window's ends: with no
-    warm-up the harness synchronises exactly twice). With ``pool``, the batches the harness converts
-    are the bare loop's, already on the device: the same tensors, as warm in the caches."""
+    start, then the end of every step) and at each synchronisation (after every warm-up step, then
+    the window's two ends). With ``pool``, the batches the harness converts are the bare loop's,
+    already on the device: the same tensors, as warm in the caches."""
 
     def __init__(self, session, pool: list | None = None):
         self._session, self.marks, self.syncs = session, [], []
@@ -175,22 +187,24 @@ def harness_leg(spec: dict, session, steps: int, pool: list | None = None) -> tu
     from xfw.contract.records import RecordWriter, load_records
     from xfw.report.measure import summarize
 
-    run_spec = {**spec, "measure": {**spec["measure"], "warmup_steps": 0, "steps": steps}}
+    run_spec = {**spec, "measure": {**spec["measure"], "warmup_steps": UNTIMED, "steps": steps}}
     marked = Marked(session, pool)
     with tempfile.TemporaryDirectory() as tmp:
         writer = RecordWriter(Path(tmp) / "steps.jsonl", 0)
         with _quiet_gc():
             harness.run_training(run_spec, writer, marked)
         writer.close()
-        assert len(marked.syncs) == 2 and len(marked.marks) == steps + 1, (marked.syncs, len(marked.marks))
-        return summarize(load_records(Path(tmp) / "steps.jsonl")).ips, \
-            [marked.syncs[0], *marked.marks[1:-1], marked.syncs[1]]
+        syncs = marked.syncs
+        assert len(syncs) == UNTIMED + 2 and len(marked.marks) == steps + 1, (syncs, len(marked.marks))
+        return summarize(load_records(Path(tmp) / "steps.jsonl")).ips, [syncs[-2], *marked.marks[1:-1], syncs[-1]]
+
+
+COLLECT_EVERY = 25
 
 
 @contextlib.contextmanager
 def _quiet_gc():
-    """No garbage collection inside a leg (as timeit): collected before, for both loops alike."""
-    gc.collect()
+    """No garbage collection inside a leg (as timeit); :func:`measure_recipe` collects between pairs."""
     gc.disable()
     try:
         yield
@@ -293,6 +307,8 @@ def measure_recipe(backend: str, recipe: str, pairs: int, leg_s: float) -> dict:
     legs: dict[str, list[dict]] = {"bare": [], "harness": []}
     reported = []
     for i in range(pairs):
+        if i % COLLECT_EVERY == 0:
+            gc.collect()
         for leg in (("bare", "harness") if i % 2 == 0 else ("harness", "bare")):  # ABBA
             if leg == "bare":
                 with _quiet_gc():

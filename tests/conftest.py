@@ -1,4 +1,10 @@
-"""Shared fixtures: paths to the project, the backends' interpreters, and a tiny recipe."""
+"""Shared fixtures: paths to the project, the backends' interpreters, and a tiny recipe.
+
+``make test`` runs the suite in two pytest-xdist workers with ``--dist loadfile``: every test of a
+file runs in one worker, so a module-scoped fixture (a sweep, a night, the FLOP counts) is built
+once; each worker is its own session with its own prepared-data directory (below). Tests never
+share a fixed path or port: their output goes under ``tmp_path`` and a rendezvous takes a free port.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 FAKES = Path(__file__).resolve().parent / "fakes"
 # Real data the tests prepare (the tiny recipes' fixtures, in-test data) goes to one directory per
-# test session, shared by every test and every xfw process they start, and never to ~/.cache.
+# test session (per worker), shared by its tests and every xfw process they start, never ~/.cache.
 TEST_DATA_CACHE = os.environ["XFW_CACHE_DIR"] = tempfile.mkdtemp(prefix="xfw-test-data-")
 
 

@@ -175,3 +175,25 @@ def test_a_bad_suite_launches_nothing(tmp_path):
     result = xfw("nightly", suite, "--history", tmp_path / "h")
     assert result.returncode == 2 and f"{suite}: entries[0]: " in result.stderr
     assert not (tmp_path / "h").exists()
+
+
+def test_a_suite_may_start_its_night_with_a_selfcheck_of_the_machine(tmp_path):
+    suite = tmp_path / "checked.yaml"
+    suite.write_text(yaml.safe_dump({
+        "name": "checked", "backends": ["torch"],
+        "set": ["measure.warmup_steps=1", "measure.steps=3", "measure.cpu_threads=1"],
+        "selfcheck": {"families": ["llava"], "paths": ["attention-eager"]},
+        "entries": [str(ROOT / "recipes/tiny/llava_sft.yaml")]}))
+    history = tmp_path / "history"
+    result = xfw("nightly", suite, "--history", history, "--night", "n1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "selfcheck: 2 verdicts, none failing" in result.stdout
+    night = history / "nights" / "n1"
+    checked = json.loads((night / "selfcheck" / "selfcheck.json").read_text())
+    assert [(v["backend"], v["path"], v["verdict"]) for v in checked["verdicts"]] == [
+        ("torch", "fp32", "pass"), ("torch", "attention-eager", "pass")]  # fp32 first: the reference
+    report = (night / "report.md").read_text()
+    assert "Selfcheck: every path checked here passes." in report and "## Selfcheck of this machine" in report
+    assert "attention without the fused kernel (flash off)" in report
+    rows = [json.loads(line) for line in (history / "history.jsonl").read_text().splitlines()]
+    assert [(r["entry"], r["status"]) for r in rows] == [("tiny-llava-sft", "ok")]  # the checks are no entry

@@ -61,6 +61,9 @@ def test_suite_recipes_are_relative_to_the_suite_file_and_overrides_stack(tmp_pa
      "entries[0]: "),
     ({"name": "s", "backends": ["torch"], "entries": ["R", "R"]}, "two entries are labelled 'tiny-llava-sft'"),
     ({"name": "a b", "backends": ["torch"], "entries": ["R"]}, "name: 'a b' must be one plain file name"),
+    ({"name": "s", "backends": ["torch"], "entries": ["R"], "selfcheck": {"paths": ["bf16"]}},
+     "selfcheck.paths: a non-empty list of fp32, bf16-o1"),
+    ({"name": "s", "backends": ["torch"], "entries": ["R"], "selfcheck": "yes"}, "selfcheck: true, or a mapping"),
 ])
 def test_bad_suites_fail_with_one_line_naming_the_file_and_key(tmp_path, data, message):
     text = json.dumps(data).replace('"R"', json.dumps(str(ROOT / "recipes/tiny/llava_sft.yaml")))
@@ -68,6 +71,18 @@ def test_bad_suites_fail_with_one_line_naming_the_file_and_key(tmp_path, data, m
     with pytest.raises(SuiteError) as err:
         load_suite(path)
     assert str(err.value).startswith(str(path)) and message in str(err.value)
+
+
+def test_a_suite_selfcheck_runs_fp32_first_and_defaults_to_everything(tmp_path):
+    from xfw.report.selfcheck import BY_NAME
+    from xfw.run.selfcheck import FAMILY_RECIPES
+
+    base = {"name": "s", "backends": ["torch"], "entries": [str(ROOT / "recipes/tiny/llava_sft.yaml")]}
+    assert load_suite(write_suite(tmp_path, base)).selfcheck is None
+    assert load_suite(write_suite(tmp_path, {**base, "selfcheck": {"families": ["sd3"], "paths": ["recompute"]}})
+                      ).selfcheck == (("sd3",), ("fp32", "recompute"))
+    families, paths = load_suite(write_suite(tmp_path, {**base, "selfcheck": True})).selfcheck
+    assert families == tuple(FAMILY_RECIPES) and paths == tuple(BY_NAME) and paths[0] == "fp32"
 
 
 def test_a_bad_override_from_the_command_line_names_the_entry(tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from xfw.contract.atomic import write_text_atomic
 from xfw.report import compare as cmp
-from xfw.report import contrast
+from xfw.report import contrast, selfcheck
 from xfw.report.history import NIGHTS_DIR, History, night_order
 from xfw.report.plot import plot_comparison
 from xfw.report.results import load_runs
@@ -181,6 +181,12 @@ def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
                                 title=f"{len(flagged)} regression(s) or failure(s)")]
     else:
         blocks = [Bullets([], box="good", name="regressions", title="No regressions against the previous nights.")]
+    checked = selfcheck.load_verdicts(night_dir / selfcheck.NIGHT_DIR)
+    if checked:
+        failing = [f"{v.backend}, {selfcheck.BY_NAME[v.path].title}: {v.detail}" for v in checked if v.verdict == "fail"]
+        blocks += [Bullets(failing, box="bad", name="selfcheck", title=f"Selfcheck: {len(failing)} path(s) fail")
+                   if failing else Bullets([], box="good", name="selfcheck",
+                                           title="Selfcheck: every path checked here passes.")]
     failed = contrast.failures(cmp_rows)
     if failed:
         blocks += [Heading("Failed runs"), Bullets(failed)]
@@ -195,6 +201,8 @@ def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
                Heading(f"Trends (last {len(shown)} night{'s' if len(shown) != 1 else ''})"),
                *(Image(path, f"trend of {entry}") for path, entry in zip(trends, entries)),
                Heading("Environment of each night"), environment_table(_night_states(history_dir, shown), rows)]
+    if checked:
+        blocks += [Heading("Selfcheck of this machine"), *selfcheck.verdict_blocks(checked)]
     return Page(title=f"xfw nightly: {suite_name}, night {night}", level=1, blocks=blocks,
                 subtitle=f"{len(results)} runs, each compared with the median of up to {window} previous nights "
                          f"of the same workload; history: {history_dir.resolve()}",

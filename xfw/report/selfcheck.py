@@ -31,6 +31,10 @@ DTYPE_TOLERANCE = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 1e-2}
 (the parity bound); bf16 keeps 8 significand bits (2^-8 ≈ 4e-3 per operation, compounded through a
 network's depth); fp16 keeps 11 (2^-11 ≈ 5e-4)."""
 VERDICTS = ("pass", "fail", "not checked")
+VERDICTS_FILE = "selfcheck.json"
+"""Where a selfcheck's verdicts and the machine's environment are written, in its output directory."""
+NIGHT_DIR = "selfcheck"
+"""A night's selfcheck (a suite's ``selfcheck``), under the night's directory."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,3 +194,29 @@ def paths_of(setup: dict, knobs: dict) -> list[str]:
     if knobs.get("attn_implementation") == "eager":
         found.append("attention-eager")
     return found
+
+
+def verdict_blocks(verdicts: list[Verdict]) -> list:
+    """The verdicts as a table, then what could not be checked here and why (``xfw selfcheck``'s page,
+    and the night's when its suite starts with a selfcheck)."""
+    from xfw.report import table
+
+    cells = [[v.backend, BY_NAME[v.path].title, table.Strong(v.verdict) if v.verdict != "pass" else "pass",
+              v.detail] for v in verdicts]
+    blocks = [table.Table(header=["Backend", "Path", "Verdict", "Detail"], cells=cells, name="selfcheck",
+                          records=[v.to_dict() for v in verdicts])]
+    skipped = [f"{v.backend}, {BY_NAME[v.path].title}: {v.detail}" for v in verdicts if v.verdict == "not checked"]
+    if skipped:
+        blocks += [table.Heading("Could not be checked on this machine", 3), table.Bullets(skipped)]
+    return blocks
+
+
+def load_verdicts(directory) -> list[Verdict]:
+    """The verdicts :data:`VERDICTS_FILE` in ``directory`` holds ([] where there is none)."""
+    from xfw.contract.atomic import UnreadableFile, read_json_object
+
+    try:
+        data = read_json_object(Path(directory) / VERDICTS_FILE)
+    except UnreadableFile:
+        return []
+    return [Verdict(**{**v, "families": tuple(v.get("families", ()))}) for v in data.get("verdicts", [])]

@@ -30,16 +30,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from xfw.contract import env as host
 from xfw.run import launcher
 from xfw.report.history import NIGHTS_DIR, History, row_from_result
+from xfw.report.selfcheck import NIGHT_DIR as SELFCHECK_DIR
 from xfw.report.verdicts import VERDICTS_FILE, Verdict, evaluate
 from xfw.run.jobs import Backends, Job, jobs_for, run_jobs, with_sibling_parts
 from xfw.report.results import RunResult
 from xfw.contract.atomic import write_json_atomic
+from xfw.run.selfcheck import run_selfcheck
 from xfw.run.suite import Suite
 
 NODE_WAIT_S = 300.0
@@ -98,14 +100,20 @@ class NightOutcome:
     kept: int
     """Runs kept from an earlier attempt at this night (interrupted, or rerun with --night)."""
     report_path: Path | None = None
+    selfcheck: list = field(default_factory=list)
+    """The suite's selfcheck verdicts (``xfw.report.selfcheck.Verdict``), when it has one."""
 
     @property
     def regressions(self) -> list[Verdict]:
         return [v for v in self.verdicts if v.flagged]
 
     @property
+    def failed_paths(self) -> list:
+        return [v for v in self.selfcheck if v.verdict == "fail"]
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.regressions else 0
+        return 1 if self.regressions or self.failed_paths else 0
 
 
 def start_night(history_dir: Path, suite: Suite, night: str, overrides: list[str],
@@ -164,6 +172,12 @@ def run_night(suite: Suite, backends: Backends, history_dir: Path, *,
                                         entry=entry_of[job.run_dir],
                                         run_dir=str(Path(result.run_dir).relative_to(history_dir)))])
 
+    checked = []
+    if suite.selfcheck and node_rank == 0:  # first: the machine's settings paths, before any number of the night
+        families, paths = suite.selfcheck
+        log(f"selfcheck: {', '.join(families)} through {len(paths)} paths -> {night_dir / SELFCHECK_DIR}")
+        checked = run_selfcheck(launcher.PROJECT_ROOT, list(families), list(paths), backends, night_dir / SELFCHECK_DIR,
+                                progress=progress, log=log)
     # force: a resumed night reruns a run whose spec changed (new --set): the night is one suite's, not a user's
     results, kept = run_jobs(jobs, backends, resume=True, force=True, progress=progress, rendezvous=rendezvous,
                              log=log, on_result=record)
@@ -173,7 +187,8 @@ def run_night(suite: Suite, backends: Backends, history_dir: Path, *,
     write_json_atomic(night_dir / VERDICTS_FILE, {
         "night": night, "suite": suite.name, "policy": asdict(suite.regression),
         "verdicts": [asdict(v) | {"flagged": v.flagged} for v in verdicts]})
-    return NightOutcome(night=night, night_dir=night_dir, results=results, verdicts=verdicts, kept=kept)
+    return NightOutcome(night=night, night_dir=night_dir, results=results, verdicts=verdicts, kept=kept,
+                        selfcheck=checked)
 
 
 def finish_night(outcome: NightOutcome, now: dt.datetime | None = None) -> None:

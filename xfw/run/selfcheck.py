@@ -33,7 +33,7 @@ FAMILY_RECIPES = {"llava": "recipes/tiny/llava_sft.yaml", "qwen2vl": "recipes/ti
 """One tiny recipe per family, as shipped (relative to the project root)."""
 SHORT = ("measure.warmup_steps=1", "measure.steps=3", "measure.cpu_threads=1", "measure.timeout_s=600")
 DEFAULT_OUT = Path("runs") / "selfcheck"
-VERDICTS_FILE = "selfcheck.json"
+VERDICTS_FILE = judge.VERDICTS_FILE
 
 
 def overrides_for(path: judge.SettingsPath, backend: str, weights: Path) -> list[str]:

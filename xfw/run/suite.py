@@ -19,12 +19,13 @@ and the key, e.g. ``suites/x.yaml: entries[2].recipe: no such file ../recipes/ti
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xfw.report.selfcheck import BY_NAME
 from xfw.report.verdicts import RegressionPolicy
 from xfw.run.recipe import PLAIN_NAME_RULE, Recipe, RecipeError, is_plain_name, load_recipe
+from xfw.run.selfcheck import FAMILY_RECIPES
 from xfw.run.yamlfile import YamlError, load_file
 
 
@@ -51,9 +52,11 @@ class Suite:
     regression: RegressionPolicy = field(default_factory=RegressionPolicy)
     overrides: tuple[str, ...] = ()
     """The suite's own ``set`` (applied to every entry before the entry's and the command line's)."""
+    selfcheck: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    """(families, settings paths) ``xfw selfcheck`` runs before the entries (fp32 first), or None."""
 
 
-_TOP_KEYS = {"name", "backends", "set", "regression", "entries", "description"}
+_TOP_KEYS = {"name", "backends", "set", "regression", "entries", "description", "selfcheck"}
 _ENTRY_KEYS = {"recipe", "set", "label"}
 
 
@@ -84,6 +87,25 @@ def _policy(data, source: str) -> RegressionPolicy:
             raise SuiteError(f"{source}: regression.{key}: must be >= {low}, got {value!r}")
         values[key] = wanted(value)
     return RegressionPolicy(**values)
+
+
+def _selfcheck(data, source: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """``selfcheck: true`` (every family, every path), a mapping ``{families: [...], paths: [...]}``
+    (either may be left out: all), or absent / false (none)."""
+    if data is None or data is False:
+        return None
+    if data is True:
+        data = {}
+    if not isinstance(data, dict) or set(data) - {"families", "paths"}:
+        raise SuiteError(f"{source}: selfcheck: true, or a mapping with families and/or paths")
+    chosen = []
+    for key, known in (("families", tuple(FAMILY_RECIPES)), ("paths", tuple(BY_NAME))):
+        values = data.get(key, list(known))
+        if not isinstance(values, list) or not values or not all(v in known for v in values):
+            raise SuiteError(f"{source}: selfcheck.{key}: a non-empty list of {', '.join(known)}; got {values!r}")
+        chosen.append(tuple(values))
+    families, paths = chosen
+    return families, ("fp32", *(p for p in paths if p != "fp32"))  # fp32: what every other path is held to
 
 
 def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Suite:
@@ -151,4 +173,4 @@ def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     if problems:
         raise SuiteError("\n".join(problems))
     return Suite(name=name, path=path, backends=tuple(backends), entries=tuple(entries), regression=policy,
-                 overrides=tuple(common))
+                 overrides=tuple(common), selfcheck=_selfcheck(data.get("selfcheck"), source))

@@ -132,15 +132,9 @@ def selfcheck(backend_names: list[str], *, families: list[str], paths: list[str]
             return Outcome(notes=["interrupted: the same command resumes (finished runs are kept)"], exit_code=130)
         except ValueError as err:  # ParityError (the export) and RecipeError: one line
             raise UsageError(str(err)) from None
-    cells = [[v.backend, judge.BY_NAME[v.path].title, table.Strong(v.verdict) if v.verdict != "pass" else "pass",
-              v.detail] for v in verdicts]
-    skipped = [f"{v.backend}, {judge.BY_NAME[v.path].title}: {v.detail}" for v in verdicts if v.verdict == "not checked"]
     page = Page(title="xfw selfcheck", subtitle=f"{', '.join(families)} through {len(paths)} paths on "
                                                 f"{', '.join(backends)}, each from one exported start",
-                blocks=[table.Table(header=["Backend", "Path", "Verdict", "Detail"], cells=cells, name="selfcheck",
-                                    records=[v.to_dict() for v in verdicts])])
-    if skipped:
-        page.blocks += [table.Heading("Could not be checked on this machine", 3), table.Bullets(skipped)]
+                blocks=judge.verdict_blocks(verdicts))
     outcome = write_page(page, out_dir, "selfcheck")
     outcome.paths["verdicts"] = out_dir / sc.VERDICTS_FILE
     outcome.exit_code = 1 if any(v.verdict == "fail" for v in verdicts) else 0

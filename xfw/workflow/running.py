@@ -223,6 +223,8 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
     Exit 0: no regression; 1: a regression or a failed run; 130: interrupted (the same command resumes)."""
     from xfw.report.history import NIGHTS_DIR, History
     from xfw.report.nightly_report import write_night_report
+    from xfw.report.selfcheck import NIGHT_DIR as CHECKED
+    from xfw.report.selfcheck import load_verdicts as checked_paths
     from xfw.report.verdicts import VERDICTS_FILE, load_verdicts
     from xfw.run import nightly as nt
     from xfw.run.suite import SuiteError, load_suite
@@ -238,8 +240,9 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
         if night is None or not (history_dir / NIGHTS_DIR / night / VERDICTS_FILE).exists():
             raise UsageError(f"--report-only: no recorded night {night or ''} in {history_dir}".replace("  ", " "))
         verdicts = load_verdicts(history_dir / NIGHTS_DIR / night)
+        failing = [v for v in checked_paths(history_dir / NIGHTS_DIR / night / CHECKED) if v.verdict == "fail"]
         path = write_night_report(history_dir, night, suite_name=suite.name)
-        return Outcome(paths={"report": path}, exit_code=1 if any(v.flagged for v in verdicts) else 0)
+        return Outcome(paths={"report": path}, exit_code=1 if failing or any(v.flagged for v in verdicts) else 0)
     names = list(suite.backends)
     if only_backends is not None:
         stray = [n for n in only_backends if n not in suite.backends]
@@ -275,5 +278,10 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
     else:
         text = (f"night {result.night}: no regressions ({len(result.results)} runs, "
                 f"{result.kept} kept from an earlier attempt)")
+    if result.selfcheck:
+        failing = result.failed_paths
+        text += (f"\nselfcheck: {len(failing)} path(s) fail here: " + "; ".join(f"{v.backend} {v.path} ({v.detail})"
+                                                                       for v in failing) if failing else
+                 f"\nselfcheck: {len(result.selfcheck)} verdicts, none failing")
     return Outcome(text=text, paths={"report": report_path, "history": history_dir / "history.jsonl"},
                    exit_code=result.exit_code)
