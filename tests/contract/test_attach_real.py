@@ -56,7 +56,7 @@ def test_compare_measures_a_paddle_and_a_torch_command_like_its_own_adapters(tmp
     cells = table_row(result.stdout)
     assert float(cells[2].replace(",", "")) > 0 and float(cells[4].replace(",", "")) > 0
     assert cells[-1] == "190,656 / 190,656 (trainable 154,048 / 154,048) ✓"  # the preset's network on both sides
-    assert "(peak RSS)" in cells[5] and "(peak RSS)" in cells[6]
+    assert cells[5].endswith("MiB peak RSS") and cells[6].endswith("MiB peak RSS")  # the shared CPU measure
     seen = settings(result.stdout)
     assert seen["micro_batch"] == ["4", "4"] and seen["grad_accum_steps"] == ["2", "2"]
     assert seen["step_boundary"] == [boundary, boundary] and seen["num_processes"] == ["1", "1"]
