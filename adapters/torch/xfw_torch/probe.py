@@ -23,6 +23,7 @@ from typing import Any
 
 from xfw.contract.env import cpu_model, package_versions
 from xfw.contract.probe import observe
+from xfw.contract.probe.trainer import attach_callback
 
 LIBRARIES = ("transformers", "accelerate", "deepspeed", "peft", "diffusers", "trl")
 
@@ -222,26 +223,4 @@ def trainer_settings(args) -> dict:
 def install_trainer(module, probe) -> None:
     from transformers import TrainerCallback
 
-    framework = _FRAMEWORK
-
-    class XfwProbeCallback(TrainerCallback):
-        """Marks the Trainer's steps for xfw's probe."""
-
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            probe.trainer_began(framework, trainer_settings(args), model)
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            probe.step_began()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            probe.boundary(framework, "trainer")
-
-    original = module.Trainer.__init__
-
-    def __init__(trainer, *args, **kwargs):
-        original(trainer, *args, **kwargs)
-        if framework is not None:
-            probe.call(trainer.add_callback, XfwProbeCallback())
-
-    __init__.__wrapped__ = original
-    module.Trainer.__init__ = __init__
+    attach_callback(module.Trainer, TrainerCallback, _FRAMEWORK, probe, trainer_settings)
