@@ -195,5 +195,6 @@ def test_a_suite_may_start_its_night_with_a_selfcheck_of_the_machine(tmp_path):
     report = (night / "report.md").read_text()
     assert "Selfcheck: every path checked here passes." in report and "## Selfcheck of this machine" in report
     assert "attention without the fused kernel (flash off)" in report
+    assert "1 runs, each compared" in report  # the night's one entry: the selfcheck's runs are no result of it
     rows = [json.loads(line) for line in (history / "history.jsonl").read_text().splitlines()]
     assert [(r["entry"], r["status"]) for r in rows] == [("tiny-llava-sft", "ok")]  # the checks are no entry

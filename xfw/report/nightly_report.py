@@ -167,7 +167,9 @@ def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
     shown = order[:order.index(night) + 1][-TREND_NIGHTS:] if night in order else [night]
     verdicts = load_verdicts(night_dir)
     flagged = [v for v in verdicts if v.flagged]
-    results = load_runs([night_dir])
+    # The night's entries; the selfcheck's runs under it are the machine's checks, not the night's numbers.
+    results = [r for r in load_runs([night_dir])
+               if Path(r.run_dir).resolve().relative_to(night_dir.resolve()).parts[0] != selfcheck.NIGHT_DIR]
     backends = cmp.backends_in(results)
     cmp_rows = cmp.compare_runs(results, backends)
     chart = plot_comparison(cmp_rows, backends, night_dir / "chart.png", title=f"Training speed, night {night}")
