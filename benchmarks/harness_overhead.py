@@ -90,6 +90,27 @@ def _marks() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
+def _bare_loop(one_step, sync):
+    """The bare loop around a backend's hand-written optimizer step: ``UNTIMED`` steps, then the
+    clocks at the (synchronised) start and after each of ``steps`` steps, the last synchronised
+    (on a GPU per-step marks say little; the window's ends are what count)."""
+
+    def bare(pool: list, accum: int, steps: int) -> list[tuple[float, float]]:
+        marks = []
+        for step in range(UNTIMED + steps):
+            if step == UNTIMED:
+                sync()
+                marks.append(_marks())
+            one_step([pool[(step * accum + i) % len(pool)] for i in range(accum)])
+            if step >= UNTIMED:
+                marks.append(_marks())
+        sync()
+        marks[-1] = _marks()
+        return marks
+
+    return bare
+
+
 def _torch_loop(spec: dict):
     import torch
 
@@ -98,29 +119,19 @@ def _torch_loop(spec: dict):
 
     session = build_session(spec)
     loss_fn = family_module(spec["model"]["family"]).loss_fn
+    model, optimizer = session.model, session.optimizer
+
+    def one_step(micro_batches: list) -> None:
+        for batch in micro_batches:
+            with session._autocast():  # the recipe's precision (O0: none), as the session's step
+                loss = loss_fn(model, batch) / len(micro_batches)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
     sync = torch.cuda.synchronize if session.cuda else (lambda: None)
-
-    def bare(pool: list, accum: int, steps: int) -> list[tuple[float, float]]:
-        model, optimizer = session.model, session.optimizer
-        marks = []
-        for step in range(UNTIMED + steps):
-            if step == UNTIMED:
-                sync()
-                marks.append(_marks())
-            for i in range(accum):
-                with session._autocast():  # the recipe's precision (O0: none), as the session's step
-                    loss = loss_fn(model, pool[(step * accum + i) % len(pool)]) / accum
-                loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if step >= UNTIMED:  # on a GPU per-step marks say little; the window's ends are synchronised
-                marks.append(_marks())
-        sync()
-        marks[-1] = _marks()
-        return marks
-
     versions = {"torch": torch.__version__, "threads": torch.get_num_threads()}
-    return session, bare, versions
+    return session, _bare_loop(one_step, sync), versions
 
 
 def _paddle_loop(spec: dict):
@@ -131,27 +142,17 @@ def _paddle_loop(spec: dict):
 
     session = build_session(spec)
     loss_fn = family_module(spec["model"]["family"]).loss_fn
+    model, optimizer = session.model, session.optimizer
+
+    def one_step(micro_batches: list) -> None:
+        for batch in micro_batches:
+            loss = loss_fn(model, batch, session._autocast) / len(micro_batches)
+            loss.backward()
+        optimizer.step()
+        optimizer.clear_grad(set_to_zero=False)
+
     sync = paddle.device.cuda.synchronize if session.gpu else (lambda: None)
-
-    def bare(pool: list, accum: int, steps: int) -> list[tuple[float, float]]:
-        model, optimizer = session.model, session.optimizer
-        marks = []
-        for step in range(UNTIMED + steps):
-            if step == UNTIMED:
-                sync()
-                marks.append(_marks())
-            for i in range(accum):
-                loss = loss_fn(model, pool[(step * accum + i) % len(pool)], session._autocast) / accum
-                loss.backward()
-            optimizer.step()
-            optimizer.clear_grad(set_to_zero=False)
-            if step >= UNTIMED:
-                marks.append(_marks())
-        sync()
-        marks[-1] = _marks()
-        return marks
-
-    return session, bare, {"paddle": paddle.__version__}
+    return session, _bare_loop(one_step, sync), {"paddle": paddle.__version__}
 
 
 class Marked:
@@ -226,46 +227,6 @@ def leg_stats(marks: list[tuple[float, float]], samples: int) -> dict:
             "cpu_fastest_step": samples / min(cpu_steps)}
 
 
-class _NullSession:
-    """A session whose step costs nothing: what is left is the harness's own work."""
-
-    rank, num_ranks = 0, 1
-
-    def to_device(self, batch):
-        return batch
-
-    def train_step(self, micro_batches):
-        return 0.0
-
-    def loss_token(self, loss):
-        return loss
-
-    def loss_value(self, token):
-        return float(token)
-
-    def timestamp(self):
-        return time.perf_counter()
-
-    def is_done(self, stamp):
-        return True
-
-    def elapsed_s(self, start, end):
-        return end - start
-
-    def synchronize(self):
-        pass
-
-    def memory_peaks(self):
-        return 1, None
-
-    def applied(self):
-        return {"framework": "none", "framework_version": "0", "device": "cpu", "device_name": "cpu",
-                "weight_dtype": "float32", "compute_dtype": "float32", "amp_level": "O0", "master_weights": False,
-                "sharding_impl": "none", "attention_impl": "none", "tf32": False, "fused_optimizer": False,
-                "recompute": False, "num_params_total": 0, "num_params_trainable": 0, "num_processes": 1,
-                "grad_accum_steps": 1, "mem_source": "peak_rss", "notes": ""}
-
-
 def harness_alone(spec: dict, session, steps: int = 20000) -> dict:
     """The harness's own cost with a step that costs nothing: per step inside the measured window
     (timestamps, loss tokens, the drain check), and per record written (once a second inside the
@@ -275,7 +236,9 @@ def harness_alone(spec: dict, session, steps: int = 20000) -> dict:
 
     run_spec = {**spec, "measure": {**spec["measure"], "warmup_steps": 0, "steps": steps},
                 "derived": {**spec["derived"], "grad_accum_steps": 1}}
-    marked = Marked(_NullSession())
+    from harness_bookkeeping import NoopSession  # a session whose step costs nothing
+
+    marked = Marked(NoopSession())
     with tempfile.TemporaryDirectory() as tmp:
         writer = RecordWriter(Path(tmp) / "steps.jsonl", 0)
         harness.run_training(run_spec, writer, marked)
