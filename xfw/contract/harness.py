@@ -58,6 +58,9 @@ class Session(Protocol):
     def train_step(self, micro_batches: list) -> Any:
         """One optimizer step over the micro-batches (gradient accumulation); returns the
         loss as a framework scalar, still on the device."""
+    # Optional, the step's split points (the step breakdown, :data:`BREAKDOWN`): ``forward_backward
+    # (micro_batches) -> loss`` (every micro-batch's forward and backward, gradients reduced) and
+    # ``optimizer_step()`` (clipping, the update, zeroing): ``train_step`` is the two in turn.
     def loss_token(self, loss: Any) -> Any:
         """Start an asynchronous device-to-host copy of the loss; no host sync."""
     def loss_value(self, token: Any) -> float:
@@ -110,6 +113,32 @@ def loader_settings(spec: dict) -> tuple[int, int]:
     return out[0], out[1]
 
 
+BREAKDOWN = ("data_wait_s", "fwd_bwd_s", "optimizer_s")
+"""A step's parts, between the timestamps the harness places (no host sync added): waiting on the
+data (its micro-batches fetched and on the device), forward + backward (communication that
+overlaps backward included), the optimizer step (clipping included). They sum to ``step_time_s``."""
+
+
+def _step(session: Session, data: "_Steps", step: int, described: list) -> tuple[Any, list]:
+    """One step with the breakdown's split points: (loss, the timestamps after its data and, when the
+    session has the split, after forward + backward); the caller's end timestamp closes the last part."""
+    micro_batches, metas = data.next(step)
+    described.append(metas)
+    marks = [session.timestamp()]
+    if not hasattr(session, "forward_backward"):
+        return session.train_step(micro_batches), marks
+    loss = session.forward_backward(micro_batches)
+    marks.append(session.timestamp())
+    session.optimizer_step()
+    return loss, marks
+
+
+def _parts(session: Session, start: Any, marks: list, end: Any) -> dict:
+    points = [start, *marks, end]
+    return {key: session.elapsed_s(a, b) for key, a, b in zip(BREAKDOWN, points, points[1:])} if len(marks) == 2 \
+        else {BREAKDOWN[0]: session.elapsed_s(start, marks[0])}
+
+
 class _Steps:
     """The micro-batches of each optimizer step, with their descriptions (``xfw.contract.batches``).
 
@@ -152,9 +181,9 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
     writer.start(num_ranks=session.num_ranks, warmup_steps=warmup, steps=steps,
                  rss_after_build_bytes=rss_after_build, rss_peak_since_build=rss_since_build)
 
-    def write_step(step: int, phase: str, time_s: float, loss: float | None) -> None:
+    def write_step(step: int, phase: str, time_s: float, loss: float | None, parts: dict) -> None:
         alloc, reserved = session.memory_peaks()
-        extra = {"grad_norm_l2": grad_norms[step]} if with_grad_norm else {}
+        extra = {"grad_norm_l2": grad_norms[step], **parts} if with_grad_norm else parts
         tokens, padded, longest, hashes = zip(*described[step])
         writer.write("step", step=step, phase=phase, step_time_s=time_s, samples=samples, tokens=sum(tokens),
                      loss=loss, mem_alloc_peak_bytes=alloc, mem_reserved_peak_bytes=reserved,
@@ -163,14 +192,14 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
 
     # Warm-up: synchronised every step (it is excluded, so the syncs cost nothing we report).
     for step in range(warmup):
-        t0 = time.perf_counter()
-        micro_batches, metas = data.next(step)
-        described.append(metas)
-        loss = session.train_step(micro_batches)
+        t0, start = time.perf_counter(), session.timestamp()
+        loss, marks = _step(session, data, step, described)
+        end = session.timestamp()
         session.synchronize()  # SYNC: warm-up only
         if with_grad_norm:
             grad_norms.append(session.grad_norm())
-        write_step(step, "warmup", time.perf_counter() - t0, session.loss_value(session.loss_token(loss)))
+        write_step(step, "warmup", time.perf_counter() - t0, session.loss_value(session.loss_token(loss)),
+                   _parts(session, start, marks, end))
 
     # Measured window. Sync once before and once after; inside, only timestamps and
     # asynchronous loss copies, drained as the device passes them (for live progress).
@@ -179,11 +208,10 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
     # is read inside the window (each step's time includes fetching its micro-batches).
     session.synchronize()  # SYNC: window start
     t_start = t_drain = time.perf_counter()
-    stamps, tokens_pending, written = [session.timestamp()], [], 0
+    stamps, tokens_pending, marks, written = [session.timestamp()], [], [], 0
     for i in range(steps):
-        micro_batches, metas = data.next(warmup + i)
-        described.append(metas)
-        loss = session.train_step(micro_batches)
+        loss, step_marks = _step(session, data, warmup + i, described)
+        marks.append(step_marks)
         tokens_pending.append(session.loss_token(loss))
         stamps.append(session.timestamp())
         if with_grad_norm:  # SYNC: parity only (wants_grad_norm); its step times are not a measurement
@@ -193,13 +221,14 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
         t_drain = time.perf_counter()
         while written <= i and session.is_done(stamps[written + 1]):
             write_step(warmup + written, "measure", session.elapsed_s(stamps[written], stamps[written + 1]),
-                       session.loss_value(tokens_pending[written]))
+                       session.loss_value(tokens_pending[written]),
+                       _parts(session, stamps[written], marks[written], stamps[written + 1]))
             written += 1
     session.synchronize()  # SYNC: window end
     window_s = time.perf_counter() - t_start
     for j in range(written, steps):
         write_step(warmup + j, "measure", session.elapsed_s(stamps[j], stamps[j + 1]),
-                   session.loss_value(tokens_pending[j]))
+                   session.loss_value(tokens_pending[j]), _parts(session, stamps[j], marks[j], stamps[j + 1]))
     measured = described[warmup:]
     writer.write("window", window_time_s=window_s, num_steps=steps, samples=samples * steps,
                  tokens=sum(m[0] for metas in measured for m in metas),

@@ -14,7 +14,9 @@ Optional fields (:data:`OPTIONAL`; runs written before them lack them and still 
 longest sample) and ``batch_hashes`` (one hash per micro-batch, ``xfw.contract.batches.batch_hash``),
 and the window record's ``padded_tokens``; ``rss_peak_bytes`` on every step and
 ``rss_after_build_bytes`` / ``rss_peak_since_build`` on ``start``, the process's resident memory
-(``xfw.contract.rss``), the one memory measure both backends share on a CPU. A run xfw attached to
+(``xfw.contract.rss``), the one memory measure both backends share on a CPU; the step breakdown,
+``data_wait_s``, ``fwd_bwd_s`` and ``optimizer_s`` (``xfw.contract.harness.BREAKDOWN``; the last two
+only from a session that offers the split). A run xfw attached to
 (``xfw.contract.probe``) adds a few ``applied`` fields, and a window parsed from a command's log
 says so (``"source": "command_log"``).
 
@@ -63,7 +65,9 @@ FIELDS: dict[str, dict[str, tuple]] = {
 # the process's start).
 OPTIONAL: dict[str, dict[str, tuple]] = {
     "step": {"grad_norm_l2": _NUM + _NONE, "padded_tokens": _INT, "max_seq_len": _INT, "batch_hashes": _LIST,
-             "rss_peak_bytes": _INT + _NONE},
+             "rss_peak_bytes": _INT + _NONE,
+             # The step breakdown (xfw.contract.harness.BREAKDOWN): its parts, summing to step_time_s.
+             "data_wait_s": _NUM, "fwd_bwd_s": _NUM, "optimizer_s": _NUM},
     "start": {"rss_after_build_bytes": _INT + _NONE, "rss_peak_since_build": _BOOL},
     # What a run xfw attached to (xfw.contract.probe) can see beyond the adapters' fields: the
     # micro-batch per process, Paddle's fp32 master gradients, and where its steps end.

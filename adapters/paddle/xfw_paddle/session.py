@@ -213,6 +213,12 @@ class PaddleSession:
         return paddle.amp.auto_cast(level=self.precision.amp_level, dtype=self.precision.compute_dtype)
 
     def train_step(self, micro_batches: list) -> paddle.Tensor:
+        loss = self.forward_backward(micro_batches)
+        self.optimizer_step()
+        return loss
+
+    def forward_backward(self, micro_batches: list) -> paddle.Tensor:
+        """The step's first part (the harness's breakdown): every micro-batch's forward and backward."""
         total = paddle.zeros([], dtype="float32")
         last = len(micro_batches) - 1
         for i, batch in enumerate(micro_batches):
@@ -220,6 +226,10 @@ class PaddleSession:
                 loss = self.layer(**batch) / len(micro_batches)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
+        return total
+
+    def optimizer_step(self) -> None:
+        """The step's second part: clipping (the optimizer's grad_clip), the update, clearing the gradients."""
         if self.record_grad_norm:
             self._grad_norm = self._global_grad_norm()
         if self.scaler:
@@ -228,7 +238,6 @@ class PaddleSession:
         else:
             self.optimizer.step()
         self.optimizer.clear_grad(set_to_zero=False)
-        return total
 
     def _global_grad_norm(self) -> paddle.Tensor:
         """L2 over every trainable gradient, in float64, on the device (no sync here)."""

@@ -262,6 +262,12 @@ class TorchSession:
         return self.master.master_params if self.master else [p for p in self.module.parameters() if p.requires_grad]
 
     def train_step(self, micro_batches: list) -> torch.Tensor:
+        loss = self.forward_backward(micro_batches)
+        self.optimizer_step()
+        return loss
+
+    def forward_backward(self, micro_batches: list) -> torch.Tensor:
+        """The step's first part (the harness's breakdown): every micro-batch's forward and backward."""
         if self.engine is not None:
             return self._deepspeed_step(micro_batches)
         total = torch.zeros((), device=self.device)
@@ -272,6 +278,13 @@ class TorchSession:
                     loss = self.module(**batch) / len(micro_batches)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach().float()
+        return total
+
+    def optimizer_step(self) -> None:
+        """The step's second part: clipping, the update, zeroing the gradients."""
+        if self.engine is not None:
+            self.engine.step()  # the last micro-batch's: the engine's optimizer step
+            return
         if self.master:
             self.master.grads_to_master()
         if self.scaler and (self.record_grad_norm or self.max_grad_norm):
@@ -291,17 +304,17 @@ class TorchSession:
         self.optimizer.zero_grad(set_to_none=True)
         if self.master:
             self.master.master_to_model()
-        return total
 
     def _deepspeed_step(self, micro_batches: list) -> torch.Tensor:
         """The engine scales each micro-batch's loss by 1/accumulation in backward and applies the
-        optimizer at the last one; the reported loss is the same mean as the plain path's."""
+        optimizer at the last one (:meth:`optimizer_step`); the reported loss is the same mean as the plain path's."""
         total = torch.zeros((), device=self.device)
-        for batch in micro_batches:
+        for i, batch in enumerate(micro_batches):
             with self._autocast():
                 loss = self.engine(**batch)
             self.engine.backward(loss)
-            self.engine.step()
+            if i < len(micro_batches) - 1:
+                self.engine.step()
             total += loss.detach().float() / len(micro_batches)
         return total
 
