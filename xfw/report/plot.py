@@ -62,3 +62,75 @@ def plot_comparison(rows: list[ComparisonRow], backends: list[str], path: str | 
     plt.close(fig)
     tmp.replace(path)  # atomic: a reader never sees half a PNG
     return path
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+_PART_COLORS = ["#8c8c8c", "#2f6fdf", "#e8a33d", "#d8d8d8", "#6a9955", "#b07cc6"]
+
+
+def plot_breakdown(entries: list[tuple[str, str, dict]], parts: list[str], labels: dict[str, str],
+                   path: str | Path) -> Path:
+    """The step breakdown (``xfw.report.breakdown``): one stacked column per (row, backend), one
+    colour per part, in milliseconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(entries) + 2.5), 4.2))
+    bottoms = [0.0] * len(entries)
+    for k, part in enumerate(parts):
+        values = [e[2].get(part, 0.0) * 1e3 for e in entries]
+        if not any(values):
+            continue
+        ax.bar(range(len(entries)), values, 0.6, bottom=bottoms, label=labels.get(part, part),
+               color=_PART_COLORS[k % len(_PART_COLORS)])
+        bottoms = [b + v for b, v in zip(bottoms, values)]
+    for j, top in enumerate(bottoms):
+        ax.text(j, top * 1.01, f"{top:.1f} ms", ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(range(len(entries)), [f"{label}\n{backend}" for label, backend, _ in entries],
+                  rotation=0 if len(entries) < 5 else 30, fontsize=8)
+    ax.set_ylabel("mean step time (ms)")
+    ax.set_title("Where each side's step goes", fontsize=11)
+    ax.set_ylim(0, max(bottoms or [1.0]) * 1.15 or 1.0)
+    ax.legend(fontsize=8)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return _save(fig, Path(path))
+
+
+def plot_waterfall(start: tuple[str, float], steps: list[tuple[str, float]], end: tuple[str, float],
+                   path: str | Path, *, title: str) -> Path:
+    """A waterfall (``xfw explain``): ``start``'s step time, each part's difference (seconds; red
+    adds time, green removes it), ending at ``end``'s step time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(steps) + 3), 4.6))
+    ax.bar(0, start[1] * 1e3, 0.6, color="#2f6fdf")
+    level = start[1]
+    for j, (_, delta) in enumerate(steps, start=1):
+        low = min(level, level + delta)
+        ax.bar(j, abs(delta) * 1e3, 0.6, bottom=low * 1e3, color="#d9534f" if delta > 0 else "#5cb85c")
+        ax.text(j, max(level, level + delta) * 1e3, f"{delta * 1e3:+.2f}", ha="center", va="bottom", fontsize=8)
+        level += delta
+    ax.bar(len(steps) + 1, end[1] * 1e3, 0.6, color="#ee4c2c")
+    names = [start[0], *(name for name, _ in steps), end[0]]
+    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("step time (ms)")
+    ax.set_title(title, fontsize=11)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return _save(fig, Path(path))

@@ -14,6 +14,7 @@ from xfw.contract.atomic import write_text_atomic
 from xfw.report import compare as cmp
 from xfw.report import contrast, table
 from xfw.report.plot import plot_comparison
+from xfw.report import breakdown
 from xfw.report.results import RunResult
 from xfw.report.table import Page
 from xfw.run import command, jobs, launcher, lock
@@ -135,7 +136,9 @@ def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *
         chart_path, problem = None, f"could not write {out_dir / 'chart.png'}: {err.strerror or err}"
     else:
         problem = ""
-    outcome = write_page(contrast.contrast_page(rows, backends, chart=chart_path, warnings=list(warnings)), out_dir)
+    page = contrast.contrast_page(rows, backends, chart=chart_path, warnings=list(warnings))
+    page.blocks = breakdown.insert_blocks(page.blocks, breakdown.breakdown_blocks(rows, backends, out_dir if chart else None))
+    outcome = write_page(page, out_dir)
     if chart_path is not None:
         outcome.paths["chart"] = chart_path
     if problem:
