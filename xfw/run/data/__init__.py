@@ -48,6 +48,42 @@ def cache_root(data) -> Path:
     return Path.home() / ".cache" / "xfw" / "data"
 
 
+def image_path(root: Path, name: str) -> Path:
+    """The image ``name`` names under ``root``. A name is a relative path inside the root: an absolute
+    path, a ``..`` component, a NUL or a lone surrogate is refused (ValueError saying which), so a data
+    file cannot make xfw read files elsewhere by naming them. A symbolic link inside the root is
+    followed wherever it leads (the root's owner made it; data sets often link their image folders in):
+    :func:`leaves_root` counts those, and the count is in the preparation's statistics."""
+    if not is_text(name) or "\x00" in name:
+        raise ValueError("is not a file name")
+    pure = Path(name)
+    if pure.is_absolute() or name.startswith("~"):
+        raise ValueError("is an absolute path; image paths are relative to the image root")
+    if ".." in pure.parts:
+        raise ValueError("holds '..'; image paths must stay inside the image root")
+    return root / pure
+
+
+def leaves_root(root: Path, path: Path) -> bool:
+    """Whether ``path`` (under ``root``) resolves, through symbolic links, to a file outside it."""
+    try:
+        return not path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):  # a symlink loop
+        return True
+
+
+def is_text(value) -> bool:
+    """A str that is text: encodable as UTF-8 (no lone surrogate such as ``"\\ud800"``, which JSON
+    allows and no tokenizer or file system takes)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 _DIGESTS: dict[tuple, str] = {}
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xfw.run.data import DataError, file_digest
+from xfw.run.data import DataError, file_digest, image_path, is_text, leaves_root
 from xfw.run.data import images as img
 from xfw.run.data.cache import CacheWriter
 from xfw.run.data.conversations import load_tokenizer
@@ -38,6 +38,8 @@ class Plan:
     image_root: Path
     tokenizer: object = None
     fingerprints: dict = field(default_factory=dict)
+    outside_root: int = 0
+    """Images read through a symbolic link that leads outside the image root (in the statistics)."""
 
     def where(self, i: int) -> str:
         return f"data.path: {self.path}: line {self.numbers[i]}"
@@ -54,15 +56,18 @@ def plan(recipe, arch: dict) -> Plan:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise DataError(f"data.path: {path}: cannot read ({err})") from None
-    for number, line in enumerate(text.splitlines(), 1):
+    # JSON lines end at \n only: str.splitlines would also split at U+2028, U+0085, \x0c, ... inside a caption
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
             entry = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise DataError(f"data.path: {path}: line {number} is not JSON") from None
         if not isinstance(entry, dict) or not isinstance(entry.get("file_name"), str) or not isinstance(entry.get("text"), str):
             raise DataError(f'data.path: {path}: line {number} must be {{"file_name": "...", "text": "..."}}')
+        if not is_text(entry["text"]) or not is_text(entry["file_name"]):
+            raise DataError(f"data.path: {path}: line {number} holds a lone surrogate (e.g. \\ud800), not text")
         lines.append(entry)
         numbers.append(number)
         if data.max_samples and len(lines) == data.max_samples:
@@ -75,9 +80,13 @@ def plan(recipe, arch: dict) -> Plan:
         result.tokenizer, tokenizer_digests = load_tokenizer(data.tokenizer, arch)
     digest = hashlib.sha256()
     for i, entry in enumerate(lines):
-        image = image_root / entry["file_name"]
+        try:
+            image = image_path(image_root, entry["file_name"])
+        except ValueError as err:
+            raise DataError(f"{result.where(i)}: image {entry['file_name']!r} {err}") from None
         if not image.is_file():
             raise DataError(f"{result.where(i)}: image {entry['file_name']!r} not found under {image_root}")
+        result.outside_root += leaves_root(image_root, image)
         digest.update(f"{entry['file_name']}:{file_digest(image)}\n".encode())
     result.fingerprints = {"data": file_digest(path), "images": digest.hexdigest(), "tokenizer": tokenizer_digests}
     return result
@@ -103,7 +112,7 @@ def build(plan: Plan, directory: Path) -> dict:
     try:
         for i, entry in enumerate(plan.lines):
             try:
-                pixels = img.sd_image(img.load_rgb(plan.image_root / entry["file_name"]), arch["data"]["image_size"],
+                pixels = img.sd_image(img.load_rgb(image_path(plan.image_root, entry["file_name"])), arch["data"]["image_size"],
                                       data.interpolation)
             except (OSError, ValueError) as err:
                 raise DataError(f"{plan.where(i)}: cannot preprocess image {entry['file_name']!r} ({err})") from None
@@ -118,6 +127,6 @@ def build(plan: Plan, directory: Path) -> dict:
         writer.abandon()
         raise
     stats = {"num_samples": len(plan.lines), "num_images": len(plan.lines), "max_seq_len": 0,
-             "distinct_captions": len({e["text"] for e in plan.lines})}
+             "distinct_captions": len({e["text"] for e in plan.lines}), "images_outside_root": plan.outside_root}
     writer.finish({"family": arch["family"], "kind": "image_captions", "source": str(plan.path), "stats": stats})
     return {"stats": stats}

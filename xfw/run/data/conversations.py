@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from xfw.contract.families import llava as llava_facts
-from xfw.run.data import DataError, file_digest
+from xfw.run.data import DataError, file_digest, image_path, is_text, leaves_root
 from xfw.run.data import images as img
 from xfw.run.data import text as txt
 from xfw.run.data.cache import CacheWriter
@@ -51,9 +51,14 @@ class Plan:
     images: list[list[Path]] = field(default_factory=list)
     fingerprints: dict = field(default_factory=dict)
 
+    outside_root: int = 0
+    """Images read through a symbolic link that leads outside the image root (in the statistics)."""
+
     def where(self, i: int) -> str:
         sample_id = self.records[i].get("id") if isinstance(self.records[i], dict) else None
-        return f"data.path: {self.path}: sample #{i}" + (f" (id {sample_id!r})" if sample_id is not None else "")
+        if not (is_text(sample_id) or type(sample_id) is int):
+            return f"data.path: {self.path}: sample #{i}"
+        return f"data.path: {self.path}: sample #{i} (id {str(sample_id)[:80]!r})"
 
 
 def load_tokenizer(directory: str | None, arch: dict) -> tuple[txt.Tokenizer, dict]:
@@ -80,12 +85,16 @@ def _image_paths(record, i: int, plan: Plan) -> list[Path]:
     value = record.get("image")
     names = [] if value is None else [value] if isinstance(value, str) else value
     if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-        raise DataError(f"{plan.where(i)}: 'image' must be a path or a list of paths, got {value!r}")
+        raise DataError(f"{plan.where(i)}: 'image' must be a path or a list of paths, got {repr(value)[:80]}")
     paths = []
     for name in names:
-        found = plan.image_root / name
+        try:
+            found = image_path(plan.image_root, name)
+        except ValueError as err:
+            raise DataError(f"{plan.where(i)}: image {name!r} {err}") from None
         if not found.is_file():
             raise DataError(f"{plan.where(i)}: image {name!r} not found under {plan.image_root}")
+        plan.outside_root += leaves_root(plan.image_root, found)
         paths.append(found)
     return paths
 
@@ -98,7 +107,9 @@ def plan(recipe, arch: dict) -> Plan:
     try:
         records = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise DataError(f"data.path: {path}: not a readable JSON file ({err})") from None
+        raise DataError(f"data.path: {path}: not a readable JSON file ({str(err)[:200]})") from None
+    except RecursionError:
+        raise DataError(f"data.path: {path}: nested too deep to be LLaVA conversations") from None
     if not isinstance(records, list):
         raise DataError(f"data.path: {path}: must hold a JSON list of samples, got {type(records).__name__}")
     records = records[: data.max_samples] if data.max_samples else records
@@ -111,6 +122,11 @@ def plan(recipe, arch: dict) -> Plan:
     template = txt.choose_template(data.template, arch["family"], recipe.stage, tokenizer)
     if template == "tokenizer" and not isinstance(tokenizer.config.get("chat_template"), str):
         raise DataError(f"data.template: tokenizer, but {Path(data.tokenizer) / 'tokenizer_config.json'} has no chat_template")
+    if template == "tokenizer":
+        try:
+            txt.bounded.compile_chat_template(tokenizer.config["chat_template"], fail=txt.TemplateError)
+        except txt.TemplateError as err:
+            raise DataError(f"data.tokenizer: {Path(data.tokenizer) / 'tokenizer_config.json'}: {err}") from None
     result = Plan(recipe=recipe, arch=arch, path=path, records=records, image_root=image_root, tokenizer=tokenizer,
                   template=template)
     digest = hashlib.sha256()
@@ -122,6 +138,9 @@ def plan(recipe, arch: dict) -> Plan:
             turns = txt.roles(record["conversations"])
         except txt.TemplateError as err:
             raise DataError(f"{result.where(i)}: {err}") from None
+        bad = next((k for k, (_, value) in enumerate(turns) if not is_text(value)), None)
+        if bad is not None:
+            raise DataError(f"{result.where(i)}: turn {bad} holds a lone surrogate (e.g. \\ud800), not text")
         marks = sum(value.count(txt.IMAGE) for _, value in turns)
         if marks != len(paths):
             raise DataError(f"{result.where(i)}: {marks} '<image>' in its conversation but {len(paths)} image(s)")
@@ -237,6 +256,7 @@ def build(plan: Plan, directory: Path) -> dict:
              "mean_seq_len": float(np.mean(lengths)), "max_seq_len": int(max(lengths)), "min_seq_len": int(min(lengths)),
              "mean_image_tokens": float(np.mean([f["image_tokens"] for f in facts])),
              "mean_answer_tokens": float(np.mean([f["answer"] for f in facts])),
-             "truncated": sum(1 for f in facts if f["truncated"]), "template": plan.template}
+             "truncated": sum(1 for f in facts if f["truncated"]), "template": plan.template,
+             "images_outside_root": plan.outside_root}
     writer.finish({"family": plan.arch["family"], "kind": "llava_json", "source": str(plan.path), "stats": stats})
     return {"stats": stats}

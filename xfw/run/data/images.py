@@ -26,10 +26,38 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 RESAMPLE = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "lanczos": Image.LANCZOS, "nearest": Image.NEAREST}
 
 
+MAX_IMAGE_PIXELS = 1 << 26
+"""The most pixels xfw decodes from one image (67,108,864, e.g. 8192 x 8192): an image header claims its
+size before any pixel is read, so a decompression bomb (100000 x 100000 in a few KB) is refused
+before it costs memory. Pillow's own limit (89,478,485 pixels) only warns below twice that."""
+
+
 def load_rgb(path) -> Image.Image:
-    """An image file as 8-bit RGB (any mode Pillow reads is converted, as the processors do)."""
-    with Image.open(path) as image:
-        return image.convert("RGB")
+    """An image file as 8-bit RGB (any mode Pillow reads is converted, as the processors do).
+    Anything that is not an image Pillow decodes whole (a truncated file, a header claiming more
+    than :data:`MAX_IMAGE_PIXELS`, a file Pillow's plugins choke on) is a ValueError saying why."""
+    try:
+        pillow_limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None  # the check below is stricter
+        try:
+            image = Image.open(path)  # reads the header only
+        finally:
+            Image.MAX_IMAGE_PIXELS = pillow_limit
+        with image:
+            width, height = image.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise ValueError(f"its header claims {width}x{height} pixels, more than the {MAX_IMAGE_PIXELS:,} "
+                                 "xfw decodes (a decompression bomb, or an image to shrink first)")
+            if width < 1 or height < 1:
+                raise ValueError(f"its header claims {width}x{height} pixels")
+            return image.convert("RGB")
+    except ValueError:
+        raise
+    except Image.DecompressionBombError as err:
+        raise ValueError(f"a decompression bomb ({err})") from None
+    except MemoryError:
+        raise ValueError("decoding it ran out of memory") from None
+    except Exception as err:  # noqa: BLE001 - Pillow's plugins raise OSError, SyntaxError, struct.error, ...
+        raise ValueError(f"not an image Pillow can decode ({type(err).__name__}: {str(err)[:160]})") from None
 
 
 def _normalise(image: Image.Image | np.ndarray, mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD) -> np.ndarray:

@@ -29,12 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from xfw.run.data import template as bounded
+
 IGNORE_INDEX = -100
 IMAGE = "<image>"
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 VICUNA_SYSTEM = ("A chat between a curious human and an artificial intelligence assistant. "
                  "The assistant gives helpful, detailed, and polite answers to the human's questions.")
 CHATML_SYSTEM = "You are a helpful assistant."
+
+
+SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
 
 
 class TemplateError(ValueError):
@@ -58,6 +63,15 @@ class Tokenizer:
         config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
         if not isinstance(config, dict):
             raise ValueError(f"{config_path}: not a JSON object")
+        for name in SPECIAL_TOKENS:
+            value = config.get(name)
+            content = value.get("content") if isinstance(value, dict) else value
+            if value is not None and not isinstance(content, str):
+                raise ValueError(f"{config_path}: {name} must be a token's text (or {{\"content\": text}}), "
+                                 f"got {repr(value)[:60]}")
+        template = config.get("chat_template")
+        if template is not None and not isinstance(template, (str, list)):
+            raise ValueError(f"{config_path}: chat_template must be a string, got {type(template).__name__}")
         return cls(impl, config, directory)
 
     @property
@@ -85,9 +99,10 @@ def roles(conversations: list) -> list[tuple[str, str]]:
     for i, turn in enumerate(conversations):
         if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
             raise TemplateError(f"turn {i} is not {{\"from\": ..., \"value\": \"...\"}}")
-        role = ROLES.get(turn.get("from"))
+        speaker = turn.get("from")
+        role = ROLES.get(speaker) if isinstance(speaker, str) else None
         if role is None:
-            raise TemplateError(f"turn {i} is from {turn.get('from')!r} (expected one of {', '.join(ROLES)})")
+            raise TemplateError(f"turn {i} is from {repr(speaker)[:60]} (expected one of {', '.join(ROLES)})")
         out.append((role, turn["value"]))
     if not any(role == "assistant" for role, _ in out):
         raise TemplateError("has no answer (no turn from gpt)")
@@ -136,33 +151,25 @@ def _chatml(turns, tokenizer: Tokenizer):
 
 def _jinja(turns, tokenizer: Tokenizer):
     """The tokenizer's chat template; each answer's span is what rendering the conversation up to
-    and including it adds to rendering the conversation before it (with the generation prompt)."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    source = tokenizer.config.get("chat_template")
-    if not isinstance(source, str):
-        raise TemplateError(f"{tokenizer.directory / 'tokenizer_config.json'} has no chat_template string")
-
-    def fail(message):
-        raise TemplateError(f"the chat template says: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = fail
-    template = env.from_string(source)
+    and including it adds to rendering the conversation before it (with the generation prompt).
+    Bounded (:mod:`xfw.run.data.template`): a template that fails, escapes the sandbox, loops or
+    grows without end is a TemplateError."""
+    template = bounded.compile_chat_template(tokenizer.config.get("chat_template"), fail=TemplateError)
     names = {k: tokenizer.special(k) or "" for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
     messages = [{"role": role, "content": value} for role, value in turns]
+    with bounded.time_limit(bounded.TIME_S, TemplateError):
+        def render(upto: int, prompt: bool) -> str:
+            return bounded.render(template, TemplateError, messages=messages[:upto], add_generation_prompt=prompt,
+                                  **names)
 
-    def render(upto: int, prompt: bool) -> str:
-        return template.render(messages=messages[:upto], add_generation_prompt=prompt, **names)
-
-    text, spans = render(len(messages), False), []
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        before, through = render(i, True), render(i + 1, False)
-        if not text.startswith(through) or not through.startswith(before):
-            raise TemplateError("the chat template does not render a conversation's prefixes as prefixes")
-        spans.append((len(before), len(through)))
+        text, spans = render(len(messages), False), []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before, through = render(i, True), render(i + 1, False)
+            if not text.startswith(through) or not through.startswith(before):
+                raise TemplateError("the chat template does not render a conversation's prefixes as prefixes")
+            spans.append((len(before), len(through)))
     return text, spans
 
 

@@ -1,0 +1,218 @@
+"""Hostile and unlucky input, round three (issue 25): the data cache, data files, tokenizer
+configs and chat templates, attached commands that leave children, nightly paths and history,
+CSV cells, assembly, signals and exit codes. Each case is refused in one line (exit 2) or
+survived with nothing lost; the numbers in the names follow docs/reliability.md (15 onwards).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from xfw import cli
+from xfw.run import data as real
+from xfw.run.data import images as img
+
+from conftest import ROOT, TINY_RECIPE
+from realdata import llava_json_recipe, make_captions, make_llava_data, make_tokenizer
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli.main, [str(a) for a in args])
+
+
+def one_line_error(result) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+def write_recipe(path: Path, sections: dict) -> Path:
+    path.write_text(yaml.safe_dump({**TINY_RECIPE, **sections}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    return make_llava_data(tmp_path_factory.mktemp("llava"))
+
+
+@pytest.fixture(scope="module")
+def captions(tmp_path_factory):
+    return make_captions(tmp_path_factory.mktemp("captions"))
+
+
+def llava_validate(tmp_path, paths, **data):
+    data.setdefault("image_root", str(paths["images"].parent))
+    recipe = write_recipe(tmp_path / "r.yaml", llava_json_recipe(paths, tmp_path / "cache", **data))
+    return invoke("validate", recipe)
+
+
+def captions_validate(tmp_path, paths, **data):
+    sections = {"model": {"preset": "tiny-sd15"}, "stage": "pretrain",
+                "data": {"kind": "image_captions", "path": str(paths["jsonl"]), "tokenizer": str(paths["tokenizer"]),
+                         "cache": str(tmp_path / "cache"), **data}}
+    return invoke("validate", write_recipe(tmp_path / "sd.yaml", sections))
+
+
+def conversations(tmp_path, llava, records) -> dict:
+    """``llava``'s images and tokenizer with other conversations."""
+    path = tmp_path / "conv.json"
+    path.write_text(records if isinstance(records, str) else json.dumps(records))
+    return {**llava, "json": path}
+
+
+def sample(value="Which colour?", image="images/0.png", speaker="human", **extra):
+    record = {"id": "x", "conversations": [{"from": speaker, "value": ("<image>\n" if image else "") + value},
+                                           {"from": "gpt", "value": "Mostly blue."}], **extra}
+    if image is not None:
+        record["image"] = image
+    return record
+
+
+def bomb_png(path: Path, width: int = 100000, height: int = 100000) -> Path:
+    """A PNG whose header claims ``width`` x ``height`` pixels, in under 100 bytes."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+                     + chunk(b"IEND", b""))
+    return path
+
+
+# --- 7. data files that used to give a traceback -----------------------------------------------------
+
+def test_7_a_decompression_bomb_is_refused_in_one_line_in_both_data_kinds(tmp_path, llava, captions):
+    bomb_png(llava["images"] / "bomb.png")
+    line = one_line_error(llava_validate(tmp_path, conversations(tmp_path, llava, [sample(image="images/bomb.png")])))
+    assert "sample #0" in line and "100000x100000" in line
+    pics = captions["jsonl"].parent
+    bomb_png(pics / "bomb.png", 30000, 30000)  # a variation: under Pillow's own error, over its warning
+    metadata = tmp_path / "metadata.jsonl"
+    metadata.write_text(json.dumps({"file_name": "bomb.png", "text": "a picture of thing 1"}) + "\n")
+    line = one_line_error(captions_validate(tmp_path, {**captions, "jsonl": metadata}, image_root=str(pics)))
+    assert "line 1" in line and "30000x30000" in line
+
+
+def test_7_an_image_that_is_not_an_image_is_refused_in_one_line(tmp_path, llava):
+    (llava["images"] / "text.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)
+    line = one_line_error(llava_validate(tmp_path, conversations(tmp_path, llava, [sample(image="images/text.png")])))
+    assert "cannot preprocess" in line and "sample #0" in line
+
+
+@pytest.mark.parametrize("records, expected", [
+    ("[" * 200_000 + "]" * 200_000, "nested too deep"),
+    ([sample(speaker=["human"])], "turn 0 is from ['human']"),
+    ([sample(speaker={"a": 1})], "turn 0 is from {'a': 1}"),
+    ('[{"id": "x", "conversations": [{"from": "human", "value": "\\ud800"}, {"from": "gpt", "value": "A."}]}]',
+     "lone surrogate"),
+    ([sample(speaker=7, id={"deep": ["x" * 10_000]})], "sample #0: turn 0"),
+], ids=["nested", "from-list", "from-dict", "surrogate", "odd-id"])
+def test_7_malformed_conversations_are_one_line(tmp_path, llava, records, expected):
+    line = one_line_error(llava_validate(tmp_path, conversations(tmp_path, llava, records)))
+    assert expected in line and len(line) < 400
+
+
+def test_7_a_lone_surrogate_in_a_caption_is_one_line(tmp_path, captions):
+    metadata = tmp_path / "metadata.jsonl"
+    metadata.write_text('{"file_name": "0.png", "text": "a picture \\udc80 of"}\n')
+    line = one_line_error(captions_validate(tmp_path, {**captions, "jsonl": metadata},
+                                            image_root=str(captions["jsonl"].parent)))
+    assert "line 1" in line and "surrogate" in line
+
+
+def test_9_a_caption_holding_unicode_line_separators_is_one_caption(tmp_path, captions):
+    metadata = tmp_path / "metadata.jsonl"
+    lines = [{"file_name": "0.png", "text": "a picture\u2028of\u2029thing\x85 0\x0c"},
+             {"file_name": "1.png", "text": "a picture of thing 1"}]
+    metadata.write_text("\n".join(json.dumps(x, ensure_ascii=False) for x in lines) + "\r\n")
+    result = captions_validate(tmp_path, {**captions, "jsonl": metadata}, image_root=str(captions["jsonl"].parent))
+    assert result.exit_code == 0 and "data: 2 samples" in result.output, result.output
+
+
+# --- tokenizer configs and chat templates -------------------------------------------------------------
+
+def with_config(tmp_path, llava, config: dict, name="tok") -> dict:
+    words = json.loads((llava["tokenizer"] / "tokenizer.json").read_text())["model"]["vocab"]
+    tokenizer = make_tokenizer(tmp_path / name, " ".join(w for w in words if not w.startswith("<")), config=config)
+    return {**llava, "tokenizer": tokenizer}
+
+
+LOOP = "{% for i in range(99999) %}{% for j in range(99999) %}{{ '' }}{% endfor %}{% endfor %}"
+TEMPLATES = {
+    "syntax": ("{% for m in messages %}{{ m.content }", "does not compile (line 1)"),
+    "unknown-filter": ("{{ messages | nosuchfilter }}", "No filter named 'nosuchfilter'"),
+    "unknown-filter-late": ("{% if messages %}{{ messages | nosuchfilter }}{% endif %}", "nosuchfilter"),
+    "escape": ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "the chat template fails"),
+    "escape-format": ("{{ '{0.__class__.__init__.__globals__}'.format(messages) }}", "the chat template fails"),
+    "type-error": ("{{ messages + 1 }}", "the chat template fails"),
+    "loop": (LOOP, "did not finish within"),
+    "repeat": ("{{ 'x' * 10**12 }}", "the chat template fails"),
+    "grow": ("{% for i in range(99999) %}{{ 'x' * 99999 }}{% endfor %}", "more than"),
+    "recursion": ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "the chat template"),
+    "raise": ("{{ raise_exception('no system role') }}", "the chat template says: no system role"),
+}
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_7_8_a_chat_template_that_fails_loops_or_escapes_is_one_line_and_leaves_no_temporary(tmp_path, llava, name):
+    source, expected = TEMPLATES[name]
+    paths = with_config(tmp_path, llava, {"bos_token": "<s>", "eos_token": "</s>", "chat_template": source})
+    started = time.monotonic()
+    line = one_line_error(llava_validate(tmp_path, paths))
+    assert expected in line and len(line) < 400, line
+    assert time.monotonic() - started < 30
+    assert not [p for p in (tmp_path / "cache").glob(".tmp-*")] if (tmp_path / "cache").exists() else True
+
+
+@pytest.mark.parametrize("config, key", [({"eos_token": 5}, "eos_token"), ({"bos_token": ["<s>"]}, "bos_token"),
+                                         ({"pad_token": {"content": 3}}, "pad_token"),
+                                         ({"chat_template": 7}, "chat_template")])
+def test_7_a_tokenizer_config_of_the_wrong_types_is_one_line_naming_the_key(tmp_path, llava, config, key):
+    line = one_line_error(llava_validate(tmp_path, with_config(tmp_path, llava, config)))
+    assert "tokenizer_config.json" in line and key in line
+
+
+# --- 9. image paths ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, expected", [("../outside.png", "'..'"), ("images/../../outside.png", "'..'"),
+                                            ("/etc/passwd", "absolute path")])
+def test_9_an_image_path_leaving_the_image_root_is_refused(tmp_path, llava, name, expected):
+    line = one_line_error(llava_validate(tmp_path, conversations(tmp_path, llava, [sample(image=name)]),
+                                         image_root=str(llava["images"].parent)))
+    assert expected in line and "sample #0" in line
+
+
+def test_9_a_symlink_out_of_the_image_root_is_followed_and_counted(tmp_path, llava, captions):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "linked.png").symlink_to(llava["images"] / "0.png")
+    paths = conversations(tmp_path, llava, [sample(image="linked.png")])
+    assert spec_of(tmp_path, paths, image_root=str(root))["data"]["stats"]["images_outside_root"] == 1
+    metadata = root / "metadata.jsonl"
+    metadata.write_text(json.dumps({"file_name": "../x.png", "text": "a picture"}) + "\n")
+    line = one_line_error(captions_validate(tmp_path, {**captions, "jsonl": metadata}))
+    assert "'..'" in line and "line 1" in line
+
+
+def spec_of(tmp_path, paths, **data) -> dict:
+    from xfw.run.recipe import load_recipe, resolve_spec
+
+    recipe = load_recipe(str(write_recipe(tmp_path / "rr.yaml", llava_json_recipe(paths, tmp_path / "cache", **data))))
+    return resolve_spec(recipe, backend="x", run_id="r")
