@@ -17,8 +17,10 @@ key again replaces it, so a resumed night never counts a run twice.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
+import math
 from pathlib import Path
 
 from xfw.report.results import RunResult
@@ -68,6 +70,51 @@ def row_from_result(result: RunResult, spec: dict, *, night: str, night_started_
     }
 
 
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+FUTURE_SLACK_S = 86400.0
+"""A night may start at most this far after the reader's clock (clocks of two hosts disagree a little;
+a row dated 2099 was not written by a night)."""
+TEXT_FIELDS = ("status", "reason", "suite", "recipe", "preset", "stage", "workload", "mem_source", "memory_source",
+               "device_name", "framework_version", "host", "python", "xfw_git_sha", "run_dir", "sharding", "dtype",
+               "amp_level")
+NUMBER_FIELDS = ("ips", "tokens_per_s", "step_time_median_s", "step_time_p10_s", "step_time_p90_s",
+                 "num_measured_steps", "num_ranks", "mem_alloc_peak_bytes", "mem_reserved_peak_bytes", "memory_bytes",
+                 "rss_peak_bytes", "rss_after_build_bytes", "mfu", "mfu_peak", "flops_per_sample", "loss_last",
+                 "num_processes", "global_batch", "micro_batch", "wall_time_s")
+DICT_FIELDS = ("knobs", "versions")
+
+
+def row_problem(row: dict, now: dt.datetime) -> str | None:
+    """Why a history row cannot be used (the key named), or None: the night is one plain path
+    component, ``night_started_utc`` a UTC time no later than a day from ``now``, ``status`` text,
+    every number a finite number or null, every text field text or null."""
+    night = row["night"]
+    if night in ("", ".", "..") or "/" in night or "\x00" in night or "\\" in night:
+        return f"night {night!r} is not a plain directory name"
+    started = row.get("night_started_utc")
+    if not isinstance(started, str):
+        return f"night_started_utc must be a UTC time like 2026-11-22T02:00:00Z, got {started!r}"
+    try:
+        when = dt.datetime.strptime(started, TIME_FORMAT).replace(tzinfo=dt.timezone.utc)
+    except ValueError:
+        return f"night_started_utc {started[:40]!r} is not a UTC time like 2026-11-22T02:00:00Z"
+    if (when - now).total_seconds() > FUTURE_SLACK_S:
+        return f"night_started_utc {started} is in the future (this host's clock says {now.strftime(TIME_FORMAT)})"
+    if not isinstance(row.get("status"), str):
+        return f"status must be text, got {row.get('status')!r}"
+    for key in TEXT_FIELDS:
+        if row.get(key) is not None and not isinstance(row[key], str):
+            return f"{key} must be text or null, got {type(row[key]).__name__}"
+    for key in NUMBER_FIELDS:
+        value = row.get(key)
+        if value is not None and (type(value) not in (int, float) or not math.isfinite(value)):
+            return f"{key} must be a finite number or null, got {value!r}"[:200]
+    for key in DICT_FIELDS:
+        if row.get(key) is not None and not isinstance(row[key], dict):
+            return f"{key} must be an object or null, got {type(row[key]).__name__}"
+    return None
+
+
 class History:
     """``DIR/history.jsonl``: read, upsert atomically, query by key."""
 
@@ -76,24 +123,32 @@ class History:
         self.path = self.dir / HISTORY_FILE
 
     def rows(self) -> list[dict]:
-        """Every row, oldest night first. A line that does not parse is an error naming the line:
-        the file is only ever replaced whole, so a bad line was written by something else."""
+        """Every row, oldest night first. A line that does not parse, or a row whose fields have the
+        wrong type (:func:`row_problem`), is an error naming the line and the key: the file is only
+        ever replaced whole, so a bad line was written by something else."""
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return []
-        rows = []
-        for number, line in enumerate(text.splitlines(), 1):
+        except (OSError, UnicodeDecodeError) as err:
+            raise UnreadableFile(f"{self.path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
+        rows, now = [], dt.datetime.now(dt.timezone.utc)
+        for number, line in enumerate(text.split("\n"), 1):  # JSON lines end at \n only (not at U+2028)
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise UnreadableFile(f"{self.path}:{number}: not a JSON object ({err.msg})") from None
+            except RecursionError:
+                raise UnreadableFile(f"{self.path}:{number}: nested too deep to be a history row") from None
             if not isinstance(row, dict) or any(k not in row for k in KEY) or \
-                    not all(isinstance(row[k], str) for k in KEY[:3]) or not isinstance(row[KEY[3]], int):
+                    not all(isinstance(row[k], str) for k in KEY[:3]) or type(row[KEY[3]]) is not int:
                 raise UnreadableFile(f"{self.path}:{number}: a history row needs {', '.join(KEY)} "
                                      "(three strings and an integer)")
+            problem = row_problem(row, now)
+            if problem:
+                raise UnreadableFile(f"{self.path}:{number}: {problem}")
             rows.append(row)
         return rows
 

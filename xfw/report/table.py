@@ -25,6 +25,7 @@ import base64
 import csv
 import html
 import io
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,6 +152,20 @@ def to_markdown(page: Page, *, images: bool = True) -> str:
 
 # --- CSV ------------------------------------------------------------------------------------------
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+"""What a spreadsheet may take for the start of a formula (OWASP's list, and the full-width forms)."""
+_NUMBER = re.compile(r"[+-]?(\d[\d,]*)?\.?\d+([eE][+-]?\d+)?%?")
+
+
+def csv_safe(value):
+    """A CSV cell that cannot start a formula: text starting with ``= + - @``, a tab or a line break
+    gets a leading ``'`` (shown by spreadsheets as text); numbers, and text that is a number
+    (``-59%``, ``-1.5e-3``), stay as they are."""
+    if not isinstance(value, str) or not value.startswith(FORMULA_START) or _NUMBER.fullmatch(value):
+        return value
+    return "'" + value
+
+
 def to_csv(page: Page | list[Table]) -> str:
     """One line per table row: the section (when there are several titled tables), the columns as
     shown (plain text), then the raw numbers of ``records`` under their own keys."""
@@ -159,10 +174,10 @@ def to_csv(page: Page | list[Table]) -> str:
     rows, columns = [], {}
     for t in tables:
         for i, cells in enumerate(t.cells):
-            row = {"section": t.title} if with_section else {}
-            row.update({col: plain(cell) for col, cell in zip(t.header, cells)})
+            row = {"section": csv_safe(t.title)} if with_section else {}
+            row.update({csv_safe(col): csv_safe(plain(cell)) for col, cell in zip(t.header, cells)})
             raw = t.records[i] if i < len(t.records) else {}
-            row.update({k: v for k, v in raw.items() if k not in row})
+            row.update({csv_safe(k): csv_safe(v) for k, v in raw.items() if csv_safe(k) not in row})
             rows.append(row)
             columns.update(dict.fromkeys(row))
     out = io.StringIO()

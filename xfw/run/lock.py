@@ -33,6 +33,10 @@ class LockedError(RuntimeError):
     """Another command holds the directory; the message names it."""
 
 
+class OutError(LockedError):
+    """The directory cannot be created or written (a file of that name, no permission, a name too long)."""
+
+
 @contextlib.contextmanager
 def hold(directory: Path, command: str | None = None, *, node_rank: int | None = None) -> Iterator[None]:
     """Hold ``directory`` (created if missing) until the block ends; LockedError if another holds it.
@@ -40,9 +44,13 @@ def hold(directory: Path, command: str | None = None, *, node_rank: int | None =
     ``node_rank``: one node of a multi-node run, whose nodes share the directory (a shared filesystem)
     and each hold their own lock (``.xfw.lock.node-R``), never a single-node command's."""
     command = command or shlex.join(["xfw", *sys.argv[1:]])
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / (LOCK_FILE if node_rank is None else f"{LOCK_FILE}.node-{node_rank}")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except (OSError, ValueError) as err:  # a file there, read-only, a name too long, a NUL
+        why = "a file, not a directory" if directory.is_file() else getattr(err, "strerror", None) or err
+        raise OutError(f"{directory}: cannot be used as an output directory ({why})") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

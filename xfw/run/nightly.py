@@ -42,6 +42,7 @@ from xfw.run.jobs import Backends, Job, jobs_for, run_jobs, with_sibling_parts
 from xfw.report.results import RunResult
 from xfw.contract.atomic import write_json_atomic
 from xfw.run.selfcheck import run_selfcheck
+from xfw.run.recipe import PLAIN_NAME_RULE, is_plain_name
 from xfw.run.suite import Suite
 
 NODE_WAIT_S = 300.0
@@ -61,12 +62,29 @@ def _iso(t: dt.datetime) -> str:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _started(state: dict) -> dt.datetime | None:
+    try:
+        return dt.datetime.strptime(state["started_utc"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 # -- which night --------------------------------------------------------------------------------
+NIGHT_RULE = PLAIN_NAME_RULE
+
+
+def is_night_name(night: str) -> bool:
+    """Whether ``night`` may name a night: one plain directory name under ``--history/nights``, never
+    ``..``, an absolute path or a path with a separator (``--night`` must not write outside ``--history``)."""
+    return is_plain_name(night)
+
+
 def choose_night(history_dir: Path, suite_name: str, requested: str | None = None,
                  now: dt.datetime | None = None) -> tuple[str, bool]:
     """(night id, resuming?). ``requested`` is used as given; otherwise the suite's latest night is
@@ -74,13 +92,15 @@ def choose_night(history_dir: Path, suite_name: str, requested: str | None = Non
     now = now or _utc_now()
     nights_dir = history_dir / NIGHTS_DIR
     if requested is not None:
+        if not is_night_name(requested):
+            raise ValueError(f"night {requested!r}: {NIGHT_RULE}")
         return requested, (nights_dir / requested / "night.json").exists()
     states = [(_read_json(p), p.parent.name) for p in nights_dir.glob("*/night.json")]
-    states = [(s, n) for s, n in states if s.get("suite") == suite_name and s.get("started_utc")]
+    states = [(s, n) for s, n in states if s.get("suite") == suite_name and _started(s) is not None]
     if states:
-        state, name = max(states, key=lambda item: item[0]["started_utc"])
-        started = dt.datetime.strptime(state["started_utc"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
-        if not state.get("finished_utc") and (now - started).total_seconds() < RESUME_WITHIN_H * 3600:
+        state, name = max(states, key=lambda item: _started(item[0]))
+        started = _started(state)
+        if not state.get("finished_utc") and 0 <= (now - started).total_seconds() < RESUME_WITHIN_H * 3600:
             return name, True
     base = now.strftime("%Y-%m-%d")
     name, k = base, 1

@@ -229,6 +229,8 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
     from xfw.run import nightly as nt
     from xfw.run.suite import SuiteError, load_suite
 
+    if night is not None and not nt.is_night_name(night):
+        raise UsageError(f"--night {night!r}: {nt.NIGHT_RULE} (a night is a directory under --history/nights)")
     try:
         suite = load_suite(suite_path, overrides)
         History(history_dir).rows()  # a corrupt history is found now, not after the first run has trained
