@@ -80,8 +80,10 @@ def _backend_list(text: str) -> list[str]:
     return names
 
 
-def _with_repeat(overrides: tuple[str, ...], repeat: int | None) -> list[str]:
-    return [*overrides, f"measure.repeat={repeat}"] if repeat else list(overrides)
+def _with_repeat(overrides: tuple[str, ...], repeat: int | None, comparison: str | None = None) -> list[str]:
+    """The overrides with --repeat K and --as C added (``measure.repeat=K``, ``comparison=C``)."""
+    extra = [f"measure.repeat={repeat}"] if repeat else []
+    return [*overrides, *extra, *([f"comparison={comparison}"] if comparison else [])]
 
 
 def _progress():
@@ -116,6 +118,11 @@ python_option = click.option("--python", "pythons", multiple=True, metavar="NAME
 repeat_option = click.option("--repeat", type=click.IntRange(min=1), default=None, metavar="K",
                              help="Run each backend K times (same as --set measure.repeat=K); the report shows "
                                   "the median and the spread, and flags a contrast within the noise.")
+as_option = click.option(
+    "--as", "comparison", type=click.Choice(["like-for-like", "published"]), default=None,
+    help="Which comparison: like-for-like (the recipe's default: one algorithm on both sides, the framework "
+         "comparison) or published (each side with the mechanisms its own benchmark script ran, from the recipe's "
+         "published-settings file; every value shown with its source). Same as --set comparison=...")
 force_option = click.option("--force", is_flag=True,
                             help="Replace runs of other settings (or other recipes) already in the output directory "
                                  "instead of refusing.")
@@ -166,6 +173,7 @@ def validate(recipes, overrides, print_spec) -> None:
 @click.argument("recipe", type=click.Path())
 @click.option("--backend", required=True, help="Backend to run, e.g. torch or paddle.")
 @set_option
+@as_option
 @repeat_option
 @python_option
 @out_option
@@ -173,11 +181,11 @@ def validate(recipes, overrides, print_spec) -> None:
 @force_option
 @click.option("--print-command", is_flag=True,
               help="Print the exact launch command and environment (and write spec.json) without running.")
-def run(recipe, backend, overrides, repeat, pythons, out_dir, node_rank, master_addr, master_port, force,
+def run(recipe, backend, overrides, comparison, repeat, pythons, out_dir, node_rank, master_addr, master_port, force,
         print_command) -> None:
     """Run one recipe on one backend and report it."""
     _finish(lambda: workflow.compare(
-        [recipe], [backend], overrides=_with_repeat(overrides, repeat), interpreters=_interpreters(pythons),
+        [recipe], [backend], overrides=_with_repeat(overrides, repeat, comparison), interpreters=_interpreters(pythons),
         out_dir=out_dir, rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port),
         print_command=print_command, force=force, progress=None if print_command else _progress(), log=_log))
 
@@ -187,6 +195,7 @@ def run(recipe, backend, overrides, repeat, pythons, out_dir, node_rank, master_
 @click.option("--backends", "backends", default="paddle,torch", show_default=True,
               help="Comma-separated backends; contrast = (first - second) / second.")
 @set_option
+@as_option
 @repeat_option
 @python_option
 @out_option
@@ -195,13 +204,13 @@ def run(recipe, backend, overrides, repeat, pythons, out_dir, node_rank, master_
               help="Where to look for a parity run of the recipe (xfw parity's --out); repeatable. Also searched: "
                    "--out (and one level below) and runs/parity-<recipe>.")
 @force_option
-def compare(recipes, backends, overrides, repeat, pythons, out_dir, node_rank, master_addr, master_port,
+def compare(recipes, backends, overrides, comparison, repeat, pythons, out_dir, node_rank, master_addr, master_port,
             parity_dirs, force) -> None:
     """Run recipes on several backends, one at a time, and print the contrast table. The settings
     section shows each recipe's parity status: the newest parity.json with the same recipe
     fingerprint in --parity DIR, in --out (or one level below) or in runs/parity-<recipe>."""
     _finish(lambda: workflow.compare(
-        list(recipes), _backend_list(backends), overrides=_with_repeat(overrides, repeat),
+        list(recipes), _backend_list(backends), overrides=_with_repeat(overrides, repeat, comparison),
         interpreters=_interpreters(pythons), out_dir=out_dir,
         rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port), parity_dirs=list(parity_dirs),
         force=force, progress=_progress(), log=_log))
@@ -214,15 +223,17 @@ def compare(recipes, backends, overrides, repeat, pythons, out_dir, node_rank, m
                    "Repeatable: the sweep is the cartesian product.")
 @click.option("--backends", "backends", default="paddle,torch", show_default=True,
               help="Comma-separated backends, each run at every point.")
+@as_option
 @repeat_option
 @python_option
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Sweep directory (default: runs/sweep-<recipe>); the same --out resumes, skipping finished runs.")
 @force_option
-def sweep(recipe, axes, backends, repeat, pythons, out_dir, force) -> None:
-    """Run a recipe at every combination of --set values, one run at a time; resumable."""
+def sweep(recipe, axes, backends, comparison, repeat, pythons, out_dir, force) -> None:
+    """Run a recipe at every combination of --set values, one run at a time; resumable (both comparisons
+    at once: --set comparison=like-for-like,published)."""
     _finish(lambda: workflow.sweep(
-        recipe, list(axes), _backend_list(backends), fixed=_with_repeat((), repeat),
+        recipe, list(axes), _backend_list(backends), fixed=_with_repeat((), repeat, comparison),
         interpreters=_interpreters(pythons), out_dir=out_dir, force=force, progress=_progress(), log=_log))
 
 
@@ -316,19 +327,20 @@ def parity(recipe, backends, steps, overrides, pythons, out_dir, weights, force)
 @click.option("--night", default=None, metavar="ID",
               help="Night id (default: resume this suite's unfinished night, else today's UTC date).")
 @set_option
+@as_option
 @python_option
 @click.option("--backends", "only_backends", default=None, metavar="A,B",
               help="Run only these of the suite's backends (e.g. torch on a node without a Paddle GPU build).")
 @click.option("--report-only", is_flag=True, help="Run nothing: rewrite the night's report from what is recorded.")
 @rendezvous_options
-def nightly(suite, history_dir, night, overrides, only_backends, pythons, report_only, node_rank, master_addr,
-            master_port) -> None:
+def nightly(suite, history_dir, night, overrides, comparison, only_backends, pythons, report_only, node_rank,
+            master_addr, master_port) -> None:
     """Run a suite, add it to the history, flag regressions against earlier nights, write report.html.
 
     Exit 0: no regression; 1: a regression or a failed run (listed first in the report); 2: bad input.
     Killed at any moment, the same command resumes the night and keeps every finished run."""
     _finish(lambda: workflow.nightly(
-        suite, history_dir, night=night, overrides=list(overrides), report_only=report_only,
+        suite, history_dir, night=night, overrides=_with_repeat(overrides, None, comparison), report_only=report_only,
         only_backends=_backend_list(only_backends) if only_backends is not None else None,
         interpreters=_interpreters(pythons), rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port),
         progress=None if report_only else _progress(), log=_log))

@@ -90,19 +90,19 @@ def test_cli_commands_and_options_are_frozen():
     commands = {name: sorted(p.name for p in cmd.params) for name, cmd in cli.main.commands.items()}
     assert commands == {
         "assemble": ["force", "node_dirs", "out_dir"],
-        "compare": ["backends", "force", "master_addr", "master_port", "node_rank", "out_dir", "overrides",
+        "compare": ["backends", "comparison", "force", "master_addr", "master_port", "node_rank", "out_dir", "overrides",
                     "parity_dirs", "pythons", "recipes", "repeat"],
         "env": ["backends", "pythons"],
         "parity": ["backends", "force", "out_dir", "overrides", "pythons", "recipe", "steps", "weights"],
         "estimate": ["overrides", "recipe", "run_dir"],
         "maxbatch": ["backends", "candidates", "force", "max_micro", "out_dir", "overrides", "pythons", "recipe"],
-        "nightly": ["history_dir", "master_addr", "master_port", "night", "node_rank", "only_backends", "overrides",
+        "nightly": ["comparison", "history_dir", "master_addr", "master_port", "night", "node_rank", "only_backends", "overrides",
                     "pythons", "report_only", "suite"],
         "report": ["backends", "layout", "out_dir", "price_per_gpu_hour", "run_dirs"],
         "selfcheck": ["backends", "families", "out_dir", "paths", "pythons"],
-        "run": ["backend", "force", "master_addr", "master_port", "node_rank", "out_dir", "overrides",
+        "run": ["backend", "comparison", "force", "master_addr", "master_port", "node_rank", "out_dir", "overrides",
                 "print_command", "pythons", "recipe", "repeat"],
-        "sweep": ["axes", "backends", "force", "out_dir", "pythons", "recipe", "repeat"],
+        "sweep": ["axes", "backends", "comparison", "force", "out_dir", "pythons", "recipe", "repeat"],
         "validate": ["overrides", "print_spec", "recipes"],
     }
 

@@ -82,14 +82,15 @@ class Session(Protocol):
         optimizer step), summed in float64. A host sync."""
 
 
-def wants_grad_norm(spec: dict) -> bool:
+def wants_grad_norm(spec: dict, *, across_ranks: bool = False) -> bool:
     """Whether this run records gradient norms; one process only (a sharded or not-yet-reduced
-    gradient would give a local norm)."""
+    gradient would give a local norm), unless the adapter sums the norm over the ranks itself
+    (``across_ranks``: the Paddle adapter reads it where its optimizer applies the gradients)."""
     wanted = spec["backend_knobs"].get(GRAD_NORM_KNOB, False)
     if not isinstance(wanted, bool):
         raise InvalidSpec(f"backends.{spec.get('backend', '<backend>')}.{GRAD_NORM_KNOB}: must be true or false, "
                           f"got {wanted!r}")
-    if wanted and spec["derived"]["num_processes"] != 1:
+    if wanted and spec["derived"]["num_processes"] != 1 and not across_ranks:
         raise InvalidSpec(f"backends.{spec.get('backend', '<backend>')}.{GRAD_NORM_KNOB}: only with one process "
                           f"(parity runs), not {spec['derived']['num_processes']}")
     return wanted
@@ -175,7 +176,7 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
     warmup, steps = spec["measure"]["warmup_steps"], spec["measure"]["steps"]
     samples = spec["batch"]["micro"] * spec["derived"]["grad_accum_steps"]
     data = _Steps(spec, session)
-    with_grad_norm = wants_grad_norm(spec)
+    with_grad_norm = wants_grad_norm(spec, across_ranks=getattr(session, "GRAD_NORM_ACROSS_RANKS", False))
     grad_norms: list[float] = []  # index: step; filled only when asked (parity)
     described: list[list[tuple[int, int, int, str]]] = []  # index: step; each micro-batch's description
     writer.start(num_ranks=session.num_ranks, warmup_steps=warmup, steps=steps,
@@ -233,7 +234,16 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
     writer.write("window", window_time_s=window_s, num_steps=steps, samples=samples * steps,
                  tokens=sum(m[0] for metas in measured for m in metas),
                  padded_tokens=sum(m[1] for metas in measured for m in metas))
-    writer.write("applied", **session.applied())
+    writer.write("applied", **applied_record(session, spec))
+
+
+def applied_record(session: Session, spec: dict) -> dict:
+    """The session's ``applied`` fields, plus the variables the recipe set for this backend
+    (``backends.NAME.env``) as this process saw them."""
+    applied = session.applied()
+    if spec.get("backend_env"):
+        applied["env"] = {name: os.environ.get(name) for name in spec["backend_env"]}
+    return applied
 
 
 def _export(export_weights: Callable[[dict, str], None] | None, spec: dict, directory: str) -> int:

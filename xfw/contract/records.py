@@ -37,6 +37,7 @@ RECORD_SCHEMA = 1
 
 _INT, _NUM, _STR, _BOOL, _LIST = (int,), (int, float), (str,), (bool,), (list,)
 _NONE = (type(None),)
+_DICT = (dict,)
 
 # kind -> {key: accepted types}. Keys beginning with "version_" are allowed in "applied".
 FIELDS: dict[str, dict[str, tuple]] = {
@@ -71,7 +72,12 @@ OPTIONAL: dict[str, dict[str, tuple]] = {
     "start": {"rss_after_build_bytes": _INT + _NONE, "rss_peak_since_build": _BOOL},
     # What a run xfw attached to (xfw.contract.probe) can see beyond the adapters' fields: the
     # micro-batch per process, Paddle's fp32 master gradients, and where its steps end.
-    "applied": {"micro_batch": _INT, "master_grad": _BOOL, "step_boundary": _STR},
+    "applied": {"micro_batch": _INT, "master_grad": _BOOL, "step_boundary": _STR,
+                # How each setting was carried out, under neutral keys both adapters share (docs/design.md
+                # §11: attention_kernel, optimizer_impl, grad_reduce_dtype, master_grads, tf32, checkpointing,
+                # ...); the variables the recipe set, as the process saw them; and each knob asked for but
+                # not carried out on this machine, with what ran instead and why.
+                "mechanisms": _DICT, "env": _DICT, "not_honoured": _DICT},
     # "command_log": the window was parsed from a command's log (xfw.run.logparse), not measured by xfw.
     "window": {"source": _STR, "padded_tokens": _INT},
 }

@@ -23,7 +23,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from xfw.contract import presets
-from xfw.report.measure import spread
+from xfw.report import comparison
+from xfw.report.measure import script_throughput, spread
 from xfw.report.results import RunResult
 
 # Applied settings shown side by side; a difference on any of these is warned about.
@@ -72,6 +73,9 @@ class Side:
     flops_per_sample: float | None = None
     source: str = "xfw"
     """Where the numbers come from (``Measurement.source``): ``command_log`` is not measured by xfw."""
+    script_ips: float | None = None
+    """Throughput as this side's own benchmark script defined it, from the same records (a published
+    file's ``throughput``; :func:`xfw.report.measure.script_throughput`); None without one."""
     num_repeats: int = 0
     applied: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
@@ -151,6 +155,9 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
         side.rss_after_build_bytes = _median(x.rss_after_build_bytes for x in m)
         side.mfu_peak, side.flops_per_sample = ok[0].mfu_peak, ok[0].flops_per_sample
         side.source = "command_log" if any(x.source == "command_log" for x in m) else "xfw"
+        definition = side.setup.get("comparison", {}).get("throughput")
+        if definition:  # what this side's own benchmark script would have printed (xfw.run.published)
+            side.script_ips = _median(script_throughput(x, definition) for x in m)
     return side
 
 
@@ -249,6 +256,7 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
             if len(values) >= 2 and len({repr(v) for v in values.values()}) > 1 and key not in _EXPECTED_TO_DIFFER:
                 row.differing.append(key)
                 row.warnings.append(f"{key} differs: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    comparison.add_mechanisms(row)
     compare_data(row)
     sources = {s.memory_source for s in sides.values() if s.ok and s.memory_source}  # a parsed log has none
     if len(sources) > 1:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from xfw.report import comparison
 from xfw.report.compare import ComparisonRow, Side, strip_common, variant_label
 from xfw.report.measure import PARSED_NOTE
 from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Strong, Table
@@ -237,8 +238,9 @@ def provenance_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
 
 def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str = "Training benchmark",
                   chart: Path | None = None, warnings: list[str] = ()) -> Page:
-    """The whole compare report: table, chart, how to read it, failed runs, warnings, settings."""
-    blocks: list = [contrast_table(rows, backends)]
+    """The whole compare report: which comparison it is, table, chart, how to read it, failed runs,
+    warnings, settings, what each side ran differently and its source (xfw.report.comparison)."""
+    blocks: list = [Paragraph(f"**{comparison.title(rows)}.**"), contrast_table(rows, backends)]
     if chart is not None:
         blocks.append(Image(chart, "bar chart of throughput per backend"))
     if len(backends) > 1:
@@ -259,6 +261,9 @@ def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str 
     settings = settings_blocks(rows, backends)
     if settings:
         blocks += [Heading("Settings as applied", 3), *settings]
+    differences = comparison.blocks(rows, backends)
+    if differences:
+        blocks += [Heading("Each side's mechanisms and their sources", 3), *differences]
     provenance = provenance_table(rows, backends)
     if provenance.cells:
         blocks += [Heading("Provenance", 3), provenance]
@@ -270,6 +275,7 @@ def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict
     out = []
     for row in rows:
         rec = {"recipe": row.recipe, "model": row.model, "stage": row.stage, "variant": variant_label(row.variant),
+               "comparison": comparison.kind_of(row),
                "contrast": row.contrast, "within_noise": row.within_noise, "params_match": row.params_match}
         for name in backends:
             s = row.sides[name]
@@ -288,6 +294,7 @@ def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict
                 **{f"{name}_{k}": s.data.get(k) for k in ("padding_fraction", "seq_len_mean", "seq_len_max",
                                                         "batch_digest")},
                 f"{name}_measured_by": PARSED_NOTE if is_parsed(s) else "xfw",
+                f"{name}_script_ips": s.script_ips,
             })
         out.append(rec)
     return out

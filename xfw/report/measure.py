@@ -75,6 +75,9 @@ class Measurement:
     rss_peak_since_build: bool | None = None
     source: str = "xfw"
     """``xfw`` (measured by xfw: its adapter or its probe) or ``command_log`` (:data:`PARSED_NOTE`)."""
+    rank0_steps: list = field(default_factory=list)
+    """Rank 0's steps in order, warm-up included: ``[samples, step_time_s]`` each (per rank), for the
+    throughput definitions of other people's scripts (:func:`script_throughput`)."""
 
     @property
     def memory_bytes(self) -> int | None:
@@ -174,7 +177,36 @@ def summarize(records: list[dict]) -> Measurement:
         rss_after_build_bytes=_max_or_none(p["rss_after_build_bytes"] for p in per_rank),
         rss_peak_since_build=all(since_build) if since_build else None,
         source="command_log" if any(w.get("source") == "command_log" for w in windows.values()) else "xfw",
+        rank0_steps=[[r["samples"], r["step_time_s"]] for r in sorted(steps, key=lambda r: r["step"])
+                     if r["rank"] == (ranks[0] if ranks else 0)],
     )
+
+
+THROUGHPUT_NOTES = {
+    "window": "xfw: samples in the measured window / its time, all ranks",
+    "step_mean": "mean of per-step samples/s after the first {skip_steps} logged steps (PaddleMIX's log analysis)",
+    "whole_run": "all samples / the whole run's step time, warm-up included (HF Trainer train_samples_per_second)",
+    "rank0_times": "rank 0's samples/s in the window x {n} (the script's parser)",
+}
+
+
+def script_throughput(m: Measurement, definition: dict) -> float | None:
+    """Throughput as another benchmark script defined it, from the same records as xfw's window ips
+    (``definition``: a published file's ``throughput.<side>``, :mod:`xfw.run.published`). Per-step
+    rates are rank 0's steps scaled to all ranks (every rank steps together)."""
+    kind, ranks = definition.get("definition"), max(m.num_ranks, 1)
+    steps = [(s, t) for s, t in m.rank0_steps if t > 0]
+    if kind == "window":
+        return m.ips
+    if kind == "step_mean":
+        rates = [s * ranks / t for s, t in steps[int(definition.get("skip_steps") or 0):]]
+        return sum(rates) / len(rates) if rates else None
+    if kind == "whole_run":
+        return sum(s for s, _ in steps) * ranks / sum(t for _, t in steps) if steps else None
+    if kind == "rank0_times":
+        rank0 = m.per_rank[0]["ips"] if m.per_rank else None
+        return None if rank0 is None else rank0 * int(definition.get("n") or 1)
+    return None
 
 
 def spread(values: list[float]) -> float | None:

@@ -180,7 +180,9 @@ def setup_from_spec(spec: dict) -> dict:
             "seed": _get(spec, "measure", "seed"),
             "data": {k: v for k, v in (spec.get("data") or {}).items() if k in _PROVENANCE_DATA_KEYS}
             if isinstance(spec.get("data"), dict) else {},
-            "knobs": dict(spec.get("backend_knobs") or {}) if isinstance(spec.get("backend_knobs") or {}, dict) else {}}
+            "knobs": dict(spec.get("backend_knobs") or {}) if isinstance(spec.get("backend_knobs") or {}, dict) else {},
+            # Which comparison the run belongs to (xfw.run.published); runs from before there were two: like-for-like.
+            "comparison": spec["comparison"] if isinstance(spec.get("comparison"), dict) else {"kind": "like-for-like"}}
 
 
 def mfu_fields(spec: dict, measurement: Measurement, applied: dict) -> dict:

@@ -83,6 +83,18 @@ def _executable(argv0: str, cwd: Path, env: dict[str, str], key: str) -> None:
         raise CommandError(key, f"no executable {argv0!r} on PATH")
 
 
+def check_env(prefix: str, env) -> dict[str, str]:
+    """``backends.NAME.env``: variable names a recipe may set (never xfw's own ``XFW_*``), string values."""
+    if not isinstance(env, dict):
+        raise CommandError(f"{prefix}.env", f"must be a mapping of NAME: \"value\", got {env!r}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not ENV_NAME.fullmatch(key) or key.startswith("XFW_"):
+            raise CommandError(f"{prefix}.env", f"{key!r} is not a variable name a recipe may set")
+        if not isinstance(value, str) or "\0" in value:
+            raise CommandError(f"{prefix}.env.{key}", f"must be a string, got {value!r} (quote it: \"{value}\")")
+    return dict(env)
+
+
 def check(name: str, knobs: dict, base_dir: Path) -> dict:
     """A command backend's knobs, validated, with ``cwd`` made absolute (what spec.json records)."""
     prefix = f"backends.{name}"
@@ -97,14 +109,7 @@ def check(name: str, knobs: dict, base_dir: Path) -> dict:
     cwd = (base_dir / cwd).resolve()
     if not cwd.is_dir():
         raise CommandError(f"{prefix}.cwd", f"{cwd} is not a directory")
-    env = knobs.get("env", {})
-    if not isinstance(env, dict):
-        raise CommandError(f"{prefix}.env", f"must be a mapping of NAME: \"value\", got {env!r}")
-    for key, value in env.items():
-        if not isinstance(key, str) or not ENV_NAME.fullmatch(key) or key.startswith("XFW_"):
-            raise CommandError(f"{prefix}.env", f"{key!r} is not a variable name a recipe may set")
-        if not isinstance(value, str) or "\0" in value:
-            raise CommandError(f"{prefix}.env.{key}", f"must be a string, got {value!r} (quote it: \"{value}\")")
+    env = check_env(prefix, knobs.get("env", {}))
     _executable(argv[0], cwd, env, f"{prefix}.command.0")
     out = {"command": argv, "cwd": str(cwd), "env": dict(env)}
     if "log_pattern" in knobs:
@@ -120,10 +125,12 @@ def resolve(recipe: "Recipe", base_dir: Path) -> "Recipe":
     """The recipe with every command backend checked and its ``cwd`` absolute; CommandError otherwise."""
     backends = dict(recipe.backends)
     for name, knobs in recipe.backends.items():
-        stray = [k for k in ("cwd", "env", "log_pattern") if k in knobs]
+        stray = [k for k in ("cwd", "log_pattern") if k in knobs]
         if "command" not in knobs:
             if stray:
                 raise CommandError(f"backends.{name}.{stray[0]}", "only with backends.{name}.command".format(name=name))
+            if "env" in knobs:  # xfw's own adapter's variables (the launcher passes them to every rank)
+                check_env(f"backends.{name}", knobs["env"])
             continue
         backends[name] = check(name, knobs, base_dir)
         if "log_pattern" not in knobs and recipe.measure.warmup_steps < 1:

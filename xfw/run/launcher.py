@@ -154,8 +154,9 @@ def invocation(backend: Backend, description: dict, recipe: Recipe, spec_path: P
     attached = command.command_of(recipe, backend.name)
     if attached is not None:
         return command.invocation(attached, spec_path, records_path)
+    env = dict(recipe.backends.get(backend.name, {}).get("env", {}))  # backends.NAME.env, for every rank
     return command.Invocation(argv=build_command(backend, description, recipe, spec_path, records_path, rendezvous),
-                              facts=description, interpreter=backend.python)
+                              facts=description, interpreter=backend.python, env=env)
 
 
 def _tail(path: Path, num_bytes: int = 8192) -> str:

@@ -24,6 +24,7 @@ from xfw.contract import presets
 from xfw.contract import weights as neutral_weights
 from xfw.contract.families import family_module
 from xfw.run import command
+from xfw.run import published as published_settings
 from xfw.run.data.section import DATA_FAMILIES, DATA_PATHS, DataSpec
 from xfw.run.schema import FieldError, bounded, build, to_dict
 from xfw.run.yamlfile import YamlError, load_file, load_text
@@ -200,12 +201,25 @@ class Recipe:
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     measure: MeasureSpec = field(default_factory=MeasureSpec)
     backends: dict = field(default_factory=dict)
-    """Backend-specific knobs only, e.g. {torch: {sharding_impl: fsdp2}}; checked by each adapter. Or a
-    command xfw runs instead of its adapter (``{torch: {command: [...], cwd: DIR}}``, xfw.run.command)."""
+    """Backend-specific knobs only, e.g. {torch: {sharding_impl: fsdp2}}; checked by each adapter; ``env``:
+    variables for that backend's processes. Or a command xfw runs instead of its adapter
+    (``{torch: {command: [...], cwd: DIR}}``, xfw.run.command)."""
+    comparison: str = "like-for-like"
+    """``like-for-like`` (one algorithm on both sides) or ``published`` (each side as its own benchmark
+    script ran it, from the ``published`` file): :mod:`xfw.run.published`."""
+    published: str | None = None
+    """The seed row this recipe stands for: a name in ``recipes/published/`` or a ``.yaml`` path (made
+    absolute when the recipe loads)."""
 
     def __post_init__(self):
         if not is_plain_name(self.name):
             raise FieldError("name", f"{self.name[:120]!r} {PLAIN_NAME_RULE}: it names the run directories")
+        if self.comparison not in published_settings.COMPARISONS:
+            raise FieldError("comparison", f"must be one of {', '.join(published_settings.COMPARISONS)}, "
+                             f"got {self.comparison!r}")
+        if self.comparison == "published" and self.published is None:
+            raise FieldError("comparison", "published needs the recipe's `published:` key (the seed row it stands "
+                             "for: a name in recipes/published/ or a .yaml path)")
         if self.stage not in STAGES:
             raise FieldError("stage", f"must be one of {', '.join(STAGES)}, got {self.stage!r}")
         family = presets.PRESETS[self.model.preset]["family"]
@@ -310,6 +324,37 @@ def _absolute_paths(data: dict, overrides: list[str], recipe_dir: Path) -> None:
             section[key] = str(Path(value).expanduser())
 
 
+def _apply_published(data: dict, overrides, recipe_dir: Path, source: str) -> None:
+    """``published:`` made an absolute file path (checked), and with ``comparison: published`` its
+    entries applied as backend knobs and variables where no ``--set`` named the same key."""
+    name = data.get("published")
+    if name is None:
+        return
+    if not isinstance(name, str):
+        raise RecipeError(f"{source}: published: must be a name in recipes/published/ or a .yaml path, got {name!r}")
+    try:
+        path = published_settings.locate(name, recipe_dir)
+        if not path.exists() and data.get("comparison") != "published":
+            return  # TRANSITIONAL
+        table = published_settings.load(path)
+    except published_settings.PublishedError as err:
+        raise RecipeError(f"{source}: {err}") from None
+    data["published"] = str(path)
+    if data.get("comparison") == "published":
+        given = {a.split("=", 1)[0].strip() for a in overrides}
+        published_settings.apply(data, table, given)
+
+
+def published_table(recipe: Recipe) -> dict | None:
+    """The recipe's published-settings file, loaded (None when it names none)."""
+    if recipe.published is None or not Path(recipe.published).exists():
+        return None
+    try:
+        return published_settings.load(Path(recipe.published))
+    except published_settings.PublishedError as err:
+        raise RecipeError(f"{recipe.name}: {err}") from None
+
+
 def check_data(recipe: Recipe, arch: dict, source: str) -> None:
     """What the data section asks of the architecture, and real data prepared (``xfw.run.data``):
     every problem a one-line RecipeError naming the file and the key or sample."""
@@ -351,6 +396,7 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     for assignment in overrides:
         apply_override(data, assignment, source)
     _absolute_paths(data, list(overrides), Path(path).resolve().parent)
+    _apply_published(data, overrides, Path(path).resolve().parent, source)
     recipe = recipe_from_dict(data, source)
     _check_weights_dir(recipe.model.weights, source)
     try:
@@ -421,7 +467,13 @@ def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
     spec["data"]["longest"] = longest_sample(recipe, arch, prepared)
     spec["derived"] = {"num_processes": recipe.num_processes, "grad_accum_steps": recipe.grad_accum_steps}
     spec["backend"] = backend
-    spec["backend_knobs"] = dict(recipe.backends.get(backend, {}))
+    knobs = dict(recipe.backends.get(backend, {}))
+    attached = "command" in knobs
+    # An adapter's variables reach its processes through the launcher; the adapter sees its knobs only.
+    spec["backend_env"] = dict(knobs.get("env", {}))
+    spec["backend_knobs"] = knobs if attached else {k: v for k, v in knobs.items() if k != "env"}
+    spec["comparison"] = published_settings.described(recipe.comparison, published_table(recipe), backend,
+                                                      attached=attached)
     spec["run_id"] = run_id
     spec["schema"] = SPEC_SCHEMA
     return spec

@@ -31,7 +31,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from xfw.contract.harness import InvalidSpec, Unsupported
+from xfw.contract.harness import Unsupported
 
 IMPLS = {
     "none": ("ddp",),
@@ -54,16 +54,6 @@ def init_distributed(cuda: bool) -> tuple[int, int, torch.device]:
     return dist.get_rank(), world, device
 
 
-def choose_impl(spec: dict) -> str:
-    sharding = spec["parallel"]["sharding"]
-    allowed = IMPLS[sharding]
-    impl = spec["backend_knobs"].get("sharding_impl", allowed[0])
-    if impl not in allowed:
-        raise InvalidSpec(f"backends.torch.sharding_impl: {impl!r} does not implement sharding {sharding} "
-                          f"(choose {', '.join(allowed)})")
-    return impl
-
-
 class LossModule(torch.nn.Module):
     """The model and its loss as one module, so DDP/FSDP see every forward through their hooks."""
 
@@ -76,9 +66,10 @@ class LossModule(torch.nn.Module):
         return self._loss_fn(self.model, batch)
 
 
-def apply_parallel(module: LossModule, *, spec: dict, units: list[torch.nn.Module], device: torch.device,
+def apply_parallel(module: LossModule, *, spec: dict, impl: str, units: list[torch.nn.Module], device: torch.device,
                    dtype: torch.dtype | None, find_unused: bool) -> tuple[torch.nn.Module, str]:
-    """Wrap for the spec's world size and sharding; returns (module, name of what was applied).
+    """Wrap for the spec's world size and sharding with ``impl`` (one of :data:`IMPLS` for it, chosen
+    by ``xfw_torch.mechanisms.Plan.sharding_impl``); returns (module, name of what was applied).
 
     ``dtype`` is the low-precision compute dtype under O2 (None otherwise); ``units`` are the
     blocks FSDP shards one by one.
@@ -87,7 +78,6 @@ def apply_parallel(module: LossModule, *, spec: dict, units: list[torch.nn.Modul
         if spec["parallel"]["sharding"] != "none":
             raise Unsupported(f"sharding {spec['parallel']['sharding']} needs more than one process")
         return module, "none"
-    impl = choose_impl(spec)
     cuda = device.type == "cuda"
     if impl == "deepspeed":
         return module, impl  # wrapped with its optimizer by deepspeed_engine, once the optimizer is known
@@ -120,7 +110,7 @@ def apply_parallel(module: LossModule, *, spec: dict, units: list[torch.nn.Modul
     return wrapped, "fsdp1"
 
 
-def deepspeed_engine(module: LossModule, params: list, spec: dict):
+def deepspeed_engine(module: LossModule, params: list, spec: dict, plan):
     """DeepSpeed's engine over the loss module: ZeRO stage from parallel.sharding, AdamW from the
     recipe (torch's implementation, so both sides of a comparison run the same update), the batch
     split from the spec, and O2 as DeepSpeed's bf16/fp16 mode (low-precision weights, fp32 master
@@ -145,13 +135,15 @@ def deepspeed_engine(module: LossModule, params: list, spec: dict):
     }
     if precision["amp_level"] == "O2":
         config["bf16" if precision["dtype"] == "bf16" else "fp16"] = {"enabled": True}
+    config = plan.deepspeed_config(config, spec)  # backends.torch.deepspeed: the script's ZeRO options
     engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=params, config=config)
     return engine, deepspeed.__version__
 
 
-def make_optimizer(params: list, impl: str, optimizer: dict, fused: bool) -> torch.optim.Optimizer:
+def make_optimizer(params: list, impl: str, optimizer: dict, switches: dict) -> torch.optim.Optimizer:
+    """AdamW with the recipe's settings; ``switches``: its implementation (fused / foreach), from the plan."""
     kwargs = dict(lr=optimizer["lr"], betas=tuple(optimizer["betas"]), eps=optimizer["eps"],
-                  weight_decay=optimizer["weight_decay"], fused=fused)
+                  weight_decay=optimizer["weight_decay"], **switches)
     if impl == "zero_redundancy":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

@@ -31,11 +31,11 @@ from xfw.contract import families, hf_names
 from xfw.contract import weights as neutral
 from xfw.contract.env import cpu_model, package_versions
 from xfw.contract.harness import GRAD_NORM_KNOB, LOADER_KNOBS, InvalidSpec, Unsupported, loader_settings, wants_grad_norm
-from xfw_torch import parallel
+from xfw_torch import mechanisms, parallel
 from xfw_torch.families import family_module
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-KNOBS = {"fused_optimizer", "attn_implementation", "sharding_impl", "compile", "detect_anomaly", GRAD_NORM_KNOB,
+KNOBS = {"fused_optimizer", "sharding_impl", "compile", "detect_anomaly", GRAD_NORM_KNOB, *mechanisms.KNOBS,
          *LOADER_KNOBS}
 
 
@@ -171,17 +171,19 @@ class TorchSession:
         unknown = sorted(set(knobs) - KNOBS)
         if unknown:
             raise InvalidSpec(f"backends.torch.{unknown[0]}: unknown knob (known: {', '.join(sorted(KNOBS))})")
-        impl = parallel.choose_impl(spec) if spec["derived"]["num_processes"] > 1 else "none"
+        self.plan = plan = mechanisms.Plan(spec, torch.cuda.is_available())  # knobs -> mechanisms (module doc)
+        impl = plan.sharding_impl(spec, parallel.IMPLS) if spec["derived"]["num_processes"] > 1 else "none"
         family = family_module(spec["model"]["family"])
         self.rank, self.num_ranks, self.device = parallel.init_distributed(torch.cuda.is_available())
+        plan.apply_tf32()
         if self.num_ranks != spec["derived"]["num_processes"]:
             raise InvalidSpec(f"parallel: the spec asks for {spec['derived']['num_processes']} processes, "
                               f"the launcher started {self.num_ranks}")
         self.cuda = self.device.type == "cuda"
-        attn = knobs.get("attn_implementation", "sdpa")
+        attn = plan.attn
         model = start_model(spec, self.device, attn)
         if spec["recompute"]:
-            family.enable_recompute(model)
+            family.enable_recompute(model, reentrant=plan.checkpointing == "reentrant")
         # A debugging switch people leave on by accident (every op records its traceback and every
         # backward checks for NaN): slow by design; the nightly suite uses it to inject a slowdown.
         self.detect_anomaly = bool(knobs.get("detect_anomaly", False))
@@ -207,7 +209,7 @@ class TorchSession:
         fp32_masters_elsewhere = fsdp or impl == "deepspeed"
         model.to(self.device, dtype=self.dtype if level == "O2" and not fp32_masters_elsewhere else torch.float32)
         self.module, self.impl = parallel.apply_parallel(
-            parallel.LossModule(model, family.loss_fn), spec=spec, units=family.shard_units(model),
+            parallel.LossModule(model, family.loss_fn), spec=spec, impl=impl, units=family.shard_units(model),
             device=self.device, dtype=self.dtype if level == "O2" and fsdp else None,
             find_unused=getattr(family, "DDP_FIND_UNUSED", False))
         trainable = [p for p in self.module.parameters() if p.requires_grad]
@@ -217,12 +219,15 @@ class TorchSession:
                 raise Unsupported("sharding_impl deepspeed with fp16: DeepSpeed's loss scaler is not wired in; "
                                   "use bf16 or another sharding_impl")
             # ZeRO keeps the fp32 masters itself under O2, and owns the optimizer and accumulation.
-            self.engine, self.deepspeed_version = parallel.deepspeed_engine(self.module, trainable, spec)
+            self.engine, self.deepspeed_version = parallel.deepspeed_engine(self.module, trainable, spec, plan)
             self.module = self.engine
         self.master = MasterWeights(trainable) if level == "O2" and not fsdp and not self.engine else None
-        self.fused = bool(knobs.get("fused_optimizer", self.cuda)) and not self.engine
         self.optimizer = None if self.engine else parallel.make_optimizer(
-            self.master.master_params if self.master else trainable, self.impl, spec["optimizer"], self.fused)
+            self.master.master_params if self.master else trainable, self.impl, spec["optimizer"],
+            plan.optimizer_kwargs())
+        self.fused = mechanisms.optimizer_impl(self.optimizer) == "fused"
+        plan.note_unused_deepspeed(self.impl)
+        self.attention_kernel = None  # observed on the first warm-up step (mechanisms.watch_first_step)
         self.autocast = level in ("O1", "O2")
         self.scaler = None
         if dtype_name == "fp16":
@@ -267,7 +272,12 @@ class TorchSession:
         return loss
 
     def forward_backward(self, micro_batches: list) -> torch.Tensor:
-        """The step's first part (the harness's breakdown): every micro-batch's forward and backward."""
+        """The step's first part (the harness's breakdown): every micro-batch's forward and backward;
+        the first warm-up step's attention operators observed (``applied.mechanisms``)."""
+        with mechanisms.watch_first_step(self, self.spec["measure"]["warmup_steps"], self.compiled):
+            return self._forward_backward(micro_batches)
+
+    def _forward_backward(self, micro_batches: list) -> torch.Tensor:
         if self.engine is not None:
             return self._deepspeed_step(micro_batches)
         total = torch.zeros((), device=self.device)
@@ -399,6 +409,8 @@ class TorchSession:
             num_params_total=self.num_params_total, num_params_trainable=self.num_params_trainable,
             num_processes=self.num_ranks, grad_accum_steps=self.spec["derived"]["grad_accum_steps"],
             mem_source="cuda_allocator" if self.cuda else "peak_rss", notes=notes, **versions,
+            mechanisms=mechanisms.mechanisms(self, self.spec),
+            **({"not_honoured": dict(self.plan.not_honoured)} if self.plan.not_honoured else {}),
         )
 
 

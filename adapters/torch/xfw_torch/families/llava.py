@@ -68,15 +68,20 @@ def loss_fn(model: torch.nn.Module, batch: dict) -> torch.Tensor:
     return model(**batch).loss
 
 
-def enable_recompute(model: torch.nn.Module) -> None:
+def enable_recompute(model: torch.nn.Module, reentrant: bool = False) -> None:
     """transformers' per-layer activation checkpointing, non-reentrant. ``gradient_checkpointing_enable``
     also hooks every input embedding, the frozen vision tower's patch embedding included, to make its
     output require a gradient: reentrant checkpointing needs that, non-reentrant does not, and left
     on it sends a gradient back through the frozen vision tower, a backward pass nothing uses (found
     by the FLOP counter, tests/contract/test_flop_counter.py: +0.8 TFLOPs a sample on Qwen2-VL-2B).
-    The hooks go; every stage's language model gets its gradient from a trained part anyway."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.disable_input_require_grads()
+    The hooks go; every stage's language model gets its gradient from a trained part anyway.
+    ``reentrant``: the style LLaVA's own PyTorch training ran (reentrant, input gradients enabled
+    with ``enable_input_require_grads``, so the hooks stay: reentrant checkpointing needs them)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    if reentrant:
+        model.enable_input_require_grads()
+    else:
+        model.disable_input_require_grads()
 
 
 def shard_units(model: torch.nn.Module) -> list:

@@ -17,6 +17,8 @@ the same. What each stage trains is ``xfw.contract.families.sd15.STAGE_PARTS``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from xfw.contract.families import sd15 as core
@@ -84,8 +86,10 @@ def loss_fn(model: StableDiffusion15, batch: dict) -> torch.Tensor:
     return torch.nn.functional.mse_loss(pred.float(), noise.float())
 
 
-def enable_recompute(model: StableDiffusion15) -> None:
-    model.unet.enable_gradient_checkpointing()
+def enable_recompute(model: StableDiffusion15, reentrant: bool = False) -> None:
+    """diffusers' per-block checkpointing: non-reentrant (diffusers' default) unless asked otherwise."""
+    model.unet.enable_gradient_checkpointing(
+        functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=True) if reentrant else None)
 
 
 def shard_units(model: StableDiffusion15) -> list:

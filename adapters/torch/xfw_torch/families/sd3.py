@@ -14,6 +14,8 @@ the step. What each stage trains is ``xfw.contract.families.sd3.STAGE_PARTS``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from xfw.contract.families.sd3 import transformer_kwargs
@@ -52,8 +54,10 @@ def loss_fn(model: StableDiffusion3, batch: dict) -> torch.Tensor:
     return torch.nn.functional.mse_loss(pred.float(), (noise - latents).float())
 
 
-def enable_recompute(model: StableDiffusion3) -> None:
-    model.transformer.enable_gradient_checkpointing()
+def enable_recompute(model: StableDiffusion3, reentrant: bool = False) -> None:
+    """diffusers' per-block checkpointing: non-reentrant (diffusers' default) unless asked otherwise."""
+    model.transformer.enable_gradient_checkpointing(
+        functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=True) if reentrant else None)
 
 
 def shard_units(model: StableDiffusion3) -> list:
