@@ -226,7 +226,9 @@ class Recipe:
         allowed = presets.FAMILY_STAGES[family]
         if self.stage not in allowed:
             raise FieldError("stage", f"{family} models support {', '.join(allowed)}, not {self.stage!r}")
-        if self.stage == "lora" and self.lora is None:
+        commands_only = bool(self.backends) and all(isinstance(k, dict) and "command" in k
+                                                    for k in self.backends.values())
+        if self.stage == "lora" and self.lora is None and not commands_only:  # a command decides its own LoRA
             raise FieldError("lora", "stage 'lora' needs a lora section (r, alpha, targets)")
         if self.stage != "lora" and self.lora is not None:
             raise FieldError("lora", f"a lora section only applies to stage 'lora', not {self.stage!r}")
