@@ -216,3 +216,71 @@ def spec_of(tmp_path, paths, **data) -> dict:
 
     recipe = load_recipe(str(write_recipe(tmp_path / "rr.yaml", llava_json_recipe(paths, tmp_path / "cache", **data))))
     return resolve_spec(recipe, backend="x", run_id="r")
+
+
+# --- 15. the data cache is verified before a run trusts it ----------------------------------------------
+
+def prepared_spec(tmp_path, llava) -> dict:
+    return spec_of(tmp_path, llava, image_root=str(llava["images"].parent))
+
+
+@pytest.mark.parametrize("damage", ["nan", "truncate", "delete", "index-without-digests"])
+def test_15_a_tampered_or_half_deleted_cache_entry_is_prepared_again_never_trained_on(tmp_path, llava, capfd, damage):
+    from xfw.contract import batches
+
+    real._PREPARED.clear()
+    clean = prepared_spec(tmp_path, llava)["data"]
+    directory = Path(clean["prepared"])
+    pixels = directory / "pixel_values.npy"
+    if damage == "nan":  # the case: same size, same header, NaN everywhere
+        values = np.load(pixels)
+        np.save(pixels, np.full_like(values, np.nan))
+    elif damage == "truncate":
+        pixels.write_bytes(pixels.read_bytes()[:-4])
+    elif damage == "delete":
+        (directory / "labels.npy").unlink()
+        (directory / "labels.offsets.npy").unlink()
+    else:
+        index = json.loads((directory / "index.json").read_text())
+        del index["files"]
+        (directory / "index.json").write_text(json.dumps(index))
+    real._PREPARED.clear()  # a new command
+    again = prepared_spec(tmp_path, llava)["data"]
+    assert "preparing it again" in capfd.readouterr().err
+    assert again["fingerprint"] == clean["fingerprint"] and again["prepared"] == clean["prepared"]
+    data = batches.PreparedData(again["prepared"])
+    assert np.isfinite(np.load(pixels)).all() and len(data) == 4 and data.sample(3)["labels"].size
+    assert real.cache.verify(directory, real.cache.read_stats(directory)) is None
+    assert not list(directory.parent.glob(".tmp-*"))
+
+
+def test_15_an_abandoned_temporary_directory_is_removed_and_a_live_one_kept(tmp_path, llava):
+    import fcntl
+
+    cache = tmp_path / "cache"
+    killed = cache / ".tmp-llava_json-abc-killed"
+    (killed / "sub").mkdir(parents=True)
+    (killed / "input_ids.raw").write_bytes(b"x" * 100)
+    live = cache / ".tmp-llava_json-def-live"
+    live.mkdir()
+    fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a preparation beside this one, still writing
+    try:
+        real._PREPARED.clear()
+        prepared_spec(tmp_path, llava)
+        assert not killed.exists() and live.exists()
+    finally:
+        os.close(fd)
+
+
+def test_15_a_preparation_that_fails_while_finishing_leaves_no_temporary_directory(tmp_path, llava, monkeypatch):
+    import errno
+
+    def full(path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(real.cache, "_sha256", full)
+    real._PREPARED.clear()
+    line = one_line_error(llava_validate(tmp_path, llava))
+    assert "No space left on device" in line
+    assert not list((tmp_path / "cache").glob(".tmp-*")) and not list((tmp_path / "cache").glob("llava_json-*"))

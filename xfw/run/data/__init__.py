@@ -26,9 +26,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
-from xfw.run.data.cache import read_stats
+from xfw.run.data.cache import discard, read_stats, verify
 
 PREP_VERSION = 1
 """Bump when a change to this package changes what a preparation writes."""
@@ -144,6 +145,15 @@ def prepare(recipe, arch: dict) -> dict:
     key = hashlib.sha256(json.dumps(key_source, sort_keys=True).encode()).hexdigest()[:24]
     directory = cache_root(data) / f"{data.kind}-{key}"
     index = read_stats(directory)
+    damage = verify(directory, index) if index is not None else None
+    if damage:  # tampered with, or half deleted, since it was prepared: never trained on, prepared again
+        print(f"data.cache: {directory}: {damage}; preparing it again", file=sys.stderr)
+        try:
+            discard(directory)
+        except OSError as err:
+            raise DataError(f"data.cache: {directory}: {damage}, and it cannot be removed "
+                            f"({err.strerror or err}); remove it, or choose another data.cache") from None
+        index = None
     if index is None:
         try:
             index = builder.build(plan, directory)

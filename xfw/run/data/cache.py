@@ -4,11 +4,20 @@ Samples are appended one at a time (each field's values to a raw file, so a data
 memory streams through); :meth:`CacheWriter.finish` turns each raw file into a ``.npy`` (header,
 then the raw bytes), writes the offsets, shapes and ``index.json``, and renames the whole
 temporary directory into place. A directory that is there is complete: a killed preparation
-leaves only a ``.tmp-*`` directory, which the next one ignores and a later one removes.
+leaves only a ``.tmp-*`` directory, which the next preparation in the same cache removes (a
+temporary directory is locked, ``flock`` on the directory itself, while its preparation lives, so
+a preparation running beside it is never disturbed); one that fails (a full disk) removes its own.
+
+``index.json`` records every file's size and sha256 as the preparation wrote it (``files``);
+:func:`verify` checks them before a run trusts the directory, so a file overwritten, truncated or
+removed since (NaN written into ``pixel_values.npy``, half the entry deleted) is found, and the
+entry is prepared again (:func:`xfw.run.data.prepare`) instead of trained on.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -25,7 +34,10 @@ class CacheWriter:
     def __init__(self, target: Path):
         self.target = target
         target.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
+        remove_abandoned(target.parent)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
+        self._lock = os.open(self.tmp, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)  # held until the directory is renamed or removed
         self.fields: dict[str, dict] = {}
         self.count = 0
 
@@ -47,7 +59,15 @@ class CacheWriter:
         self.count += 1
 
     def finish(self, index: dict) -> Path:
-        """Complete the directory and move it into place; returns the target."""
+        """Complete the directory and move it into place; returns the target. A failure (a full
+        disk) removes the temporary directory and raises."""
+        try:
+            return self._finish(index)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def _finish(self, index: dict) -> Path:
         for name, field in self.fields.items():
             field["raw"].close()
             raw = self.tmp / f"{name}.raw"
@@ -61,26 +81,94 @@ class CacheWriter:
             np.save(self.tmp / f"{name}.offsets.npy", np.asarray(field["offsets"], np.int64))
             np.save(self.tmp / f"{name}.shapes.npy", np.asarray(field["shapes"], np.int64).reshape(self.count,
                                                                                                 field["ndim"]))
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(self.tmp.iterdir())}
         write_json_atomic(self.tmp / INDEX_FILE, {"format": FORMAT, "num_samples": self.count,
                                                    "fields": {n: {"dtype": f["dtype"]} for n, f in self.fields.items()},
-                                                   **index})
+                                                   "files": files, **index})
         try:
             os.rename(self.tmp, self.target)
         except OSError:
-            if not (self.target / INDEX_FILE).exists():
+            if read_stats(self.target) is None:
                 raise
             shutil.rmtree(self.tmp, ignore_errors=True)  # another preparation of the same key won
+        os.close(self._lock)
+        self._lock = None
         return self.target
 
     def abandon(self) -> None:
         for field in self.fields.values():
             field["raw"].close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+TMP_PREFIX = ".tmp-"
+
+
+def remove_abandoned(cache: Path) -> list[Path]:
+    """Remove the ``.tmp-*`` directories in ``cache`` that no living preparation holds (killed ones,
+    SIGKILL or a power cut); returns them."""
+    removed = []
+    for tmp in cache.glob(f"{TMP_PREFIX}*"):
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a preparation is writing it
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def discard(directory: Path) -> None:
+    """Remove a prepared directory: renamed away first (one step, so no reader sees half of it), then deleted."""
+    doomed = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}discarded-{directory.name}-", dir=directory.parent))
+    os.rename(directory, doomed / directory.name)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def read_stats(directory: Path) -> dict | None:
     """The index of a complete prepared directory, or None if it is not there (or not complete)."""
     try:
-        return json.loads((directory / INDEX_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        index = json.loads((directory / INDEX_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
+    return index if isinstance(index, dict) else None
+
+
+def verify(directory: Path, index: dict) -> str | None:
+    """Why the directory is not what its preparation wrote (a file missing, of another size, or of
+    another sha256 than ``index["files"]`` records; an index without that record), or None.
+    Reads every file once (sha256 at disk speed; about 1 s per GB here)."""
+    files = index.get("files")
+    if not isinstance(files, dict) or not files or not isinstance(index.get("stats"), dict):
+        return f"{INDEX_FILE} records no file digests (written by an older xfw, or not by xfw)"
+    for name, facts in sorted(files.items()):
+        path = directory / name
+        if not isinstance(facts, dict) or "/" in name or name in ("", ".", ".."):
+            return f"{INDEX_FILE}: files.{name} is malformed"
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if size != facts.get("bytes"):
+            return f"{name} holds {size} bytes, its preparation wrote {facts.get('bytes')}"
+        if _sha256(path) != facts.get("sha256"):
+            return f"{name} differs from what its preparation wrote (sha256)"
+    return None
