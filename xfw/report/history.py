@@ -37,7 +37,11 @@ def workload_fingerprint(spec: dict) -> str:
     """What must be equal for two nights' numbers to be comparable: the model, stage, data, batch,
     precision, parallel layout and measured steps. Backend knobs are left out on purpose (a knob
     turned on is exactly the kind of change a nightly should flag, and it is reported as such)."""
-    keep = {k: v for k, v in spec.items() if k not in ("run_id", "backend", "backends", "backend_knobs", "measure")}
+    keep = {k: v for k, v in spec.items()
+            if k not in ("run_id", "backend", "backends", "backend_knobs", "backend_env", "measure", "published")}
+    comparison = keep.pop("comparison", None)  # like-for-like: what every night before the two comparisons ran
+    if isinstance(comparison, dict) and comparison.get("kind") == "published":  # what it applied, not where the file lies
+        keep["comparison"] = {k: comparison.get(k) for k in ("kind", "row", "set")}
     keep["measure"] = {k: v for k, v in spec.get("measure", {}).items() if k not in ("timeout_s", "repeat")}
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -62,7 +66,8 @@ def row_from_result(result: RunResult, spec: dict, *, night: str, night_started_
         "num_processes": result.setup.get("num_processes"), "global_batch": result.setup.get("global_batch"),
         "micro_batch": result.setup.get("micro_batch"), "sharding": result.setup.get("sharding"),
         "dtype": result.setup.get("dtype"), "amp_level": result.setup.get("amp_level"),
-        "workload": workload_fingerprint(spec), "knobs": dict(spec.get("backend_knobs", {})),
+        "workload": workload_fingerprint(spec),
+        "knobs": {**spec.get("backend_knobs", {}), **{f"env.{k}": v for k, v in (spec.get("backend_env") or {}).items()}},
         "framework_version": applied.get("framework_version"), "device_name": applied.get("device_name"),
         "versions": {k.removeprefix("version_"): v for k, v in applied.items() if k.startswith("version_")},
         "host": env.get("host", {}).get("hostname"), "python": env.get("python"),
