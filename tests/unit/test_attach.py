@@ -304,6 +304,39 @@ def test_an_import_callback_runs_after_the_module_and_leaves_its_loader_alone(tm
     assert seen == [42, "again"]
 
 
+def test_a_spec_look_up_keeps_the_callback_for_the_import_that_follows_from_a_thread(tmp_path, monkeypatch):
+    """datasets, transformers and peft call importlib.util.find_spec("torch") before importing it."""
+    import importlib.util
+    import threading
+
+    (tmp_path / "xfw_looked_up_mod.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    imports.when_imported("xfw_looked_up_mod", lambda module: seen.append(module.VALUE))
+    assert importlib.util.find_spec("xfw_looked_up_mod") is not None and seen == []
+    assert importlib.util.find_spec("xfw_looked_up_mod") is not None and seen == []
+    assert imports.missed() == []
+    loading = threading.Thread(target=importlib.import_module, args=("xfw_looked_up_mod",))
+    loading.start()
+    loading.join()
+    assert seen == [1] and imports.missed() == []
+
+
+def test_a_framework_imported_past_the_watcher_is_recorded_as_not_measured(tmp_path, monkeypatch):
+    (tmp_path / "xfw_hidden_mod.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p, path = make_probe(tmp_path)
+    imports.when_imported("xfw_hidden_mod", lambda module: None)
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if f is not imports._WATCHER])
+    import xfw_hidden_mod  # noqa: F401 - imported past the watcher
+
+    assert imports.missed() == ["xfw_hidden_mod"]
+    p._at_exit()
+    error = read_records(path)[0][-1]
+    assert error["status"] == "crashed" and "could not install its hooks: xfw_hidden_mod" in error["message"]
+    del sys.modules["xfw_hidden_mod"]
+
+
 @pytest.mark.parametrize("batch, counts", [
     ({"input_ids": __import__("numpy").zeros((4, 64)), "labels": __import__("numpy").zeros((4, 64))}, (4, 256)),
     ({"pixel_values": __import__("numpy").zeros((2, 3, 8, 8)), "input_ids": __import__("numpy").zeros((2, 9))}, (2, 0)),
@@ -312,6 +345,14 @@ def test_an_import_callback_runs_after_the_module_and_leaves_its_loader_alone(tm
 ])
 def test_a_batch_is_counted_from_its_shapes(batch, counts):
     assert observe.batch_counts(batch) == counts
+
+
+def test_a_forward_is_counted_from_its_first_positional_tensor_or_its_keywords():
+    import numpy as np
+
+    assert observe.forward_counts((np.zeros((4, 4, 8, 8)), 7), {"encoder_hidden_states": np.zeros((4, 2))}) == (4, 0)
+    assert observe.forward_counts((), {"input_ids": np.zeros((2, 5)), "labels": np.zeros((2, 5))}) == (2, 10)
+    assert observe.forward_counts((np.zeros(()),), {}) is None
 
 
 class ClockHooks:
@@ -335,6 +376,10 @@ class ClockHooks:
     def memory_peaks(self): return observe.peak_rss_bytes(), None
     def count_params(self, model, optimizer): return (len(model), len(model) // 2) if model else (0, 0)
     def stop_watching_forward(self): self.watching = False
+    def watch_inputs(self, modules): self.inputs = [id(m) for m in modules]
+
+    def parameters(self, model):  # a "model" is a list of parameter sizes; every other one trains
+        return [(id(model) + i, n, i % 2 == 0) for i, n in enumerate(model)]
 
     def facts(self, model, wrapper, optimizer):
         return {"framework_version": "0", "device": "cpu", "device_name": "cpu", "weight_dtype": "float32",
@@ -357,7 +402,7 @@ def test_the_probe_writes_a_harness_shaped_run_from_boundaries_and_then_ends_the
     hooks = ClockHooks()
     p.add_framework(hooks)
     p.saw_batch({"input_ids": [[0]] * 2}, source="eval")  # no shape: not a batch it can count
-    p.saw_model(hooks, list(range(10)), lambda: {"enabled": False})
+    p.saw_model(hooks, [1] * 10)
     p.saw_batch({"input_ids": np.zeros((2, 5)), "labels": np.zeros((2, 5))}, source="train")
     p.saw_batch({"input_ids": np.zeros((2, 5)), "labels": np.zeros((2, 5))}, source="train")
     p.boundary(hooks, "optimizer")  # warm-up step 0: the training data is the one that fed it
@@ -437,3 +482,38 @@ def test_a_failing_hook_turns_the_probe_off_and_records_why_without_raising(tmp_
     error = read_records(path)[0][-1]
     assert error == {**error, "status": "crashed", "message": "xfw probe failed: RuntimeError: no process group"}
     assert "the command runs on unmeasured" in capsys.readouterr().err
+
+
+def test_samples_are_what_reached_the_model_and_parameters_every_module_that_took_part(tmp_path):
+    """A prefetching loader hands out batches a step early (accelerate's): the loader's count is
+    shifted, the model's inputs are not. Frozen modules count in the parameters; autocast counts
+    where a layer ran under it, not at the outermost forward."""
+    import numpy as np
+
+    p, path = make_probe(tmp_path, warmup_steps=1, steps=3)
+    hooks = ClockHooks()
+    p.add_framework(hooks)
+    unet, vae, text = [4] * 6, [1000], [3] * 4  # sizes 24, 1000, 12; every other one trains (fake)
+    latents = np.zeros((4, 4, 8, 8))
+    for step in range(4):
+        p.saw_batch({"pixel_values": np.zeros((6 if step % 2 == 0 else 2, 3))}, source="train")  # shifted
+        for _ in range(2):  # accumulation 2: two micro-batches of 4 reach the UNet
+            for module in (vae, text, unet):
+                p.saw_model(hooks, module)
+            p.saw_amp(unet, {"enabled": False})
+            p.saw_amp(unet, {"enabled": True, "dtype": "bfloat16"})  # inside the wrapped forward
+            p.saw_forward(unet, (latents, 7), {"encoder_hidden_states": np.zeros((4, 77, 32))})
+            p.saw_forward(text, (np.zeros((4, 77)),), {})
+        if step < 3:
+            p.boundary(hooks, "optimizer")
+            if step == 0:
+                assert p.model is unet and hooks.inputs == [id(unet)]  # fed with gradients, most trainable
+    with pytest.raises(SystemExit):
+        p.boundary(hooks, "optimizer")
+    records = read_records(path)[0]
+    assert [r["samples"] for r in records if r["kind"] == "step"] == [8, 8, 8, 8]
+    applied = next(r for r in records if r["kind"] == "applied")
+    assert (applied["micro_batch"], applied["grad_accum_steps"]) == (4, 2)
+    assert (applied["num_params_total"], applied["num_params_trainable"]) == (1000 + 24 + 12, 1000 + 12 + 6)
+    assert (applied["compute_dtype"], applied["amp_level"]) == ("bfloat16", "O1")
+    assert "parameters over list 1000" in applied["notes"] and "reached list's forward" in applied["notes"]

@@ -8,9 +8,11 @@ imports ``paddlenlp.trainer.trainer``, into PaddleNLP's ``Trainer``:
   that overrides it (AdamW does), existing or defined later; a step calling another one (a
   wrapper's, a subclass's ``super().step()``) counts once; with a PaddleNLP
   ``Trainer``, a callback's ``on_step_end`` instead, added to every Trainer as it is built;
-* batches: ``paddle.io.DataLoader``'s iterators (``__next__``);
-* the model: ``paddle.nn.Layer.__call__`` until the first step ends (then restored), which also
-  reads the AMP state (level and dtype) at the model's forward;
+* the modules: ``paddle.nn.Layer.__call__`` until the first step ends (then restored) sees every
+  outermost layer called and reads the AMP state (level and dtype) as each layer runs;
+* batches: a forward pre-hook (with keyword arguments) on each outermost layer, then on the model
+  alone: what reached it with gradients on; ``paddle.io.DataLoader``'s iterators (``__next__``)
+  as the fallback;
 * timing and memory as the adapter's session does on GPU (CUDA events, the allocator's peaks);
   on CPU the clock and the process's peak RSS, like the PyTorch hooks (so both sides' CPU memory
   is the same kind of number).
@@ -44,7 +46,9 @@ class PaddleFramework:
         self.gpu = False
         self._stepping = False
         self._depth = 0
+        self._outer: Any = None
         self._restore_call = None
+        self._input_hooks: dict[int, Any] = {}
 
     # -- hooks ------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -60,7 +64,9 @@ class PaddleFramework:
 
         def __call__(layer, *args, **kwargs):
             if self._depth == 0:
-                self.probe.saw_model(self, layer, self._amp)
+                self._outer = layer
+                self.probe.saw_model(self, layer)
+            self.probe.saw_amp(self._outer, self._amp())  # as this layer runs
             self._depth += 1
             try:
                 return original_call(layer, *args, **kwargs)
@@ -125,6 +131,20 @@ class PaddleFramework:
             self._restore_call()
             self._restore_call = None
 
+    def watch_inputs(self, modules: list) -> None:
+        keep = {id(m) for m in modules}
+        for key in [k for k in self._input_hooks if k not in keep]:
+            self._input_hooks.pop(key).remove()
+        paddle = self.paddle
+
+        def hook(layer, args, kwargs):
+            if paddle.is_grad_enabled():
+                self.probe.saw_forward(layer, args, kwargs)
+
+        for layer in modules:
+            if id(layer) not in self._input_hooks:
+                self._input_hooks[id(layer)] = layer.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
+
     def _amp(self) -> dict:
         amp = self.paddle.amp
         if not amp.is_autocast_enabled():
@@ -171,6 +191,14 @@ class PaddleFramework:
         return "cuda_allocator" if self.gpu else "peak_rss"
 
     # -- what the objects show --------------------------------------------------------------------------
+    def parameters(self, module: Any) -> list[tuple[int, int, bool]]:
+        seen, out = set(), []
+        for p in module.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append((id(p), int(p.size), not p.stop_gradient))
+        return out
+
     def count_params(self, model: Any, optimizer: Any) -> tuple[int, int]:
         if model is not None:
             params = model.parameters()
@@ -205,7 +233,8 @@ class PaddleFramework:
             "device": paddle.get_device() if self.gpu else "cpu",
             "device_name": paddle.device.cuda.get_device_name() if self.gpu else cpu_model(),
             "weight_dtype": observe.majority(dtypes), "attention_impl": attention,
-            "recompute": bool(getattr(config, "recompute", False)),
+            "recompute": bool(getattr(config, "recompute", False))
+            or any(_checkpointing(m) for m in self.probe.modules.values()),
             "sharding_impl": self._sharding(wrapper or model, optimizer),
             "master_weights": bool(getattr(optimizer, "_multi_precision", False)),
             "fused_optimizer": False,
@@ -224,6 +253,19 @@ class PaddleFramework:
         if "DataParallel" in names:
             return "data_parallel"
         return "none"
+
+
+def _checkpointing(layer: Any) -> bool:
+    """Recompute on anywhere in ``layer``: ppdiffusers' ``gradient_checkpointing`` flag on its blocks
+    (or a model's ``is_gradient_checkpointing``), PaddleNLP's ``enable_recompute`` or ``config.recompute``."""
+    if getattr(layer, "is_gradient_checkpointing", False) is True:
+        return True
+    for m in [layer, *layer.sublayers()]:
+        flags = m.__dict__
+        if flags.get("gradient_checkpointing") is True or flags.get("enable_recompute") is True \
+                or getattr(flags.get("config"), "recompute", False) is True:
+            return True
+    return False
 
 
 _FRAMEWORK: PaddleFramework | None = None

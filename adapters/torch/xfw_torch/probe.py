@@ -7,9 +7,12 @@ imports ``transformers.trainer``, into its ``Trainer``:
 * step ends: PyTorch's global optimizer step hooks (every ``torch.optim.Optimizer``, DeepSpeed's
   and accelerate's included; a nested optimizer's step counts once); with a transformers
   ``Trainer``, a callback's ``on_step_end`` instead, added to every Trainer as it is built;
-* batches: ``torch.utils.data``'s DataLoader iterator (``__next__``), before anything moves them;
-* the model: global forward hooks until the first step ends (then removed: no cost after), which
-  also read the autocast state at the model's forward;
+* the modules: global forward hooks until the first step ends (then removed: no cost after) see
+  every outermost module called and read the autocast state as each layer runs (accelerate enters
+  autocast inside the model's forward, not before it);
+* batches: a forward pre-hook (with keyword arguments) on each outermost module, then on the
+  model alone: what reached it with gradients on; ``torch.utils.data``'s DataLoader iterator
+  (``__next__``) as the fallback;
 * timing and memory as the adapter's session does: CUDA events and the caching allocator's peaks
   on GPU, the clock and the process's peak RSS on CPU.
 """
@@ -41,7 +44,9 @@ class TorchFramework:
         self.cuda = False
         self._stepping = None  # the optimizer whose step is running (a nested one's step is not a boundary)
         self._depth = 0
+        self._outer: Any = None
         self._forward_hooks: list = []
+        self._input_hooks: dict[int, Any] = {}
 
     # -- hooks ------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -72,7 +77,9 @@ class TorchFramework:
 
         def before_forward(module, args):
             if self._depth == 0:
-                self.probe.saw_model(self, module, self._autocast)
+                self._outer = module
+                self.probe.saw_model(self, module)
+            self.probe.saw_amp(self._outer, self._autocast())  # as this layer runs
             self._depth += 1
 
         def after_forward(module, args, output):
@@ -85,6 +92,20 @@ class TorchFramework:
         for handle in self._forward_hooks:
             handle.remove()
         self._forward_hooks = []
+
+    def watch_inputs(self, modules: list) -> None:
+        keep = {id(m) for m in modules}
+        for key in [k for k in self._input_hooks if k not in keep]:
+            self._input_hooks.pop(key).remove()
+        torch = self.torch
+
+        def hook(module, args, kwargs):
+            if torch.is_grad_enabled():
+                self.probe.saw_forward(module, args, kwargs)
+
+        for module in modules:
+            if id(module) not in self._input_hooks:
+                self._input_hooks[id(module)] = module.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
 
     def _autocast(self) -> dict:
         device = "cuda" if self.torch.cuda.is_available() and self.torch.cuda.is_initialized() else "cpu"
@@ -135,6 +156,14 @@ class TorchFramework:
         return "cuda_allocator" if self.cuda else "peak_rss"
 
     # -- what the objects show --------------------------------------------------------------------------
+    def parameters(self, module: Any) -> list[tuple[int, int, bool]]:
+        seen, out = set(), []
+        for p in module.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append((id(p), getattr(p, "ds_numel", None) or p.numel(), bool(p.requires_grad)))
+        return out
+
     def count_params(self, model: Any, optimizer: Any) -> tuple[int, int]:
         params = list(model.parameters()) if model is not None else \
             [p for group in getattr(optimizer, "param_groups", []) for p in group["params"]]
@@ -167,7 +196,7 @@ class TorchFramework:
             "device_name": torch.cuda.get_device_name() if self.cuda else cpu_model(),
             "weight_dtype": observe.majority(dtypes),
             "attention_impl": str(getattr(config, "_attn_implementation", None) or "unknown"),
-            "recompute": bool(getattr(inner, "is_gradient_checkpointing", False)),
+            "recompute": any(_checkpointing(m) for m in self.probe.modules.values()),
             "sharding_impl": sharding, "master_weights": masters,
             "fused_optimizer": bool(getattr(optimizer, "defaults", {}).get("fused")),
             "tf32": bool(self.cuda and torch.backends.cuda.matmul.allow_tf32),
@@ -191,6 +220,14 @@ class TorchFramework:
         if "DistributedDataParallel" in names:
             return "ddp", False
         return "none", False
+
+
+def _checkpointing(module: Any) -> bool:
+    """Gradient checkpointing on anywhere in ``module``: the flag transformers and diffusers models
+    set on their blocks (``gradient_checkpointing``), or a model's ``is_gradient_checkpointing``."""
+    if getattr(module, "is_gradient_checkpointing", False) is True:
+        return True
+    return any(m.__dict__.get("gradient_checkpointing") is True for m in module.modules())
 
 
 _FRAMEWORK: TorchFramework | None = None

@@ -30,10 +30,15 @@ def _precision(probe: "Probe", facts: dict) -> tuple[str, str, str, list[str]]:
         compute, level = weight, "O2" if weight != "float32" and facts["master_weights"] else "O0"
     if amp is None:
         notes.append("no forward seen before the first step: precision from the weights")
+    elif amp.get("enabled"):
+        notes.append(f"autocast {amp['dtype']} seen as the model's layers ran")
     asked = (probe.trainer or {}).get("compute_dtype")
     if asked and asked != compute:
         notes.append(f"the Trainer's arguments ask for {asked}, the forward ran {compute} (AMP {level})")
     return weight, compute, level, notes
+
+
+SOURCES = {"forward": "the inputs that reached the model's forward", "loader": "the DataLoader's batches"}
 
 
 def _batch(probe: "Probe") -> tuple[int, int, str]:
@@ -43,21 +48,47 @@ def _batch(probe: "Probe") -> tuple[int, int, str]:
         return trainer["micro_batch"], trainer["grad_accum_steps"], "the Trainer's arguments"
     if probe.last_step_batches:
         batches = probe.last_step_batches
-        return max(s for s, _ in batches), len(batches), "the DataLoader's batches"
+        return max(s for s, _ in batches), len(batches), SOURCES[probe.count_source]
     return spec["batch"]["micro"], spec["derived"]["grad_accum_steps"], "the recipe"
+
+
+def count_params(probe: "Probe") -> tuple[int, int, dict[str, str]]:
+    """(total, trainable, breakdown) over every module that took part before the first step, each
+    parameter once: the breakdown names each module with what it added (largest first), so a user
+    sees what was counted. Without a module seen, the optimizer's parameters."""
+    fw = probe.owner
+    if not probe.modules:
+        total, trainable = fw.count_params(None, probe.optimizer)
+        return total, trainable, {"optimizer": f"{total} (trainable {trainable})"}
+    sized = sorted(((fw.parameters(m), m) for m in probe.modules.values()), key=lambda pm: -sum(n for _, n, _ in pm[0]))
+    seen, total, trainable, breakdown = set(), 0, 0, {}
+    for params, module in sized:
+        new = [(n, t) for i, n, t in params if i not in seen]
+        seen.update(i for i, _, _ in params)
+        if not new:
+            continue
+        added, added_trainable = sum(n for n, _ in new), sum(n for n, t in new if t)
+        total, trainable = total + added, trainable + added_trainable
+        name = type(module).__name__
+        while name in breakdown:
+            name += "'"
+        breakdown[name] = f"{added} (trainable {added_trainable})"
+    return total, trainable, breakdown
 
 
 def applied_record(probe: "Probe") -> dict:
     fw, trainer = probe.owner, probe.trainer or {}
     facts = fw.facts(probe.model, probe.wrapper, probe.optimizer)
-    total, trainable = fw.count_params(probe.model, probe.optimizer)
+    total, trainable, breakdown = count_params(probe)
     weight, compute, level, precision_notes = _precision(probe, facts)
     micro, accum, batch_source = _batch(probe)
     boundary = BOUNDARIES[probe.boundary_source]
-    notes = [f"attached to an unmodified command: steps end at its {boundary}",
-             "samples counted from its training DataLoader" if probe.train_source is not None
-             else "samples from the recipe's batch (no DataLoader fed its first step)",
-             f"micro-batch and accumulation from {batch_source}"]
+    counted = {"forward": f"samples counted from the inputs that reached {type(probe.model).__name__}'s forward",
+               "loader": "samples counted from its training DataLoader",
+               "recipe": "samples from the recipe's batch (no forward or DataLoader showed a batch)"}
+    notes = [f"attached to an unmodified command: steps end at its {boundary}", counted[probe.count_source],
+             f"micro-batch and accumulation from {batch_source}",
+             "parameters over " + ", ".join(f"{k} {v}" for k, v in breakdown.items())]
     if trainer:
         notes.append("recompute and sharding from the Trainer's arguments")
     if probe.model is None:

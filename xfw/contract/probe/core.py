@@ -5,9 +5,18 @@ report events; this class turns them into exactly the records xfw's own adapters
 (``start``, ``step`` x (warm-up + measured), ``window``, ``applied``, ``end``, or ``error``)::
 
     probe.saw_batch(batch)                    # a DataLoader yielded a batch (shapes are counted)
-    probe.saw_model(framework, module, amp)   # an outermost forward began (before the first step)
+    probe.saw_model(framework, module)        # an outermost forward began (before the first step)
+    probe.saw_amp(module, amp)                # the autocast state as a layer of that module ran
+    probe.saw_forward(module, args, kwargs)   # a module watched for inputs ran with gradients on
     probe.trainer_began(framework, settings, model)   # a Trainer's on_train_begin: its arguments
     probe.boundary(framework, "optimizer", optimizer) # an optimizer step ended ("trainer": a callback's on_step_end)
+
+The model is chosen at the first step's end among the modules whose outermost forward ran before
+it (the UNet, the text encoder, the VAE of a diffusion script; a wrapper and what it wraps): the
+one with the most trainable parameters, then the most parameters. From then on only its inputs
+are watched: each forward it runs with gradients on is one micro-batch, and a step's samples and
+tokens are the sum of what reached it (a prefetching loader's early batches are not counted in
+the wrong step). Parameters are counted over every module seen, each parameter once.
 
 Step boundaries come from a Trainer's callback when a Trainer trains (its ``on_step_end`` also
 counts an fp16 step the loss scaler skipped), otherwise from the optimizer's step. The process
@@ -34,7 +43,7 @@ import time
 import traceback
 from typing import Any, Callable, Protocol
 
-from xfw.contract.probe import observe
+from xfw.contract.probe import imports, observe
 from xfw.contract.probe.window import Device, Window
 from xfw.contract.records import RecordWriter
 
@@ -53,6 +62,10 @@ class Framework(Device, Protocol):
     def mem_source(self) -> str: ...
     def count_params(self, model: Any, optimizer: Any) -> tuple[int, int]:
         """(total, trainable) of the model, or of the optimizer's parameters when no model was seen."""
+    def parameters(self, module: Any) -> list[tuple[int, int, bool]]:
+        """(identity, size, trainable) of each parameter of ``module`` (ZeRO-3's by their full size)."""
+    def watch_inputs(self, modules: list) -> None:
+        """Report the forwards of exactly these modules (with gradients on) to ``probe.saw_forward``."""
     def facts(self, model: Any, wrapper: Any, optimizer: Any) -> dict:
         """What the objects show: framework_version, device, device_name, weight_dtype,
         attention_impl, recompute, sharding_impl, fused_optimizer, master_weights, tf32,
@@ -84,10 +97,14 @@ class Probe:
         self.frameworks: list[Framework] = []
         self.owner: Framework | None = None
         self.trainer: dict | None = None
+        self.trainer_model: Any = None
         self.model: Any = None
-        self.model_params = -1
+        self.modules: dict[int, Any] = {}  # every module whose outermost forward ran before the first step
         self.wrapper: Any = None
         self.amp: dict | None = None
+        self._amps: dict[int, dict] = {}  # outermost module -> the autocast state its layers ran under
+        self._forwards: list[tuple[int, tuple[int, int]]] = []  # (module, (samples, tokens)) this step
+        self.count_source = "recipe"
         self.optimizer: Any = None
         self.boundary_source = ""
         self.done = self.disabled = self.armed = False
@@ -125,21 +142,34 @@ class Probe:
         self._activity()
 
     @_safe
-    def saw_model(self, framework: Framework, module: Any, amp: Callable[[], dict]) -> None:
-        """An outermost forward began before the first step. The module with the most parameters is
-        the model (the first one seen: a Trainer's unwrapped model); the last outermost module with
-        as many is its wrapper (DDP, FSDP, a DeepSpeed engine); ``amp()`` reads the autocast state
-        (``{"enabled": bool, "dtype": "bfloat16", "level": "O1" or absent}``)."""
+    def saw_model(self, framework: Framework, module: Any) -> None:
+        """An outermost forward began before the first step: ``module`` takes part in training."""
         self._activity()
-        if self.owner is not None:
+        if self.owner is None and id(module) not in self.modules:
+            self.modules[id(module)] = module
+            framework.watch_inputs(list(self.modules.values()))
+
+    def saw_amp(self, module: Any, amp: dict) -> None:
+        """The autocast state (``{"enabled": bool, "dtype": "bfloat16", "level": "O1" or absent}``)
+        as a layer of the outermost ``module`` ran: where it takes effect (accelerate enters autocast
+        inside the model's own forward). Enabled once is enabled."""
+        seen = self._amps.get(id(module))
+        if seen is None or (amp.get("enabled") and not seen.get("enabled")):
+            self._amps[id(module)] = amp
+
+    def saw_forward(self, module: Any, args: tuple, kwargs: dict) -> None:
+        """A watched module ran with gradients on: one micro-batch reached it."""
+        if self.disabled or self.done or (self.owner is not None and module is not self.model):
             return
-        if module is not self.model and module is not self.wrapper:
-            total, _ = framework.count_params(module, None)
-            if total < self.model_params:
-                return
-            if total > self.model_params:
-                self.model, self.model_params = module, total
-        self.wrapper, self.amp = module, amp()
+        try:
+            counts = observe.forward_counts(args, kwargs)
+        except Exception as err:  # noqa: BLE001 - the script must go on
+            self.fail(err)
+            return
+        if counts is not None:
+            self._forwards.append((id(module), counts))
+            if len(self._forwards) > 4096:  # forwards with no step in between (an evaluation with gradients)
+                del self._forwards[:2048]
 
     @_safe
     def trainer_began(self, framework: Framework, settings: dict, model: Any) -> None:
@@ -147,10 +177,7 @@ class Probe:
         fields) come from its arguments."""
         self._activity()
         self.trainer = dict(settings)
-        if model is not None:
-            total, _ = framework.count_params(model, None)
-            if total >= self.model_params:
-                self.model, self.model_params = model, total
+        self.trainer_model = model
 
     @_safe
     def boundary(self, framework: Framework, source: str, optimizer: Any = None) -> None:
@@ -177,6 +204,7 @@ class Probe:
         self.owner, self.boundary_source, self.armed = framework, source, True
         for fw in self.frameworks:
             fw.stop_watching_forward()  # the model is known; no per-module cost from here on
+        self._choose_model(framework)
         framework.start()
         world = framework.world_size()
         self._writer = RecordWriter(self.records_path, framework.rank())
@@ -193,12 +221,37 @@ class Probe:
         self.window = Window(self._writer, framework, warmup_steps=self.warmup_steps, steps=self.steps,
                              start_s=self._t_first or time.perf_counter())
 
+    def _choose_model(self, framework: Framework) -> None:
+        """The model: among the modules seen, those that ran with gradients on if any did, the one
+        with the most trainable parameters, then the most; it alone is watched from here on."""
+        candidates = list(self.modules.values())
+        if not candidates and self.trainer_model is not None:
+            candidates = [self.trainer_model]
+            self.modules[id(self.trainer_model)] = self.trainer_model
+        fed = {m for m, _ in self._forwards}
+        candidates = [m for m in candidates if id(m) in fed] or candidates
+        if candidates:
+            def size(module):
+                params = framework.parameters(module)
+                return sum(n for _, n, t in params if t), sum(n for _, n, _ in params)
+            self.model = self.wrapper = max(candidates, key=size)
+            self.amp = self._amps.get(id(self.model))
+            framework.watch_inputs([self.model])
+
     def _take_counts(self) -> tuple[int, int]:
-        """(samples, tokens) this rank trained on since the last step: counted from the training
-        DataLoader's batches, or the recipe's batch per process when no DataLoader fed step 0."""
-        if self.train_source is None:
+        """(samples, tokens) this rank trained on since the last step: what reached the model's
+        forward with gradients on, else the training DataLoader's batches, else the recipe's batch
+        per process."""
+        forwards = [c for m, c in self._forwards if self.model is not None and m == id(self.model)]
+        self._forwards = []
+        batches = self._pending.pop(self.train_source, []) if self.train_source is not None else []
+        if forwards:
+            self.count_source, batches = "forward", forwards
+        elif self.train_source is None:
+            self.count_source = "recipe"
             return self.spec["batch"]["global"] // self.expected_processes, 0
-        batches = self._pending.pop(self.train_source, [])
+        else:
+            self.count_source = "loader"
         if batches:
             self.last_step_batches = batches
         return sum(s for s, _ in batches), sum(t for _, t in batches)
@@ -235,7 +288,13 @@ class Probe:
             pass
 
     def _at_exit(self) -> None:
-        if self.done or self.disabled or not self.armed:
+        if self.done or self.disabled:
+            return
+        if not self.armed:
+            missed = imports.missed()  # a framework imported without the probe's hooks: say so
+            if missed:
+                self._error("crashed", f"xfw's probe could not install its hooks: {', '.join(missed)} was imported "
+                            "without them (an import system the probe does not see into); the run is not measured")
             return
         error = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)  # an uncaught exception
         try:

@@ -9,6 +9,14 @@ A finder first on ``sys.meta_path`` answers only for watched names: it asks the 
 the module's spec and wraps its loader, so the callback runs once the module's code has run (the
 module's own ``__loader__`` is the original one again by then). A module imported already gets
 the callback at once.
+
+The callbacks stay registered until a module's code has actually run: a mere look-up of the spec
+(``importlib.util.find_spec("torch")``, which datasets, transformers and peft do before importing
+it, or does without importing it) runs nothing and takes nothing away. However the import comes,
+``import``, ``importlib.import_module``, lazily inside a function or from another thread, it goes
+through this finder. :func:`missed` names the watched modules that were imported without their
+callbacks (a loader that cannot be wrapped, the watcher removed from ``sys.meta_path``), so the
+probe can say it could not hook them.
 """
 
 from __future__ import annotations
@@ -26,8 +34,8 @@ Callback = Callable[[ModuleType], None]
 class _Loader(importlib.abc.Loader):
     """The original loader, then the callbacks."""
 
-    def __init__(self, loader, callbacks: list[Callback]):
-        self.loader, self.callbacks = loader, callbacks
+    def __init__(self, loader):
+        self.loader = loader
 
     def create_module(self, spec):
         return self.loader.create_module(spec)
@@ -37,14 +45,21 @@ class _Loader(importlib.abc.Loader):
         if module.__spec__ is not None:
             module.__spec__.loader = self.loader
         self.loader.exec_module(module)
-        for callback in self.callbacks:
+        for callback in _WATCHER.take(module.__name__):  # once, by whichever import ran the code
             callback(module)
 
 
 class _Watcher(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
         self.callbacks: dict[str, list[Callback]] = {}
+        self.done: set[str] = set()
         self._busy = threading.local()
+        self._lock = threading.Lock()
+
+    def take(self, name: str) -> list[Callback]:
+        with self._lock:
+            self.done.add(name)
+            return self.callbacks.pop(name, [])
 
     def find_spec(self, name: str, path=None, target=None):
         if name not in self.callbacks or name in getattr(self._busy, "names", ()):
@@ -56,7 +71,7 @@ class _Watcher(importlib.abc.MetaPathFinder):
             self._busy.names = self._busy.names - {name}
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _Loader(spec.loader, self.callbacks.pop(name))
+        spec.loader = _Loader(spec.loader)  # a look-up that never loads leaves the callbacks in place
         return spec
 
 
@@ -68,6 +83,12 @@ def when_imported(name: str, callback: Callback) -> None:
     if name in sys.modules:
         callback(sys.modules[name])
         return
-    _WATCHER.callbacks.setdefault(name, []).append(callback)
+    with _WATCHER._lock:
+        _WATCHER.callbacks.setdefault(name, []).append(callback)
     if _WATCHER not in sys.meta_path:
         sys.meta_path.insert(0, _WATCHER)
+
+
+def missed() -> list[str]:
+    """Watched modules imported without their callbacks having run (so their hooks are not in)."""
+    return sorted(n for n in list(_WATCHER.callbacks) if n in sys.modules and n not in _WATCHER.done)

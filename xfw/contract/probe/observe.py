@@ -68,3 +68,14 @@ def looks_like_oom(error: BaseException) -> bool:
 def majority(counts: dict[str, int]) -> str:
     """The key with the largest count ("float32" for a model mostly in fp32); "unknown" if none."""
     return max(counts, key=counts.get) if counts else "unknown"
+
+
+def forward_counts(args: tuple, kwargs: dict) -> tuple[int, int] | None:
+    """(samples, tokens) of what one forward call received: the first positional tensor's leading
+    dimension (a UNet's latents), else the keyword arguments as a batch (a transformers model
+    called with ``**batch``); tokens from ``input_ids`` when ``labels`` are passed too."""
+    positional = _leading(list(args)) if args else None
+    named = batch_counts(kwargs) if kwargs else None
+    if positional is None:
+        return named
+    return positional, named[1] if named else 0
