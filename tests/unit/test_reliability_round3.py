@@ -284,3 +284,76 @@ def test_15_a_preparation_that_fails_while_finishing_leaves_no_temporary_directo
     line = one_line_error(llava_validate(tmp_path, llava))
     assert "No space left on device" in line
     assert not list((tmp_path / "cache").glob(".tmp-*")) and not list((tmp_path / "cache").glob("llava_json-*"))
+
+
+# --- 16. no process outlives xfw ---------------------------------------------------------------------
+
+DAEMON = """
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    os.setsid()                      # its own session and process group
+    if {double} and os.fork() > 0:   # double fork: the daemon's parent exits at once
+        os._exit(0)
+    with open(sys.argv[1], "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+    os._exit(0)
+if {double}:
+    os.waitpid(pid, 0)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+time.sleep({linger})
+"""
+
+
+def daemon_recipe(tmp_path, *, double: bool, linger: float) -> tuple[Path, Path]:
+    script = tmp_path / "daemon.py"
+    script.write_text(DAEMON.format(double=double, linger=linger))
+    pid_file = tmp_path / "daemon.pid"
+    recipe = write_recipe(tmp_path / "attach.yaml", {
+        "measure": {"warmup_steps": 1, "steps": 2, "timeout_s": 120},
+        "backends": {"mine": {"command": [sys.executable, str(script), str(pid_file)], "cwd": str(tmp_path)}}})
+    return recipe, pid_file
+
+
+def alive(pid: int) -> bool:
+    from xfw.contract import lifeline
+
+    return lifeline.process_start_time(pid) is not None
+
+
+def test_16_a_daemon_an_attached_command_leaves_behind_ends_when_xfw_run_returns(tmp_path):
+    recipe, pid_file = daemon_recipe(tmp_path, double=True, linger=0.2)
+    result = invoke("run", recipe, "--backend", "mine", "--out", tmp_path / "out")
+    daemon = int(pid_file.read_text())
+    try:
+        assert "Traceback" not in result.output
+        assert not alive(daemon), "the command's daemon outlived xfw run"
+    finally:
+        if alive(daemon):
+            os.kill(daemon, signal.SIGKILL)
+
+
+def test_16_killing_xfw_with_sigkill_ends_a_command_child_in_its_own_session(tmp_path):
+    from xfw.contract import lifeline
+
+    recipe, pid_file = daemon_recipe(tmp_path, double=False, linger=600)
+    xfw = subprocess.Popen([sys.executable, "-m", "xfw.cli", "run", str(recipe), "--backend", "mine", "--out",
+                            str(tmp_path / "out")], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.monotonic() < deadline and xfw.poll() is None
+        time.sleep(0.1)
+    daemon = int(pid_file.read_text())
+    try:
+        os.kill(xfw.pid, signal.SIGKILL)
+        xfw.wait(10)
+        deadline = time.monotonic() + lifeline.POLL_S + lifeline.GRACE_S + 10
+        while alive(daemon) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(daemon), "a child in its own session outlived xfw's SIGKILL"
+    finally:
+        if alive(daemon):
+            os.kill(daemon, signal.SIGKILL)

@@ -8,13 +8,14 @@ and all its workers at once) and names itself in the environment::
 :func:`watch_parent` (called by every process an adapter runs: the harness's entry point, each
 rank included) starts a daemon thread that looks once a second whether that process still exists;
 when it is gone — killed by SIGKILL, by the OOM killer, by a node agent — the thread sends SIGTERM
-to its whole process group, then SIGKILL. No orphan keeps training and no resumed command measures
+to its whole process group (and to every descendant that left the group), then SIGKILL. No orphan keeps training and no resumed command measures
 beside one. The check reads ``/proc``: no host sync, no cost inside a training step beyond a
 thread waking once a second.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -55,8 +56,77 @@ def is_alive(ident: str) -> bool:
         return False
 
 
+def descendants(pid: int | None = None) -> list[int]:
+    """Every living process below ``pid`` (default: this one) by parent links in ``/proc``, whatever
+    process group or session it moved to (a daemon's ``setsid()``), zombies left out. Orphans of a
+    dead child are found only while this process is their subreaper (:func:`become_subreaper`)."""
+    root = os.getpid() if pid is None else pid
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1 and fields[0] not in ("Z", "X"):
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(children.get(child, []))
+    return found
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its descendants' orphans (Linux ``prctl``): a child that forks a
+    daemon and exits leaves the daemon below this process, where :func:`descendants` finds it, instead
+    of under init. False where the kernel refuses (not Linux)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def end_descendants(grace_s: float = 2.0) -> int:
+    """SIGTERM every descendant of this process, SIGKILL those left after ``grace_s``; reaps what it
+    can. Returns how many there were."""
+    first = descendants()
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
+        left = descendants()
+        if not left:
+            break
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and descendants():
+            _reap()
+            time.sleep(0.05)
+    _reap()
+    return len(first)
+
+
+def _reap() -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
 def _end_group() -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in descendants():  # those that left the group (setsid) first: the group's end ends this one
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
         try:
             os.killpg(os.getpgrp(), sig)
         except OSError:

@@ -8,7 +8,9 @@ process group, and the guard starts the command in that group::
 
 The guard watches the xfw process (the lifeline: it ends the whole group within seconds of xfw's
 death, SIGKILL included), waits for the command and exits as it did (the same code, or the same
-signal). The launcher's SIGTERM on timeout reaches the command directly (one group); the guard
+signal). The guard is the subreaper of everything below it (``prctl(PR_SET_CHILD_SUBREAPER)``): when
+the command has ended, whatever it left running, a daemon in its own session included, is ended
+too (SIGTERM, then SIGKILL), so no process outlives ``xfw run``. The launcher's SIGTERM on timeout reaches the command directly (one group); the guard
 keeps waiting for it so the launcher's wait covers the command's shutdown, and SIGKILL after the
 grace period ends both.
 """
@@ -23,11 +25,16 @@ import sys
 from xfw.contract import lifeline
 
 
+END_GRACE_S = 3.0
+"""How long what the command left running gets after SIGTERM before SIGKILL (under the launcher's 10 s)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] != "--" or len(args) < 2:
         print("usage: guard -- COMMAND [ARG ...]", file=sys.stderr)
         return 2
+    lifeline.become_subreaper()  # a daemon the command forks (setsid, double fork) stays below this process
     lifeline.watch_parent()
     signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the command got it too; wait for it
     try:
@@ -36,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot start {args[1]}: {err.strerror or err}", file=sys.stderr)
         return 127
     code = proc.wait()
+    # The command is over: nothing it started may outlive it (a child in its own group or session
+    # included); the launcher's wait covers this, within its grace period.
+    lifeline.end_descendants(grace_s=END_GRACE_S)
     if code < 0:  # killed by a signal: end the same way, so the launcher sees which
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)

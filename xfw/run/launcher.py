@@ -15,6 +15,7 @@ a failure is a result like any other, so the other backend's result is never los
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -327,6 +328,8 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
             raise
         finally:
             (run_dir / ADAPTER_FILE).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # what the run left in its group ends with it (reliability 16)
+                os.killpg(proc.pid, signal.SIGKILL)
     if progress:
         progress.update(backend.name, tail.poll())
     wall = time.monotonic() - t0
