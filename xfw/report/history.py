@@ -81,10 +81,10 @@ FUTURE_SLACK_S = 86400.0
 a row dated 2099 was not written by a night)."""
 TEXT_FIELDS = ("status", "reason", "suite", "recipe", "preset", "stage", "workload", "mem_source", "memory_source",
                "device_name", "framework_version", "host", "python", "xfw_git_sha", "run_dir", "sharding", "dtype",
-               "amp_level")
+               "amp_level", "mfu_peak")
 NUMBER_FIELDS = ("ips", "tokens_per_s", "step_time_median_s", "step_time_p10_s", "step_time_p90_s",
                  "num_measured_steps", "num_ranks", "mem_alloc_peak_bytes", "mem_reserved_peak_bytes", "memory_bytes",
-                 "rss_peak_bytes", "rss_after_build_bytes", "mfu", "mfu_peak", "flops_per_sample", "loss_last",
+                 "rss_peak_bytes", "rss_after_build_bytes", "mfu", "flops_per_sample", "loss_last",
                  "num_processes", "global_batch", "micro_batch", "wall_time_s")
 DICT_FIELDS = ("knobs", "versions")
 
