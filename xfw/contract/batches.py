@@ -119,6 +119,17 @@ class PreparedData:
             self._arrays = arrays
         return self._arrays
 
+    def modalities(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per sample: its length (``input_ids`` elements) and whether it holds an image, from the
+        stored shapes alone (no sample is read)."""
+        arrays = self._open()
+        lengths = np.prod(arrays["input_ids"][2], axis=1) if "input_ids" in arrays else np.zeros(len(self), np.int64)
+        has_image = np.zeros(len(self), dtype=bool)
+        for name in IMAGE_FIELDS:
+            if name in arrays:
+                has_image |= np.prod(arrays[name][2], axis=1) > 0
+        return lengths, has_image
+
     def sample(self, i: int) -> dict[str, np.ndarray]:
         out = {}
         for name, (values, offsets, shapes) in self._open().items():
@@ -139,6 +150,32 @@ def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.nd
     return np.random.default_rng([seed, epoch]).permutation(num_samples)
 
 
+IMAGE_FIELDS = ("pixel_values", "image_grid_thw")
+
+
+def modality_order(lengths: np.ndarray, has_image: np.ndarray, group: int, seed: int, epoch: int) -> np.ndarray:
+    """An epoch's order with samples grouped by modality, as LLaVA's trainer groups them
+    (``group_by_modality_length``): the samples with images and those without are each shuffled and
+    cut into groups of ``group`` (micro-batch x processes, LLaVA's "megabatch"), each group sorted
+    longest first; the groups are shuffled together, and the two incomplete last groups go last,
+    merged. So a micro-batch holds one modality, except those of the final merged group and any
+    that straddle an epoch's end."""
+    rng = np.random.default_rng([seed, epoch, 1])
+    groups, rest = [], []
+    for mask in (has_image, ~has_image):
+        members = np.flatnonzero(mask)
+        members = members[rng.permutation(members.size)]
+        cut = [members[i:i + group] for i in range(0, members.size, group)]
+        cut = [g[np.argsort(-lengths[g], kind="stable")] for g in cut]
+        if cut and cut[-1].size < group:
+            rest.append(cut.pop())
+        groups += cut
+    ordered = [groups[i] for i in rng.permutation(len(groups))]
+    if rest:
+        ordered.append(np.sort(np.concatenate(rest)))
+    return np.concatenate(ordered) if ordered else np.arange(0)
+
+
 class MicroBatches:
     """One rank's micro-batches of a prepared data set, in training order (module docstring).
     ``len()`` = (warm-up + measured steps) x accumulation; item ``k`` -> (batch, :func:`describe`)."""
@@ -148,6 +185,7 @@ class MicroBatches:
         self.data = PreparedData(spec["data"]["prepared"])
         self.family = family_module(self.arch["family"])
         self.seed, self.shuffle = spec["data"]["seed"], bool(spec["data"].get("shuffle", True))
+        self.by_modality = bool(spec["data"].get("group_by_modality", False))
         self.micro, self.accum = spec["batch"]["micro"], spec["derived"]["grad_accum_steps"]
         self.global_size, self.rank = spec["batch"]["global"], rank
         self.num_steps = spec["measure"]["warmup_steps"] + spec["measure"]["steps"]
@@ -165,7 +203,12 @@ class MicroBatches:
     def sample_index(self, position: int) -> int:
         epoch, j = divmod(position, len(self.data))
         if epoch not in self._orders:
-            self._orders = {epoch: epoch_order(len(self.data), self.seed, epoch, self.shuffle)}
+            if self.by_modality:
+                lengths, has_image = self.data.modalities()
+                group = self.micro * (self.global_size // (self.micro * self.accum))  # micro x processes
+                self._orders = {epoch: modality_order(lengths, has_image, group, self.seed, epoch)}
+            else:
+                self._orders = {epoch: epoch_order(len(self.data), self.seed, epoch, self.shuffle)}
         return int(self._orders[epoch][j])
 
     def sample(self, position: int) -> dict[str, np.ndarray]:

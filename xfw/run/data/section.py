@@ -64,6 +64,9 @@ class DataSpec:
     """Cut samples longer than ``seq_len`` (never into their image tokens); false: refuse them."""
     shuffle: bool = True
     """Visit real data in a seeded order per epoch (false: file order)."""
+    group_by_modality: bool = False
+    """llava_json: group samples with and without images into separate micro-batches, each sorted by
+    length, in a seeded order (LLaVA's ``group_by_modality_length``; ``xfw.contract.batches``)."""
     max_samples: int | None = bounded(1, 1 << 31, default=None)
     """Use only the data file's first N samples."""
     max_image_side: int | None = bounded(1, 1 << 16, default=None)
@@ -98,6 +101,8 @@ class DataSpec:
             stray = [n for n in ("path", "image_root", "tokenizer") if getattr(self, n)]
             if stray:
                 raise FieldError(stray[0], "only applies to real data (kind llava_json or image_captions)")
-        elif self.text_tokens is not None:
+        if self.group_by_modality and self.kind != "llava_json":
+            raise FieldError("group_by_modality", f"only applies to llava_json data, not kind {self.kind!r}")
+        if self.kind != "synthetic" and self.text_tokens is not None:
             raise FieldError("text_tokens", f"only applies to synthetic data (real data has its own lengths), "
                              f"not kind {self.kind!r}")
