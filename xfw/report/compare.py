@@ -67,6 +67,13 @@ class Side:
     """The measure both backends share (``Measurement.memory_bytes``): what the contrast shows."""
     memory_source: str | None = None
     rss_after_build_bytes: int | None = None
+    rss_peak_bytes: int | None = None
+    """The peak resident set (since the build), shown beside the training memory on a CPU."""
+    window_time_s: float | None = None
+    """The measured window (median over repeats): how long the figures were measured for."""
+    step_time_p10_s: float | None = None
+    step_time_p90_s: float | None = None
+    num_measured_steps: int = 0
     mfu: float | None = None
     mfu_peak: str = ""
     """The peak ``mfu`` divides by and its datasheet, or why there is none (``RunResult.mfu_peak``)."""
@@ -153,6 +160,10 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
         side.data = {k: getattr(m[0], k) for k in DATA_KEYS}
         side.memory_bytes, side.memory_source = _median(x.memory_bytes for x in m), m[0].memory_source
         side.rss_after_build_bytes = _median(x.rss_after_build_bytes for x in m)
+        side.rss_peak_bytes = _median(x.rss_peak_bytes for x in m)
+        side.window_time_s, side.num_measured_steps = _median(x.window_time_s for x in m), m[0].num_measured_steps
+        side.step_time_p10_s = _median(x.step_time_p10_s for x in m)
+        side.step_time_p90_s = _median(x.step_time_p90_s for x in m)
         side.mfu_peak, side.flops_per_sample = ok[0].mfu_peak, ok[0].flops_per_sample
         side.source = "command_log" if any(x.source == "command_log" for x in m) else "xfw"
         definition = side.setup.get("comparison", {}).get("throughput")
@@ -253,7 +264,8 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
             values = {name: v for name, v in values.items() if v is not None}
         if values:
             row.settings[key] = values
-            if len(values) >= 2 and len({repr(v) for v in values.values()}) > 1 and key not in _EXPECTED_TO_DIFFER:
+            if len(values) >= 2 and len({comparison.neutral(key, v) for v in values.values()}) > 1 \
+                    and key not in _EXPECTED_TO_DIFFER:
                 row.differing.append(key)
                 row.warnings.append(f"{key} differs: " + ", ".join(f"{k}={v}" for k, v in values.items()))
     comparison.add_mechanisms(row)

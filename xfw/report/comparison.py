@@ -62,7 +62,10 @@ def neutral(key: str, value) -> str:
                 return name
     if key == "tf32":
         return "n/a" if text.startswith("n/a") else text
-    return text
+    if key == "sharding_impl":  # each framework's implementation names; the stage is the spec's, the same on both sides
+        return text if text in ("none", "zero1", "zero2", "zero3") else \
+            "data_parallel" if text in ("ddp", "data_parallel") else "sharded"
+    return repr(value)
 
 
 def add_mechanisms(row) -> None:
