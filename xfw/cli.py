@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -86,14 +88,56 @@ def _with_repeat(overrides: tuple[str, ...], repeat: int | None, comparison: str
     return [*overrides, *extra, *([f"comparison={comparison}"] if comparison else [])]
 
 
+def _closed(fd: int) -> None:
+    """The reader of stdout (1) or stderr (2) went away (``xfw run ... | head -n1``): what is still
+    written there goes to /dev/null, so a closed terminal or pipe never touches a run or its result."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+class _Display:
+    """A progress display that a closed stderr cannot break: its failure to write is not the run's."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        method = getattr(self._inner, name)
+
+        def call(*args, **kwargs):
+            try:
+                return method(*args, **kwargs)
+            except BrokenPipeError:
+                _closed(2)
+        return call
+
+
 def _progress():
     from xfw.report.progress import make_progress  # rich loads only when something runs
 
-    return make_progress()
+    return _Display(make_progress())
 
 
 def _log(line: str) -> None:
-    click.echo(line, err=True)
+    try:
+        click.echo(line, err=True)
+    except BrokenPipeError:
+        _closed(2)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _exit_interrupted() -> None:
+    """Ctrl-C or SIGTERM outside a run (while data is prepared, a recipe is checked): one line, exit 130
+    as documented, not click's "Aborted!" with 1 or SIGTERM's silent 143."""
+    try:
+        click.echo("interrupted: nothing was launched or recorded", err=True)
+    except OSError:
+        pass
+    sys.exit(130)
 
 
 def _finish(call) -> None:
@@ -102,12 +146,14 @@ def _finish(call) -> None:
         outcome = call()
     except workflow.UsageError as err:
         _fail(str(err))
-    if outcome.text:
-        click.echo(outcome.text)
-    for kind, path in outcome.paths.items():
-        click.echo(f"{kind}: {path}", err=True)
-    for note in outcome.notes:
-        click.echo(note, err=True)
+    except KeyboardInterrupt:
+        _exit_interrupted()
+    for text, err in [(outcome.text, False)] * bool(outcome.text) + \
+            [(f"{kind}: {path}", True) for kind, path in outcome.paths.items()] + [(n, True) for n in outcome.notes]:
+        try:
+            click.echo(text, err=err)
+        except BrokenPipeError:
+            _closed(2 if err else 1)
     sys.exit(outcome.exit_code)
 
 
@@ -145,6 +191,10 @@ def rendezvous_options(fn):
 @click.version_option(package_name="xfw")
 def main() -> None:
     """Compare one training recipe across frameworks: throughput, memory, settings."""
+    # SIGTERM (cron's timeout, Slurm) is Ctrl-C from the start: a preparation it cuts removes its
+    # temporary directory and the command says so and exits 130 (workflow.guarded keeps it during runs).
+    previous = signal.signal(signal.SIGTERM, _interrupted)
+    click.get_current_context().call_on_close(lambda: signal.signal(signal.SIGTERM, previous))
 
 
 @main.command()
@@ -159,6 +209,8 @@ def validate(recipes, overrides, print_spec) -> None:
         loaded = workflow.load_all(list(recipes), list(overrides))
     except workflow.UsageError as err:
         _fail(str(err))
+    except KeyboardInterrupt:
+        _exit_interrupted()
     for path, recipe in zip(recipes, loaded):
         click.echo(f"{path}: ok ({recipe.name}: {recipe.model.preset} {recipe.stage}, "
                    f"global batch {recipe.batch.global_size} = micro {recipe.batch.micro} x "

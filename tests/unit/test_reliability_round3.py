@@ -357,3 +357,38 @@ def test_16_killing_xfw_with_sigkill_ends_a_command_child_in_its_own_session(tmp
     finally:
         if alive(daemon):
             os.kill(daemon, signal.SIGKILL)
+
+
+# --- 9. signals while data is prepared; a closed pipe ------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_9_a_signal_during_preparation_exits_130_in_one_line_and_leaves_no_temporary(tmp_path, llava, sig):
+    paths = with_config(tmp_path, llava, {"bos_token": "<s>", "eos_token": "</s>", "chat_template": LOOP})
+    recipe = write_recipe(tmp_path / "r.yaml", llava_json_recipe(paths, tmp_path / "cache",
+                                                                 image_root=str(llava["images"].parent)))
+    proc = subprocess.Popen([sys.executable, "-m", "xfw.cli", "validate", str(recipe)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "cache").glob(".tmp-*")):  # rendering the endless template
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["interrupted: nothing was launched or recorded"], err
+    assert not list((tmp_path / "cache").glob(".tmp-*"))
+
+
+def test_9_a_closed_pipe_never_touches_a_runs_status(tmp_path):
+    """``xfw run ... 2>&1 | head -n1``: the reader goes away while the run is logging."""
+    fakes = ROOT / "tests" / "fakes"
+    recipe = write_recipe(tmp_path / "r.yaml", {})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fakes), os.environ.get("PYTHONPATH", "")])}
+    xfw = subprocess.Popen([sys.executable, "-m", "xfw.cli", "run", str(recipe), "--backend", "fake", "--python",
+                            f"fake={sys.executable}", "--out", str(tmp_path / "out")], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    xfw.stdout.readline()
+    xfw.stdout.close()  # head -n1 has its line and exits
+    assert xfw.wait(120) == 0
+    summary = json.loads((tmp_path / "out" / "tiny-test" / "fake" / "summary.json").read_text())
+    assert summary["status"] == "ok", summary["reason"]

@@ -23,6 +23,7 @@ than ``data.seq_len`` with truncation off, a tokenizer whose vocabulary is large
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -147,7 +148,8 @@ def prepare(recipe, arch: dict) -> dict:
     index = read_stats(directory)
     damage = verify(directory, index) if index is not None else None
     if damage:  # tampered with, or half deleted, since it was prepared: never trained on, prepared again
-        print(f"data.cache: {directory}: {damage}; preparing it again", file=sys.stderr)
+        with contextlib.suppress(OSError):  # a closed stderr must not stop the preparation
+            print(f"data.cache: {directory}: {damage}; preparing it again", file=sys.stderr)
         try:
             discard(directory)
         except OSError as err:
