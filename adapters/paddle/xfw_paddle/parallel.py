@@ -1,24 +1,47 @@
-"""Data parallelism and ZeRO sharding for the Paddle side, chosen from the neutral settings
-(docs/design.md §11), applied after ``paddle.amp.decorate`` as Paddle's docs order it:
+"""Data parallelism, ZeRO sharding and master gradients for the Paddle side, as PaddleNLP's Trainer
+applies them (``paddlenlp/trainer/trainer.py``, ``Trainer._wrap_model``, paddlenlp 3.0.0b4 as
+installed; the same code in PaddlePaddle/PaddleNLP at 318ed29 around L2100-2250), chosen from the
+neutral settings (docs/design.md §11).
 
-====================  =====================================================================
-parallel.sharding     Paddle mechanism
-====================  =====================================================================
-none                  ``paddle.DataParallel``
-stage1                ``fleet`` sharding (``DygraphShardingOptimizer``: optimizer states)
-stage2                ``group_sharded_parallel(level="os_g")``   (GPU only)
-stage3                ``group_sharded_parallel(level="p_g_os")`` (GPU only)
-====================  =====================================================================
+The wrappers, in the order they are applied (the session does 1, this module the rest):
 
-``paddle.distributed.launch`` starts the processes; its environment says which one this is.
-Stage 2/3 are written to Paddle's documentation and have never run here (no Paddle GPU build
-reaches the lent GPU); on CPU they are reported ``unsupported``.
+1. O2: ``paddle.amp.decorate(models=model, level="O2", dtype)`` and ``AdamW(multi_precision=True)``
+   (fp32 master weights; the Trainer's ``_wrap_amp_model`` and ``create_optimizer``).
+2. Master gradients (O2, the Trainer's ``amp_master_grad``): ``MixPrecisionLayer`` hooks on every
+   parameter accumulate each gradient into an fp32 ``main_grad`` and free the low-precision one;
+   ``MixPrecisionOptimizer`` steps on ``main_grad``
+   (``paddle.distributed.fleet.utils.mix_precision_utils``). One process: hooks, then step.
+3. ``parallel.sharding``:
+
+   ========  ==========================================================================================
+   none      ``paddle.DataParallel(find_unused_parameters=...)``; with master gradients the hooks go on
+             after DataParallel, every micro-batch runs under ``no_sync`` and the fp32 ``main_grad``
+             are all-reduced once after the last (``fused_allreduce_gradients``), as the Trainer does
+   stage1    ``fleet`` sharding (``DygraphShardingOptimizer``: optimizer states); hooks before
+             ``fleet.distributed_model``
+   stage2    ``group_sharded_parallel(level="os_g")``; stage3 ``level="p_g_os"``: hooks and
+             ``MixPrecisionOptimizer`` first, then the Trainer's options: ``group`` = the hybrid
+             group's sharding group, ``dp_group`` = its data-parallel group (one rank here),
+             ``exclude_layer=["GroupNorm"]``, ``scaler=None``, ``offload=False``; ``segment_size``,
+             ``buffer_max_size``, ``sync_comm`` and ``sync_buffers`` at Paddle's defaults (the
+             Trainer passes none of them: with ``segment_size`` 2**20 a tiny model's parameters
+             are all below it, so stage 3 slices none of them and all-reduces their gradients)
+   ========  ==========================================================================================
+
+   fp16 adds a ``GradScaler``: ``MixPrecisionScaler`` patches it to unscale ``main_grad``, and
+   stage 2/3 wrap it in ``GroupShardedScaler``.
+
+``group_sharded_parallel`` asserts a GPU, XPU or custom device: it runs on a GPU, or on CPU
+through xfw's CPU test device (``backends.paddle.device: testcpu``); on a plain CPU it is
+``unsupported``. ``paddle.distributed.launch`` starts the processes; its environment says which
+one this is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 
 import paddle
 import paddle.distributed as dist
@@ -28,6 +51,10 @@ from xfw.contract.harness import InvalidSpec, Unsupported
 
 IMPLS = {"none": "data_parallel", "stage1": "fleet_sharding_stage1", "stage2": "group_sharded_os_g",
          "stage3": "group_sharded_p_g_os"}
+NEUTRAL = {"none": "data_parallel", "stage1": "zero1", "stage2": "zero2", "stage3": "zero3"}
+"""The strategy under a neutral name, for the mechanisms both sides report."""
+LEVELS = {"stage2": "os_g", "stage3": "p_g_os"}
+EXCLUDE_LAYER = ["GroupNorm"]  # what the Trainer passes to group_sharded_parallel
 
 
 def world() -> tuple[int, int, int]:
@@ -48,38 +75,156 @@ class LossLayer(nn.Layer):
         return self._loss_fn(self.model, batch, self._autocast)
 
 
-def apply_parallel(layer: LossLayer, optimizer, *, spec: dict, gpu: bool, find_unused: bool):
-    """Wrap for the spec's world size and sharding: (layer, optimizer, name of what was applied)."""
+@dataclass
+class Parallel:
+    """What :func:`apply_parallel` made: the layer and optimizer to train with, and what they are."""
+
+    layer: nn.Layer
+    optimizer: object
+    scaler: object | None
+    impl: str
+    """``applied["sharding_impl"]``: none, or a value of :data:`IMPLS`."""
+    detail: str
+    """The mechanism in Paddle's words (``group_sharded_parallel os_g``, ...)."""
+    master_grads: bool
+    find_unused: bool | None = None
+    """DataParallel's ``find_unused_parameters`` (None: no DataParallel)."""
+    group: object | None = None
+    """The group a sharded gradient norm is summed over (stage 2/3)."""
+
+    @property
+    def neutral(self) -> str:
+        return "none" if self.impl == "none" else NEUTRAL[next(k for k, v in IMPLS.items() if v == self.impl)]
+
+
+def add_master_grads(layer: nn.Layer, optimizer, dtype: str):
+    """fp32 ``main_grad`` hooks on every parameter of ``layer`` (the wrapper the Trainer discards:
+    only its hooks matter) and the optimizer that steps on them."""
+    from paddle.distributed.fleet.utils import mix_precision_utils as mp
+
+    mp.MixPrecisionLayer(layer, dtype=dtype)  # asserts a low-precision dtype: it names the AMP dtype
+    return mp.MixPrecisionOptimizer(optimizer)
+
+
+def _master_scaler(scaler):
+    if scaler is not None:
+        from paddle.distributed.fleet.utils import mix_precision_utils as mp
+
+        mp.MixPrecisionScaler(scaler)  # patches the scaler in place (unscale main_grad)
+    return scaler
+
+
+def apply_parallel(layer: LossLayer, optimizer, *, spec: dict, sharding_device: bool, find_unused: bool,
+                   master_dtype: str | None, scaler=None) -> Parallel:
+    """Wrap for the spec's world size and sharding. ``sharding_device``: group_sharded_parallel can
+    run here (GPU or the CPU test device); ``master_dtype``: the AMP dtype when master gradients
+    are asked for (O2), else None."""
     _, size, _ = world()
     if size != spec["derived"]["num_processes"]:
         raise InvalidSpec(f"parallel: the spec asks for {spec['derived']['num_processes']} processes, "
                           f"the launcher started {size}")
     sharding = spec["parallel"]["sharding"]
+    master = master_dtype is not None
     if size == 1:
         if sharding != "none":
             raise Unsupported(f"sharding {sharding} needs more than one process")
-        return layer, optimizer, "none"
+        if master:
+            optimizer, scaler = add_master_grads(layer, optimizer, master_dtype), _master_scaler(scaler)
+        return Parallel(layer, optimizer, scaler, "none", "one process", master)
     impl = IMPLS[sharding]
-    if sharding in ("stage2", "stage3") and not gpu:
-        raise Unsupported(f"sharding {sharding} (group_sharded_parallel) is GPU-only in Paddle")
-    if sharding == "stage1":
-        from paddle.distributed import fleet
-
-        strategy = fleet.DistributedStrategy()
-        strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1, "sharding_degree": size}
-        fleet.init(is_collective=True, strategy=strategy)
-        return fleet.distributed_model(layer), fleet.distributed_optimizer(optimizer), impl
-    dist.init_parallel_env()
+    if sharding in LEVELS and not sharding_device:
+        raise Unsupported(f"sharding {sharding} (group_sharded_parallel) needs a GPU or a custom device in Paddle: "
+                          "on a CPU set backends.paddle.device=testcpu")
     if sharding == "none":
-        return paddle.DataParallel(layer, find_unused_parameters=find_unused), optimizer, impl
-    from paddle.distributed.sharding import group_sharded_parallel  # untested: GPU only
+        dist.init_parallel_env()
+        layer = paddle.DataParallel(layer, find_unused_parameters=find_unused)
+        if master:
+            optimizer, scaler = add_master_grads(layer, optimizer, master_dtype), _master_scaler(scaler)
+        detail = f"paddle.DataParallel(find_unused_parameters={find_unused})"
+        return Parallel(layer, optimizer, scaler, impl, detail, master, find_unused=find_unused)
+    from paddle.distributed import fleet
 
-    layer, optimizer, _ = group_sharded_parallel(layer, optimizer, level="os_g" if sharding == "stage2" else "p_g_os")
-    return layer, optimizer, impl
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1, "sharding_degree": size}
+    fleet.init(is_collective=True, strategy=strategy)
+    hcg = fleet.get_hybrid_communicate_group()
+    if master:
+        optimizer, scaler = add_master_grads(layer, optimizer, master_dtype), _master_scaler(scaler)
+    if sharding == "stage1":
+        if scaler is not None:
+            scaler = fleet.distributed_scaler(scaler)
+        return Parallel(fleet.distributed_model(layer), fleet.distributed_optimizer(optimizer), scaler, impl,
+                        "fleet DygraphShardingOptimizer", master)
+    from paddle.distributed.sharding import group_sharded_parallel
+
+    group = hcg.get_sharding_parallel_group()
+    layer, optimizer, _ = group_sharded_parallel(layer, optimizer, level=LEVELS[sharding], scaler=None, group=group,
+                                                 offload=False, dp_group=hcg.get_data_parallel_group(),
+                                                 exclude_layer=list(EXCLUDE_LAYER))
+    if scaler is not None:
+        from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import GroupShardedScaler
+
+        scaler = GroupShardedScaler(scaler)
+    return Parallel(layer, optimizer, scaler, impl, f"group_sharded_parallel {LEVELS[sharding]}", master, group=group)
 
 
-def gradient_sync(layer: nn.Layer, impl: str, enabled: bool):
-    """Skip DataParallel's all-reduce on all but the last micro-batch; sharding reduces at step."""
-    if enabled or impl != "data_parallel":
+def gradient_sync(wrapped: Parallel, enabled: bool):
+    """DataParallel all-reduces on the last micro-batch only; with master gradients never (the fp32
+    ``main_grad`` are all-reduced after it: :func:`after_backward`); sharding reduces on its own."""
+    if wrapped.impl != "data_parallel" or (enabled and not wrapped.master_grads):
         return contextlib.nullcontext()
-    return layer.no_sync()
+    return wrapped.layer.no_sync()
+
+
+def after_backward(wrapped: Parallel) -> None:
+    """After the last micro-batch: DataParallel with master gradients all-reduces the fp32
+    ``main_grad`` (averaged over the ranks), as the Trainer's ``fused_allreduce_gradients``."""
+    if wrapped.impl == "data_parallel" and wrapped.master_grads:
+        from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
+
+        fused_allreduce_gradients(list(wrapped.layer.parameters()), None)
+
+
+class NormRecorder:
+    """Installed as the innermost optimizer's gradient clip (around the clip it had): sees the
+    gradients exactly as the optimizer applies them — reduced, averaged, unscaled, fp32
+    ``main_grad`` where master gradients are on — and keeps their global L2 norm (float64 sums;
+    under stage 2/3 each rank sums the slices it owns, summed over the group; parameters stage 3
+    leaves unsliced are held whole by every rank and counted once)."""
+
+    def __init__(self, clip, group=None):
+        self.clip, self.group, self.norm = clip, group, None
+
+    @paddle.no_grad()
+    def __call__(self, params_grads):
+        sliced, whole = [], []
+        for p, g in params_grads:
+            if g is not None:
+                square = g.astype("float64").square().sum()
+                (whole if self.group is None or hasattr(p, "unslice") else sliced).append(square)
+        total = paddle.add_n(whole) if whole else paddle.zeros([], dtype="float64")
+        if self.group is not None:
+            part = (paddle.add_n(sliced) if sliced else paddle.zeros([], dtype="float64")).astype("float32")
+            dist.all_reduce(part, group=self.group)
+            total = total + part.astype("float64")
+        self.norm = total.sqrt()
+        return self.clip(params_grads) if self.clip is not None else params_grads
+
+
+def record_grad_norm(optimizer, wrapped: Parallel) -> NormRecorder:
+    """Put a :class:`NormRecorder` in ``optimizer``'s clip (the AdamW the session built: the
+    sharding wrappers set their own clip on it, so this goes on after them)."""
+    recorder = NormRecorder(optimizer._grad_clip, wrapped.group)
+    optimizer._grad_clip = recorder
+    return recorder
+
+
+def grads_held(params) -> str:
+    """What holds this rank's gradients before the optimizer step, as seen: ``float32 main_grad``,
+    ``bfloat16 grad``, ... (the master-gradient route checked, not assumed)."""
+    seen = set()
+    for p in params:
+        for name, g in (("main_grad", getattr(p, "main_grad", None)), ("grad", p.grad)):
+            if g is not None:
+                seen.add(f"{str(g.dtype).removeprefix('paddle.')} {name}")
+    return ", ".join(sorted(seen)) or "none on this rank"

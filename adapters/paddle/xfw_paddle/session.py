@@ -3,10 +3,17 @@
 Neutral settings map to Paddle's native mechanisms:
 
 * O1: ``paddle.amp.auto_cast(level='O1')`` over fp32 weights.
-* O2: ``paddle.amp.decorate(level='O2', master_weight=True, master_grad=True)`` +
-  ``auto_cast(level='O2')``. fp16 adds a ``GradScaler``. Paddle's CPU build ignores AMP and
-  has no bf16 kernels, so on CPU every run is fp32 and ``applied`` says so, with the request
-  in ``notes``.
+* O2: ``paddle.amp.decorate(models, level='O2')`` + ``AdamW(multi_precision=True)`` (fp32 master
+  weights) + ``auto_cast(level='O2')``, and master gradients as PaddleNLP's Trainer holds them:
+  fp32 ``main_grad`` through ``MixPrecisionLayer`` / ``MixPrecisionOptimizer`` (never
+  ``decorate(master_grad=True)``: under stage 2/3 it diverges, tests/contract/test_paddle_sharding.py);
+  the order of the wrappers is in :mod:`xfw_paddle.parallel`. fp16 adds a ``GradScaler``.
+  Paddle's CPU build ignores AMP and has no bf16 kernels, so on a plain CPU every run is fp32 and
+  ``applied`` says so, with the request in ``notes`` (the ``main_grad`` machinery still runs, in fp32).
+* ``backends.paddle.device``: ``auto`` (a GPU if Paddle sees one, else the CPU) or ``testcpu``:
+  xfw's CPU test device, a Paddle custom device (``xfw_paddle.testdevice``) on which AMP runs bf16
+  and ``group_sharded_parallel`` runs stage 2/3. Its timings are a CPU's, never GPU-like figures.
+* ``backends.paddle.find_unused_parameters``: DataParallel's (default: the family's choice).
 * recompute: ``fleet.utils.recompute`` per decoder block (paddlenlp's for LLaVA's Llama, the
   family's own for Qwen2-VL).
 * what trains: the stage's parts (or the recipe's ``model.trainable``), selected per parameter by
@@ -21,8 +28,8 @@ Neutral settings map to Paddle's native mechanisms:
   decoder), on exactly the linears peft adapts on the PyTorch side, scaling alpha / r
   (:mod:`xfw_paddle.model`).
 
-Timestamps are CUDA events on GPU and ``perf_counter`` on CPU (Paddle executes CPU kernels
-synchronously); losses leave the GPU through pinned memory so reading them never syncs.
+Timestamps are CUDA events on GPU, ``perf_counter`` on CPU (Paddle executes CPU kernels
+synchronously) and ``perf_counter`` after a device synchronize on the test device; losses leave the GPU through pinned memory so reading them never syncs.
 The GPU paths are written to Paddle's documentation and have not run here (no Paddle GPU build
 fits this environment)::
 
@@ -39,20 +46,23 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from xfw.contract.env import cpu_model, package_versions
+from xfw.contract.env import package_versions
 from xfw.contract.harness import GRAD_NORM_KNOB, LOADER_KNOBS, InvalidSpec, loader_settings, wants_grad_norm
 from xfw_paddle import parallel
+from xfw_paddle.devices import TESTCPU, TESTCPU_NOTE, device_kind, device_name, on_gpu, watch_attention
 from xfw_paddle.model import start_model
 from xfw_paddle.families import family_module
 
 AMP_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-KNOBS = {"attn_implementation": ("sdpa", "eager"), GRAD_NORM_KNOB: (True, False)}
+KNOBS = {"attn_implementation": ("sdpa", "eager"), GRAD_NORM_KNOB: (True, False), "device": ("auto", "testcpu"),
+         "find_unused_parameters": (True, False)}
 FREE_KNOBS = set(LOADER_KNOBS)  # checked by loader_settings
 VERSIONED = ("paddlepaddle", "paddlenlp", "ppdiffusers", "numpy")
 AMP_NOTES = {
     "O0": "fp32 throughout",
     "O1": "paddle.amp.auto_cast O1 over fp32 weights",
-    "O2": "paddle.amp.decorate O2 (low-precision weights, fp32 master weights and grads) + auto_cast O2",
+    "O2": "paddle.amp.decorate O2 (low-precision weights) + AdamW multi_precision (fp32 master weights) + "
+          "MixPrecisionLayer/MixPrecisionOptimizer (fp32 main_grad) + auto_cast O2",
 }
 
 
@@ -60,23 +70,16 @@ def library_versions() -> dict[str, str]:
     return package_versions(VERSIONED)
 
 
-def _on_gpu() -> bool:
-    return paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
-
-
-def _device_name(gpu: bool) -> str:
-    return paddle.device.cuda.get_device_name(0) if gpu else cpu_model()
-
-
 def describe() -> dict:
-    gpu = _on_gpu()
+    gpu = on_gpu()
     # paddle.distributed.launch runs a script, not a module (`-m` falls into its legacy mode
     # and is taken for a file name), so the launcher names __main__.py by path.
+    # xfw_paddle.launch is paddle.distributed.launch with the CPU test device's environment when asked.
     main_py = str(Path(__file__).with_name("__main__.py"))
     return {
         "backend": "paddle", "framework": "paddle", "framework_version": paddle.__version__,
-        "versions": library_versions(), "device": "gpu:0" if gpu else "cpu", "device_name": _device_name(gpu),
-        "launcher": ["{python}", "-m", "paddle.distributed.launch", "--nnodes", "{nnodes}", "--rank", "{node_rank}",
+        "versions": library_versions(), "device": "gpu:0" if gpu else "cpu", "device_name": device_name(gpu),
+        "launcher": ["{python}", "-m", "xfw_paddle.launch", "--nnodes", "{nnodes}", "--rank", "{node_rank}",
                      "--master", "{master_addr}:{master_port}", "--nproc_per_node", "{nproc}",
                      "--log_dir", "{log_dir}", main_py],
     }
@@ -92,6 +95,7 @@ class Precision:
 
 
 def plan_precision(dtype: str, amp_level: str, gpu: bool) -> Precision:
+    """``gpu``: AMP runs here (a GPU, or the CPU test device)."""
     if amp_level == "O0" or gpu:
         return Precision(amp_level, AMP_DTYPES[dtype], "")
     return Precision("O0", "float32", f"requested {dtype} {amp_level}, ran fp32 O0: Paddle's CPU build ignores "
@@ -122,8 +126,8 @@ def device_batch(family, arch: dict, batch: dict, *, gpu: bool) -> dict:
     for key, value in batch.items():
         if isinstance(value, np.ndarray):
             value = paddle.to_tensor(value)
-        elif isinstance(value, paddle.Tensor) and gpu:
-            value = value.cuda()
+        elif isinstance(value, paddle.Tensor) and gpu:  # gpu: a device that is not the host (GPU, test device)
+            value = value._copy_to(paddle.framework._current_expected_place(), True)
         out[key] = value
     return out
 
@@ -154,43 +158,54 @@ def _majority_dtype(params: list) -> str:
 
 
 class PaddleSession:
+    GRAD_NORM_ACROSS_RANKS = True  # parallel.NormRecorder sums each rank's share
+
     def __init__(self, spec: dict):
         check_spec(spec)
         family = family_module(spec["model"]["family"])
         self.spec = spec
         self.rank, self.num_ranks, local_rank = parallel.world()
-        self.gpu = _on_gpu()
-        paddle.set_device(f"gpu:{local_rank}" if self.gpu else "cpu")
+        self.device = device_kind(spec)
+        self.gpu = self.device == "gpu"
+        self.on_device = self.device != "cpu"  # tensors leave the host: a GPU or the test device
+        if self.device != "testcpu":  # testdevice.activate selected it
+            paddle.set_device(f"gpu:{local_rank}" if self.gpu else "cpu")
         self.attn = spec["backend_knobs"].get("attn_implementation", "sdpa")
-        self.precision = plan_precision(spec["precision"]["dtype"], spec["precision"]["amp_level"], self.gpu)
+        requested = spec["precision"]
+        self.precision = plan_precision(requested["dtype"], requested["amp_level"], self.on_device)
+        self.kernels = watch_attention()
 
         model = start_model(spec, use_sdpa=self.attn == "sdpa")
         model.train()
         trainable = [p for p in model.parameters() if not p.stop_gradient]
         self.trainable = trainable
-        self.record_grad_norm = wants_grad_norm(spec)
-        self._grad_norm = None
+        self.record_grad_norm = wants_grad_norm(spec, across_ranks=True)
         self.num_params_total = sum(int(p.size) for p in model.parameters())
         self.num_params_trainable = sum(int(p.size) for p in trainable)
 
         o = spec["optimizer"]
-        self.max_grad_norm = o.get("max_grad_norm") or 0.0
-        clip = paddle.nn.ClipGradByGlobalNorm(self.max_grad_norm) if self.max_grad_norm else None
-        optimizer = paddle.optimizer.AdamW(learning_rate=o["lr"], beta1=o["betas"][0], beta2=o["betas"][1],
-                                           epsilon=o["eps"], weight_decay=o["weight_decay"], parameters=trainable,
-                                           grad_clip=clip)
-        self.family, self.loader = family, loader_settings(spec)
         level, dtype = self.precision.amp_level, self.precision.compute_dtype
         self.master_weights = level == "O2"
-        if level == "O2":
-            # GPU only (plan_precision). Untested here: written to paddle.amp.decorate's docs.
-            model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2", dtype=dtype,
-                                                   master_weight=True, master_grad=True)
-        self.scaler = paddle.amp.GradScaler(init_loss_scaling=2.0 ** 16) if dtype == "float16" else None
+        self.max_grad_norm = o.get("max_grad_norm") or 0.0
+        clip = paddle.nn.ClipGradByGlobalNorm(self.max_grad_norm) if self.max_grad_norm else None
+        adamw = paddle.optimizer.AdamW(learning_rate=o["lr"], beta1=o["betas"][0], beta2=o["betas"][1],
+                                       epsilon=o["eps"], weight_decay=o["weight_decay"], parameters=trainable,
+                                       grad_clip=clip, multi_precision=self.master_weights)
+        self.family, self.loader = family, loader_settings(spec)
+        if level == "O2":  # as PaddleNLP's Trainer: the model decorated, the optimizer multi_precision
+            model = paddle.amp.decorate(models=model, level="O2", dtype=dtype)
+        scaler = paddle.amp.GradScaler(init_loss_scaling=2.0 ** 16) if dtype == "float16" else None
+        # Master gradients when O2 was asked for, even where AMP cannot run (fp32 main_grad all the same).
+        master = AMP_DTYPES[requested["dtype"]] if requested["amp_level"] == "O2" and requested["dtype"] != "fp32" else None
         self.model = model
-        self.layer, self.optimizer, self.impl = parallel.apply_parallel(
-            parallel.LossLayer(model, family.loss_fn, self._autocast), optimizer, spec=spec, gpu=self.gpu,
-            find_unused=getattr(family, "DDP_FIND_UNUSED", False))
+        self.find_unused = spec["backend_knobs"].get("find_unused_parameters", getattr(family, "DDP_FIND_UNUSED", False))
+        self.wrapped = parallel.apply_parallel(
+            parallel.LossLayer(model, family.loss_fn, self._autocast), adamw, spec=spec,
+            sharding_device=self.on_device, find_unused=self.find_unused, master_dtype=master, scaler=scaler)
+        self.layer, self.optimizer, self.scaler = self.wrapped.layer, self.wrapped.optimizer, self.wrapped.scaler
+        self.impl = self.wrapped.impl
+        self._norm = parallel.record_grad_norm(adamw, self.wrapped) if self.record_grad_norm else None
+        self.grads_held = None
         self.reset_memory_peaks()  # like the PyTorch adapter: peaks count from here, model built
 
     # -- the step ---------------------------------------------------------------------------
@@ -222,16 +237,19 @@ class PaddleSession:
         total = paddle.zeros([], dtype="float32")
         last = len(micro_batches) - 1
         for i, batch in enumerate(micro_batches):
-            with parallel.gradient_sync(self.layer, self.impl, enabled=i == last):
+            with parallel.gradient_sync(self.wrapped, enabled=i == last):
                 loss = self.layer(**batch) / len(micro_batches)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
+        parallel.after_backward(self.wrapped)
         return total
 
     def optimizer_step(self) -> None:
         """The step's second part: clipping (the optimizer's grad_clip), the update, clearing the gradients."""
-        if self.record_grad_norm:
-            self._grad_norm = self._global_grad_norm()
+        if self._norm is not None:
+            self._norm.norm = None
+        if self.grads_held is None:  # once (a warm-up step): what holds the gradients the optimizer applies
+            self.grads_held = parallel.grads_held(self.trainable)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -239,15 +257,11 @@ class PaddleSession:
             self.optimizer.step()
         self.optimizer.clear_grad(set_to_zero=False)
 
-    def _global_grad_norm(self) -> paddle.Tensor:
-        """L2 over every trainable gradient, in float64, on the device (no sync here)."""
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)  # the step below then skips its own unscale
-        squares = [p.grad.detach().astype("float64").square().sum() for p in self.trainable if p.grad is not None]
-        return paddle.add_n(squares).sqrt() if squares else paddle.zeros([], dtype="float64")
-
     def grad_norm(self) -> float:
-        return float(self._grad_norm.numpy())  # SYNC: only when the spec asks for it (parity)
+        """The norm the optimizer's clip saw (:class:`xfw_paddle.parallel.NormRecorder`): the gradients
+        as applied, after every reduction; NaN when the step was skipped (a GradScaler found inf)."""
+        norm = self._norm.norm
+        return float(norm.numpy()) if norm is not None else float("nan")  # SYNC: only when asked (parity)
 
     # -- timing and memory ------------------------------------------------------------------
     def loss_token(self, loss: paddle.Tensor):
@@ -261,6 +275,8 @@ class PaddleSession:
         return float(token.numpy())
 
     def timestamp(self):
+        if self.device == "testcpu":  # the device's queue drained first: a clock after a synchronize
+            paddle.device.synchronize()
         if not self.gpu:
             return time.perf_counter()
         event = paddle.device.cuda.Event(enable_timing=True)
@@ -276,8 +292,8 @@ class PaddleSession:
         return start.elapsed_time(end) / 1000.0
 
     def synchronize(self) -> None:
-        if self.gpu:
-            paddle.device.cuda.synchronize()
+        if self.on_device:
+            paddle.device.synchronize()
 
     def reset_memory_peaks(self) -> None:
         if self.gpu:
@@ -306,6 +322,12 @@ class PaddleSession:
             notes += "; GradScaler"
         if self.precision.note:  # a fallback: say what was asked and why it did not run
             notes = self.precision.note
+            if self.wrapped.master_grads:
+                notes += "; master gradients held as asked: fp32 main_grad (MixPrecisionLayer/MixPrecisionOptimizer)"
+        if self.wrapped.find_unused is not None:
+            notes += f"; {self.wrapped.detail}"
+        if self.device == "testcpu":
+            notes += f"; {TESTCPU_NOTE}"
         if self.record_grad_norm:
             notes += "; gradient norm read every step (a host sync: parity, not a measurement)"
         if self.max_grad_norm:
@@ -315,15 +337,33 @@ class PaddleSession:
         tf32 = self.gpu and bool(paddle.base.core.get_cublas_switch())
         versions = {f"version_{k}": v for k, v in library_versions().items()}
         return dict(
-            framework="paddle", framework_version=paddle.__version__, device="gpu:0" if self.gpu else "cpu",
-            device_name=_device_name(self.gpu), weight_dtype=_majority_dtype(self.model.parameters()),
+            framework="paddle", framework_version=paddle.__version__,
+            device={"gpu": "gpu:0", "cpu": "cpu", "testcpu": TESTCPU}[self.device],
+            device_name=device_name(self.gpu), weight_dtype=_majority_dtype(self.model.parameters()),
             compute_dtype=self.precision.compute_dtype, amp_level=level, master_weights=self.master_weights,
             sharding_impl=self.impl, attention_impl=self.attn, tf32=tf32, fused_optimizer=False,
             recompute=bool(getattr(self.model, "recompute_enabled", self.spec["recompute"])),
             num_params_total=self.num_params_total, num_params_trainable=self.num_params_trainable,
             num_processes=self.num_ranks, grad_accum_steps=self.spec["derived"]["grad_accum_steps"],
-            mem_source="cuda_allocator" if self.gpu else "host_allocator", notes=notes, **versions,
+            mem_source="cuda_allocator" if self.gpu else "host_allocator", notes=notes,
+            mechanisms=self.mechanisms(tf32), **versions,
         )
+
+    def mechanisms(self, tf32: bool) -> dict:
+        """How each setting was carried out, under the neutral keys both adapters report."""
+        w, level = self.wrapped, self.precision.amp_level
+        reduce_dtype = ("float32" if w.master_grads or level != "O2" else self.precision.compute_dtype)
+        return {
+            "master_grads": "fp32 main_grad (MixPrecisionLayer)" if w.master_grads else "none",
+            "grads_held": self.grads_held or "not seen",
+            "grad_reduce_dtype": reduce_dtype if self.num_ranks > 1 else "n/a (one process)",
+            "sharding_impl": w.neutral, "sharding_detail": w.detail,
+            "attention_kernel": ", ".join(sorted(self.kernels)) or "matmul",
+            "optimizer_impl": "AdamW per-parameter" + (" multi_precision" if self.master_weights else ""),
+            "tf32": tf32 if self.gpu else "n/a", "device": self.device,
+            "checkpointing": ("recompute full per block (fleet.utils.recompute)"
+                              if getattr(self.model, "recompute_enabled", self.spec["recompute"]) else "none"),
+        }
 
 
 def build_session(spec: dict) -> PaddleSession:

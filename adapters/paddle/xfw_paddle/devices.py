@@ -1,0 +1,55 @@
+"""Where the Paddle side runs: a GPU, the CPU, or xfw's CPU test device (``backends.paddle.device:
+testcpu``, :mod:`xfw_paddle.testdevice`), and which attention kernels Paddle dispatched there."""
+
+from __future__ import annotations
+
+import paddle
+
+from xfw.contract.env import cpu_model
+from xfw.contract.harness import Unsupported
+from xfw_paddle import parallel
+
+TESTCPU = "testcpu (CPU test device: timings are not GPU-like)"
+TESTCPU_NOTE = ("ran on xfw's CPU test device (a Paddle custom device backed by host memory): it proves the "
+                "GPU-only code paths, its timings and memory are a CPU's and must never be read as GPU figures")
+
+
+def on_gpu() -> bool:
+    return paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+
+
+def device_name(gpu: bool) -> str:
+    return paddle.device.cuda.get_device_name(0) if gpu else cpu_model()
+
+
+def device_kind(spec: dict) -> str:
+    """``gpu``, ``cpu`` or ``testcpu`` (``backends.paddle.device``; the test device is activated in
+    this process before Paddle starts: :mod:`xfw_paddle.__main__`)."""
+    if spec["backend_knobs"].get("device", "auto") == "testcpu":
+        from xfw_paddle import testdevice
+
+        try:
+            testdevice.activate(parallel.world()[2] if parallel.world()[1] > 1 else 0)
+        except (RuntimeError, FileNotFoundError) as err:
+            raise Unsupported(f"backends.paddle.device=testcpu: {err}") from None
+        return "testcpu"
+    return "gpu" if on_gpu() else "cpu"
+
+
+def watch_attention() -> set:
+    """The kernels Paddle's ``F.scaled_dot_product_attention`` dispatches to in this process (its own
+    selector's answers, recorded as it gives them: ``flash_attn``, ``mem_efficient``, ``math``)."""
+    from paddle.nn.functional import sdpa
+
+    seen, select = set(), sdpa.select_sdp_for_sdpa
+    if getattr(select, "xfw_seen", None) is not None:
+        return select.xfw_seen
+
+    def recording(param):
+        name = select(param)
+        seen.add({"math": "sdpa_math"}.get(name, name))
+        return name
+
+    recording.xfw_seen = seen
+    sdpa.select_sdp_for_sdpa = recording
+    return seen
