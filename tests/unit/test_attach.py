@@ -213,6 +213,48 @@ def test_a_command_that_never_steps_says_xfw_saw_no_step(tmp_path):
     assert result.status == "crashed" and "before xfw saw an optimizer step" in result.reason
 
 
+FORGER = """
+    import json, os, sys, time
+    token = os.environ.get("XFW_PROBE_TOKEN", "") if sys.argv[1] == "probe" else "guessed"
+    def write(kind, **fields):
+        with open(os.environ["XFW_PROBE_RECORDS"], "a") as f:
+            f.write(json.dumps({"schema": 1, "kind": kind, "rank": 0, **fields, "xfw_probe": token}) + "\\n")
+    write("start", num_ranks=1, warmup_steps=1, steps=3, t_unix_s=time.time())
+    for i in range(4):
+        write("step", step=i, phase="warmup" if i == 0 else "measure", step_time_s=1e-6, samples=4, tokens=0,
+              loss=None, mem_alloc_peak_bytes=None, mem_reserved_peak_bytes=None)
+    write("window", window_time_s=3e-6, num_steps=3, samples=12, tokens=0)
+    write("end")
+    while sys.argv[1] == "probe":  # as a script that caught the probe's SystemExit and trained on
+        try:
+            time.sleep(600)
+        except BaseException:
+            pass
+"""
+
+
+def test_records_the_probe_did_not_write_are_not_a_measurement(tmp_path):
+    """Well-formed records written into XFW_PROBE_RECORDS by the command itself: no run token."""
+    path = script(tmp_path, FORGER)
+    result = run_command(tmp_path, {"command": [PY, str(path), "forge"]},
+                         measure={"warmup_steps": 1, "steps": 3, "timeout_s": 20})
+    assert result.status == "invalid" and "were not written by xfw's probe" in result.reason
+    assert read_records(Path(result.run_dir) / "steps.jsonl")[1] == ""  # the kept file reads clean
+
+
+def test_a_probed_command_is_stopped_once_every_rank_ended(tmp_path, monkeypatch):
+    """The probe's SystemExit caught by the script: xfw stops it after the grace period."""
+    from xfw.run import command
+
+    monkeypatch.setattr(command, "ENDED_GRACE_S", 0.5)
+    path = script(tmp_path, FORGER)  # stands in for a probe: it writes with this run's token
+    result = run_command(tmp_path, {"command": [PY, str(path), "probe"]},
+                         measure={"warmup_steps": 1, "steps": 3, "timeout_s": 60})
+    assert result.status == "ok" and result.wall_time_s < 30, result.reason
+    records, problem = read_records(Path(result.run_dir) / "steps.jsonl")
+    assert problem == "" and not any("xfw_probe" in r for r in records)
+
+
 def test_a_command_that_fails_is_crashed_with_its_last_words(tmp_path):
     result = run_command(tmp_path, {"command": [PY, "-c", "raise SystemExit('no data at /x')"]})
     assert result.status == "crashed" and result.reason == "no data at /x (exit code 1)"

@@ -25,15 +25,19 @@ error is one line naming the key (``backends.torch.cwd: /src/LLaVA is not a dire
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
+import secrets
 import shutil
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xfw.contract import probe
+from xfw.contract.atomic import write_text_atomic
 from xfw.run import logparse
 
 if TYPE_CHECKING:
@@ -178,6 +182,7 @@ def probe_env(spec_path: Path, records_path: Path, pythonpath: str, root: Path =
     # Absolute: the command runs in its own directory, not in xfw's.
     return {probe.ENV_SPEC: str(spec_path.resolve()), probe.ENV_RECORDS: str(records_path.resolve()),
             probe.ENV_HOOKS: ",".join(f"{h.parent.name}.probe" for h in hooks),
+            probe.ENV_TOKEN: secrets.token_hex(16),  # this run's: records without it are not the probe's
             "PYTHONPATH": os.pathsep.join(paths + ([pythonpath] if pythonpath else []))}
 
 
@@ -194,6 +199,88 @@ def invocation(command: Command, spec_path: Path, records_path: Path) -> Invocat
     facts = {"command": command.argv, "cwd": command.cwd, "env": command.env,
              "measured_by": logparse.NOTE if command.log_pattern else "xfw's probe in the command's processes"}
     return Invocation(argv=argv, facts=facts, env=env, cwd=command.cwd, log=command.log_pattern, attached=True)
+
+
+def _stamped(line: str, token: str) -> dict | None:
+    """The record on ``line`` without its stamp if the probe wrote it with ``token``, else None."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not token or not secrets.compare_digest(str(record.pop(probe.STAMP, "")), token):
+        return None
+    return record
+
+
+def verify_records(records_path: Path, token: str) -> None:
+    """Keep only the records xfw's probe wrote in this run (stamped with its token), stamps removed;
+    any other line in the file (a command writing records of its own) makes the run ``invalid``."""
+    try:
+        lines = records_path.read_bytes().decode("utf-8", "replace").split("\n")
+    except FileNotFoundError:
+        return
+    kept, foreign = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        record = _stamped(line, token)
+        if record is None:
+            foreign += 1
+        else:
+            kept.append(json.dumps(record, separators=(",", ":")))
+    if foreign:
+        kept.insert(0, json.dumps({"schema": 1, "kind": "error", "rank": 0, "status": "invalid", "message": (
+            f"{foreign} line(s) in {records_path.name} were not written by xfw's probe (no token of this run): "
+            "something else in the command writes to XFW_PROBE_RECORDS; nothing it wrote is reported")},
+            separators=(",", ":")))
+    write_text_atomic(records_path, "".join(line + "\n" for line in kept))
+
+
+ENDED_GRACE_S = 10.0
+"""How long a command may go on after every rank's probe wrote ``end`` before xfw stops it (its
+``finally`` blocks and ``atexit`` handlers run in that time; a script that catches SystemExit and
+trains on does not run on)."""
+
+
+class Ending:
+    """Whether a probed command is due to be stopped: every rank wrote its stamped ``end`` (or an
+    error) at least :data:`ENDED_GRACE_S` ago. The launcher polls it, as the log counter."""
+
+    def __init__(self, records_path: Path, token: str, num_ranks: int, grace_s: float | None = None):
+        self.path, self.token, self.num_ranks = records_path, token, num_ranks
+        self.grace_s = ENDED_GRACE_S if grace_s is None else grace_s
+        self._offset, self._partial, self._ended, self._since = 0, "", set(), None
+
+    def due(self) -> bool:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read(1 << 20)
+                self._offset = f.tell()
+        except OSError:
+            return False
+        lines = (self._partial + chunk.decode("utf-8", "replace")).split("\n")
+        self._partial = lines.pop()[-65536:]
+        for line in lines:
+            record = _stamped(line, self.token)
+            if record and record.get("kind") in ("end", "error") and isinstance(record.get("rank"), int):
+                self._ended.add(record["rank"])
+        if self._since is None and len(self._ended) >= self.num_ranks:
+            self._since = time.monotonic()
+        return self._since is not None and time.monotonic() - self._since >= self.grace_s
+
+
+def ending(run: Invocation, records_path: Path, num_ranks: int) -> Ending | None:
+    """The launcher's check that stops a probed command once every rank ended (None: not probed)."""
+    token = run.env.get(probe.ENV_TOKEN)
+    return Ending(records_path, token, num_ranks) if run.attached and token else None
+
+
+def verified(run: Invocation, records_path: Path) -> None:
+    """After a probed command ended: only its probe's records stay (:func:`verify_records`)."""
+    token = run.env.get(probe.ENV_TOKEN)
+    if run.attached and token:
+        verify_records(records_path, token)
 
 
 def refine(status: str, reason: str, *, exit_code: int | None, records: list[dict], stderr_line: str,

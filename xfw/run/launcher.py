@@ -297,6 +297,7 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     # a log has one line per step, not per rank; a node of a multi-node run runs its own ranks only
     num_processes = 1 if run.log else len(local_ranks(recipe, rendezvous))
     log_lines = logparse.LogCounter(run.log, run_dir / f"{run.log.stream}.log") if run.log else None
+    ended = command.ending(run, records_path, num_processes)  # a probed command: stopped once every rank ended
     if progress:  # steps per rank: every rank takes the same steps
         progress.started(backend.name, recipe.name, needed)
 
@@ -313,7 +314,7 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
                     timed_out = True
                     _stop(proc)
                     break
-                if log_lines is not None and log_lines.poll() >= needed:  # parsed enough: end the command
+                if (log_lines is not None and log_lines.poll() >= needed) or (ended is not None and ended.due()):
                     stopped = True
                     _stop(proc)
                     break
@@ -333,6 +334,7 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     if progress:
         progress.update(backend.name, tail.poll())
     wall = time.monotonic() - t0
+    command.verified(run, records_path)  # records the probe did not write are not measurements
     if run.log is not None:
         logparse.write_records(run.log, log_lines.path, records_path, spec, exit_code=proc.returncode,
                                stopped=stopped)

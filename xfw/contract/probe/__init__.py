@@ -29,6 +29,12 @@ from pathlib import Path
 ENV_SPEC = "XFW_PROBE_SPEC"
 ENV_RECORDS = "XFW_PROBE_RECORDS"
 ENV_HOOKS = "XFW_PROBE_HOOKS"
+ENV_TOKEN = "XFW_PROBE_TOKEN"
+STAMP = "xfw_probe"
+"""Each record the probe writes carries the run's token (``ENV_TOKEN``, drawn afresh by the launcher
+for every run) under this key; the launcher keeps only stamped records and removes the stamp
+(:func:`xfw.run.command.verify_records`): lines anyone else writes into the records file are
+told apart, and the run is ``invalid``."""
 SITE_DIR = Path(__file__).resolve().with_name("site")
 """Holds only ``sitecustomize.py``; the launcher puts it first on the command's PYTHONPATH."""
 
@@ -43,7 +49,7 @@ def activate(environ: dict | None = None):
         return None
     with open(environ[ENV_SPEC], encoding="utf-8") as f:
         spec = json.load(f)
-    probe = Probe(spec, environ[ENV_RECORDS])
+    probe = Probe(spec, environ[ENV_RECORDS], token=environ.get(ENV_TOKEN, ""))
     for name in filter(None, environ.get(ENV_HOOKS, "").split(",")):
         hooks = importlib.import_module(name).hooks()
         for module_name, install in hooks.items():

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import os
 import sys
 import time
@@ -45,7 +46,7 @@ from typing import Any, Callable, Protocol
 
 from xfw.contract.probe import imports, observe
 from xfw.contract.probe.window import Device, Window
-from xfw.contract.records import RecordWriter
+from xfw.contract.records import RECORD_SCHEMA, RecordWriter, validate_record
 
 EXIT_INVALID = 2  # as xfw.contract.harness.EXIT_INVALID
 
@@ -89,9 +90,27 @@ def _safe(method: Callable) -> Callable:
     return call
 
 
+class StampedWriter(RecordWriter):
+    """Records as the adapters write them, each stamped with the run's token (``probe.STAMP``)."""
+
+    def __init__(self, path: str, rank: int, token: str):
+        super().__init__(path, rank)
+        self.token = token
+
+    def write(self, kind: str, **fields: Any) -> None:
+        from xfw.contract.probe import STAMP
+
+        record = {"schema": RECORD_SCHEMA, "kind": kind, "rank": self.rank, **fields}
+        problems = validate_record(record)
+        assert not problems, f"the probe wrote an invalid record: {problems}"
+        stamp = {STAMP: self.token} if self.token else {}
+        self._file.write(json.dumps({**record, **stamp}, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+
 class Probe:
-    def __init__(self, spec: dict, records_path: str):
-        self.spec, self.records_path = spec, records_path
+    def __init__(self, spec: dict, records_path: str, token: str = ""):
+        self.spec, self.records_path, self.token = spec, records_path, token
         self.warmup_steps, self.steps = spec["measure"]["warmup_steps"], spec["measure"]["steps"]
         self.expected_processes = spec["derived"]["num_processes"]
         self.frameworks: list[Framework] = []
@@ -207,7 +226,7 @@ class Probe:
         self._choose_model(framework)
         framework.start()
         world = framework.world_size()
-        self._writer = RecordWriter(self.records_path, framework.rank())
+        self._writer = StampedWriter(self.records_path, framework.rank(), self.token)
         if world != self.expected_processes:
             self._writer.write("error", status="invalid", message=(
                 f"parallel: the recipe says {self.expected_processes} process(es) (parallel.nproc_per_node x "
@@ -272,7 +291,7 @@ class Probe:
     def _error(self, status: str, message: str) -> None:
         if self._writer is None:
             rank = self.frameworks[-1].rank() if self.frameworks else int(os.environ.get("RANK", "0"))
-            self._writer = RecordWriter(self.records_path, rank)
+            self._writer = StampedWriter(self.records_path, rank, self.token)
         self._writer.write("error", status=status, message=message[:500])
         self._writer.close()
         self.done = True  # an error ends the record of this rank
