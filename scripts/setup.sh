@@ -3,8 +3,24 @@
 #   .venv/torch   PyTorch stack + the xfw core with its CLI/reporting extras + xfw_torch
 #   .venv/paddle  Paddle stack (numpy<=1.26, docs/design.md §3) + the bare xfw core + xfw_paddle
 # The two stacks cannot share one environment: paddlenlp pins numpy<=1.26, pandas 3 needs numpy 2.
+# scripts/setup.sh --gpu CUDA_VERSION builds the same two environments for a CUDA node instead (docs/gpu.md):
+#   requirements-gpu.txt per adapter (no CPU pins), torch's CUDA build, Paddle's CUDA wheel from Paddle's index.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+GPU_CUDA=""  # empty: the CPU environments, exactly as without the flag
+if [ "${1:-}" = "--gpu" ]; then
+  GPU_CUDA=${2:-}
+  case "$GPU_CUDA" in
+    12.6|12.9|13.0) ;;
+    *) echo "scripts/setup.sh: --gpu CUDA_VERSION must be 12.6, 12.9 or 13.0 (the CUDA builds both Paddle and PyTorch publish for the pinned versions), not '$GPU_CUDA'" >&2; exit 2 ;;
+  esac
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "scripts/setup.sh: --gpu $GPU_CUDA: no nvidia-smi here, so no NVIDIA driver; refusing to replace .venv/torch and .venv/paddle with CUDA builds" >&2; exit 2
+  fi
+elif [ $# -gt 0 ]; then
+  echo "scripts/setup.sh: unknown argument '$1' (usage: scripts/setup.sh [--gpu CUDA_VERSION])" >&2; exit 2
+fi
 
 PYTHON=python3
 if command -v python3.11 >/dev/null 2>&1; then PYTHON=python3.11; fi
@@ -19,9 +35,9 @@ make_env() {
   local dir=.venv/$name
   local stamp="$dir/.xfw-setup-stamp"
   local want
-  local late=adapters/$name/requirements-no-build-isolation.txt
-  want=$(cat "$requirements" pyproject.toml adapters/"$name"/pyproject.toml scripts/setup.sh $( [ -f "$late" ] && echo "$late") \
-         | sha256sum | cut -c1-16)
+  local late=${requirements%.txt}-no-build-isolation.txt
+  want=$( { cat "$requirements" pyproject.toml adapters/"$name"/pyproject.toml scripts/setup.sh $( [ -f "$late" ] && echo "$late"); \
+           printf %s "$GPU_CUDA"; } | sha256sum | cut -c1-16)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$dir/bin/python" -c "import xfw_$name" 2>/dev/null; then
     echo "==> .venv/$name is up to date"
     return
@@ -39,5 +55,14 @@ make_env() {
   echo "==> .venv/$name ready"
 }
 
+if [ -z "$GPU_CUDA" ]; then
 make_env torch adapters/torch/requirements.txt -e ".[cli,test]" -e adapters/torch
 make_env paddle adapters/paddle/requirements.txt -e . -e adapters/paddle
+else
+  cu=cu${GPU_CUDA/./}
+  torch_index=()  # torch 2.13.0's wheel on the default index is the CUDA 13.0 build; others from PyTorch's index
+  [ "$GPU_CUDA" = 13.0 ] || torch_index=(--extra-index-url "https://download.pytorch.org/whl/$cu")
+  make_env torch adapters/torch/requirements-gpu.txt "${torch_index[@]}" -e ".[cli,test]" -e adapters/torch
+  make_env paddle adapters/paddle/requirements-gpu.txt --extra-index-url "https://www.paddlepaddle.org.cn/packages/stable/$cu/" \
+    -e . -e adapters/paddle
+fi
