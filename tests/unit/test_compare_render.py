@@ -106,7 +106,7 @@ def test_numeric_frame_keeps_raw_numbers_for_programs():
     rows = compare_runs([result("paddle", 82.0), result("torch", 65.0)], ["paddle", "torch"])
     frame = pd.read_csv(io.StringIO(to_csv([contrast.contrast_table(rows, ["paddle", "torch"])])))
     assert isinstance(frame, pd.DataFrame)
-    assert frame.loc[0, "paddle_ips"] == 82.0 and frame.loc[0, "torch_mem_alloc_peak_bytes"] == 2 * 1024**3
+    assert frame.loc[0, "paddle_ips"] == 82.0 and frame.loc[0, "torch_extra_own_mem_peak_bytes"] == 2 * 1024**3
     assert frame.loc[0, "contrast"] == pytest.approx(17 / 65)
 
 

@@ -73,7 +73,11 @@ def test_the_shared_memory_measure_is_the_peak_rss_on_a_cpu_and_the_allocator_on
     cpu = [{**r, "mem_source": "host_allocator"} if r["kind"] == "applied" else r for r in cpu]
     cpu.append({"kind": "start", "rank": 0, "rss_after_build_bytes": 4000, "rss_peak_since_build": True})
     m = summarize(cpu)
-    assert (m.memory_bytes, m.memory_source, m.rss_after_build_bytes) == (5004, "peak_rss", 4000)
+    # The training memory: the peak since the build minus the resident set right after it.
+    assert (m.memory_bytes, m.memory_source, m.rss_after_build_bytes) == (1004, "rss_training", 4000)
+    assert m.rss_peak_bytes == 5004 and m.per_rank[0]["rss_training_bytes"] == 1004
+    unreset = summarize([{**r, "rss_peak_since_build": False} if r["kind"] == "start" else r for r in cpu])
+    assert (unreset.memory_bytes, unreset.memory_source) == (5004, "peak_rss")  # start-up may be in that peak
     assert m.mem_alloc_peak_bytes == 999_999 and m.mem_source == "host_allocator"  # the framework's own, kept
     gpu = summarize([{**r, "rss_peak_bytes": 5000} if r["kind"] == "step" else r for r in run()])
     assert (gpu.memory_bytes, gpu.memory_source, gpu.rss_peak_bytes) == (999_999, "cuda_allocator", 5000)

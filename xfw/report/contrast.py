@@ -22,7 +22,8 @@ from xfw.report.compare import ComparisonRow, Side, strip_common, variant_label
 from xfw.report.measure import PARSED_NOTE
 from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Strong, Table
 
-SOURCE_LABELS = {"cuda_allocator": "GPU allocator", "host_allocator": "host allocator", "peak_rss": "peak RSS"}
+SOURCE_LABELS = {"cuda_allocator": "GPU allocator", "host_allocator": "host allocator", "peak_rss": "peak RSS",
+                 "rss_training": "training memory"}
 PARSED_MARK = " ‡"
 PARSED_LINE = f"‡ {PARSED_NOTE} (the backend's log_pattern in the recipe)."
 
@@ -55,14 +56,36 @@ def fmt_memory_pair(alloc: float | None, reserved: float | None, source: str | N
     return f"{shown[0]}/{shown[1]} {unit}{f' {what}' if what else ''} ({SOURCE_LABELS.get(source or '', source or '?')})"
 
 
-def fmt_memory(side: Side) -> str:
-    """The shared measure: peak RSS (and after the build) on a CPU, allocated/reserved on a GPU."""
+MEASURE_NAMES = {"rss_training": "training memory (peak RSS since the build − RSS after the build)",
+                 "peak_rss": "peak RSS (start-up included)", "cuda_allocator": "GPU allocator peak allocated",
+                 "host_allocator": "Paddle host allocator peak", "torch_peak_rss": "PyTorch process peak RSS"}
+"""The shared memory measure's name by ``memory_source``, the same in every layout, CSV and nightly."""
+
+
+def memory_unit(values) -> tuple[str, int]:
+    """One unit for a set of byte counts (a table's, so both sides read in the same unit)."""
+    values = [v for v in values if v is not None]
+    return ("GiB", GIB) if values and max(values) >= GIB else ("MiB", MIB)
+
+
+def measure_name(source: str | None) -> str:
+    return MEASURE_NAMES.get(source or "", source or "?")
+
+
+def fmt_memory(side: Side, unit: tuple[str, int] | None = None) -> str:
+    """The shared measure: on a CPU the training memory, with the peak RSS and the RSS after the
+    build beside it; the peak RSS alone where the peak could not be reset at the build; allocated /
+    reserved on a GPU. ``unit``: the table's (:func:`memory_unit`)."""
     if not side.ok or side.memory_bytes is None:
         return "–"
-    if side.memory_source == "peak_rss":
-        peak, after = side.memory_bytes, side.rss_after_build_bytes
-        unit, scale = ("GiB", GIB) if peak >= GIB else ("MiB", MIB)
-        return f"{peak / scale:.2f} {unit} peak RSS" + (f" ({after / scale:.2f} after build)" if after else "")
+    if side.memory_source in ("rss_training", "peak_rss"):
+        name, scale = unit or memory_unit([side.memory_bytes])
+        if side.memory_source == "peak_rss":
+            after = side.rss_after_build_bytes
+            return f"{side.memory_bytes / scale:.2f} {name} peak RSS" + (
+                f" ({after / scale:.2f} after build)" if after else "")
+        return (f"{side.memory_bytes / scale:.2f} {name} training (peak RSS {side.rss_peak_bytes / scale:.2f}, "
+                f"{side.rss_after_build_bytes / scale:.2f} after build)")
     return fmt_memory_pair(side.mem_alloc_peak_bytes, side.mem_reserved_peak_bytes, side.memory_source,
                            what="alloc/reserved")
 
@@ -114,6 +137,7 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
     header += [f"Params ({' / '.join(backends)})"]
     cells = []
     previous_model = None
+    unit = memory_unit(s.memory_bytes for row in rows for s in row.sides.values() if s.ok)
     for row, variant in zip(rows, shown):
         line = [row.model if row.model != previous_model else "", row.stage]
         line += [variant_label(variant)] if with_variant else []
@@ -121,14 +145,63 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
         previous_model = row.model
         if b:
             line += [fmt_contrast(row), fmt_side_rate(row.sides[b])]
-        line += [fmt_memory(row.sides[name]) for name in backends]
+        line += [fmt_memory(row.sides[name], unit) for name in backends]
         if with_mfu:
             line += [fmt_mfu(row.sides[name]) for name in backends]
         line += [fmt_params(row, backends)]
         cells.append(line)
     parsed = any(is_parsed(side) for row in rows for side in row.sides.values())
     return Table(header=header, cells=cells, records=numeric_records(rows, backends), numeric=numeric,
-                 name="contrast", notes=([PARSED_LINE] if parsed else []) + (mfu_notes(rows) if with_mfu else []))
+                 name="contrast", notes=([PARSED_LINE] if parsed else []) + (mfu_notes(rows) if with_mfu else [])
+                 + noise_notes(rows, backends))
+
+
+MIN_WINDOW_S = 5.0
+"""A measured window shorter than this is warned about (:func:`short_windows`)."""
+TARGET_WINDOW_S = 10.0
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def noise_notes(rows: list[ComparisonRow], backends: list[str]) -> list[str]:
+    """How long each side was measured and how much its step time moved: the window, the measured
+    steps and the p10–p90 step time (and the spread over repeats where there are some)."""
+    notes = []
+    for row in rows:
+        parts = []
+        for name in backends:
+            s = row.sides[name]
+            if not s.ok or s.window_time_s is None:
+                continue
+            text = f"{name} {s.num_measured_steps} steps in {s.window_time_s:.3g} s"
+            if s.step_time_p10_s is not None and s.step_time_median_s:
+                text += (f", step time p10–p90 {_ms(s.step_time_p10_s)}–{_ms(s.step_time_p90_s)} "
+                         f"(±{(s.step_time_p90_s - s.step_time_p10_s) / 2 / s.step_time_median_s:.0%} of the median)")
+            if s.num_repeats > 1:
+                text += f", {s.num_repeats} repeats" + (f", ips spread {s.ips_spread:.1%}" if s.ips_spread else "")
+            parts.append(text)
+        if parts:
+            notes.append(("Measured: " if len(rows) == 1 else f"Measured, {row_name(row)}: ") + "; ".join(parts) + ".")
+    return notes
+
+
+def short_windows(rows: list[ComparisonRow]) -> list[str]:
+    """A warning per side whose measured window is shorter than :data:`MIN_WINDOW_S`: why it cannot be
+    trusted and what to set."""
+    out = []
+    for row in rows:
+        for s in row.sides.values():
+            if not s.ok or s.window_time_s is None or s.window_time_s >= MIN_WINDOW_S or is_parsed(s):
+                continue
+            steps = max(s.num_measured_steps, 1)
+            wanted = max(steps + 1, int(steps * TARGET_WINDOW_S / max(s.window_time_s, 1e-3)) + 1)
+            out.append(f"{row_name(row)} / {s.backend}: the measured window was {s.window_time_s:.2g} s "
+                       f"({s.num_measured_steps} steps), too short to trust: on a shared machine one scheduler "
+                       f"pause moves ips by tens of percent; set measure.steps={wanted} (about "
+                       f"{TARGET_WINDOW_S:g} s) and/or --repeat 3 to see the spread")
+    return out
 
 
 def mfu_notes(rows: list[ComparisonRow]) -> list[str]:
@@ -245,9 +318,13 @@ def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str 
         blocks.append(Image(chart, "bar chart of throughput per backend"))
     if len(backends) > 1:
         blocks.append(Paragraph(f"Contrast = ({backends[0]} − {backends[1]}) / {backends[1]} on samples per second "
-                                "(ips, global, measured window only). Memory, per rank, the same measure on both sides: peak "
-                                "allocated / reserved by the CUDA allocator on a GPU; on a CPU each process's peak "
-                                "resident set from the model's build on, beside the resident set right after the build.",
+                                "(ips, global, measured window only): +x% means "
+                                f"{backends[0]} is faster, −x% that {backends[1]} is (swapping the order changes the "
+                                "figure, not the finding). Memory, per rank, the same measure on both sides: peak "
+                                "allocated / reserved by the CUDA allocator on a GPU; on a CPU the training memory, each "
+                                "process's peak resident set since its model was built minus its resident set right "
+                                "after the build (framework start-up, libraries and weights excluded), with both beside "
+                                "it. Each framework's own figure is in the settings (mem_source) and the CSV (extra_own_*).",
                                 muted=True))
     if any(side.ips_spread is not None for row in rows for side in row.sides.values()):
         blocks.append(Paragraph("With repeats, ips is the median and spread = (max − min) / median; a contrast no "
@@ -255,7 +332,8 @@ def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str 
     fails = failures(rows)
     if fails:
         blocks += [Heading("Failed runs", 3), Bullets(fails, name="failed")]
-    warnings = [f"⚠ {w}" for w in warnings] + [f"⚠ {row_name(row)}: {w}" for row in rows for w in row.warnings]
+    warnings = [f"⚠ {w}" for w in warnings] + [f"⚠ {row_name(row)}: {w}" for row in rows for w in row.warnings] \
+        + [f"⚠ {w}" for w in short_windows(rows)]
     if warnings:
         blocks += [Heading("Warnings", 3), Bullets(warnings, name="warnings")]
     settings = settings_blocks(rows, backends)
@@ -283,10 +361,15 @@ def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict
                 f"{name}_status": s.status, f"{name}_reason": s.reason, f"{name}_ips": s.ips,
                 f"{name}_ips_spread": s.ips_spread, f"{name}_tokens_per_s": s.tokens_per_s,
                 f"{name}_step_time_median_s": s.step_time_median_s,
-                f"{name}_mem_alloc_peak_bytes": s.mem_alloc_peak_bytes,
+                f"{name}_step_time_p10_s": s.step_time_p10_s, f"{name}_step_time_p90_s": s.step_time_p90_s,
+                f"{name}_window_time_s": s.window_time_s, f"{name}_num_measured_steps": s.num_measured_steps,
                 f"{name}_memory_bytes": s.memory_bytes, f"{name}_memory_source": s.memory_source,
-                f"{name}_rss_after_build_bytes": s.rss_after_build_bytes,
-                f"{name}_mem_reserved_peak_bytes": s.mem_reserved_peak_bytes, f"{name}_mem_source": s.mem_source,
+                f"{name}_memory_measure": measure_name(s.memory_source) if s.memory_source else None,
+                f"{name}_rss_peak_bytes": s.rss_peak_bytes, f"{name}_rss_after_build_bytes": s.rss_after_build_bytes,
+                # Each framework's own figure: an extra, its source beside it, never the compared measure.
+                f"{name}_extra_own_mem_peak_bytes": s.mem_alloc_peak_bytes,
+                f"{name}_extra_own_mem_reserved_bytes": s.mem_reserved_peak_bytes,
+                f"{name}_extra_own_mem_source": s.mem_source,
                 f"{name}_mfu": s.mfu, f"{name}_mfu_peak": s.mfu_peak, f"{name}_flops_per_sample": s.flops_per_sample,
                 f"{name}_num_params_total": s.applied.get("num_params_total"),
                 f"{name}_num_params_trainable": s.applied.get("num_params_trainable"),

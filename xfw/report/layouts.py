@@ -78,18 +78,33 @@ def _parsed_notes(entries: list[Side]) -> list[str]:
     return [contrast.PARSED_LINE] if any(contrast.is_parsed(e) for e in entries) else []
 
 
+def _rss_measured(entries: list[Side]) -> bool:
+    """Whether these runs' shared memory measure is the process's resident set (a CPU): then every
+    layout shows it (the training memory where the peak was reset at the build), as the contrast does."""
+    return any(e.ok and e.memory_source in ("rss_training", "peak_rss") for e in entries)
+
+
+def _rss_source(entries: list[Side]) -> str:
+    sources = {e.memory_source for e in entries if e.ok and e.memory_source in ("rss_training", "peak_rss")}
+    return "rss_training" if sources == {"rss_training"} else "peak_rss"
+
+
+def _rss_word(entries: list[Side]) -> str:
+    return "Training memory" if _rss_source(entries) == "rss_training" else "Peak RSS"
+
+
 def _memory_source_notes(entries: list[Side]) -> list[str]:
     """Say where memory is not GPU memory, and which framework measured it how: a column must not
     silently mix an allocator's bytes with a process's peak RSS."""
     by_backend: dict[str, set[str]] = {}
     for e in entries:
-        if e.mem_source:
-            by_backend.setdefault(e.backend, set()).add(e.mem_source)
+        if e.memory_source:
+            by_backend.setdefault(e.backend, set()).add(e.memory_source)
     sources = set().union(*by_backend.values()) if by_backend else set()
     notes = []
     if sources - {"cuda_allocator"}:
-        notes.append(f"Memory here is {', '.join(sorted(sources - {'cuda_allocator'}))}, not GPU memory: "
-                     "these runs had no GPU.")
+        notes.append(f"Memory here is {'; '.join(contrast.measure_name(x) for x in sorted(sources - {'cuda_allocator'}))}"
+                     ", not GPU memory: these runs had no GPU.")
     if len(sources) > 1:
         notes.append("Memory sources differ (" + "; ".join(f"{b}: {', '.join(sorted(v))}" for b, v in
                                                          by_backend.items())
@@ -113,8 +128,11 @@ def strategies(results: list[RunResult]) -> list[Table]:
     impls = {(r.recipe, variant_key(r.variant), r.backend): r.applied.get("sharding_impl") for r in results}
     entries = collapse_shown(results)
     gpus = on_gpus(entries)
+    rss = _rss_measured(entries)
+    unit, scale = contrast.memory_unit(e.memory_bytes for e in entries if e.ok) if rss else ("GB", GB)
     header = ["Framework", "Strategy", "Time for 100 iters (s)", "Throughput (batches/s)",
-              "VRAM / GPU (GB)" if gpus else "Memory / process (GB)", "GB / batch"]
+              "VRAM / GPU (GB)" if gpus else f"{_rss_word(entries)} / process ({unit})" if rss
+              else "Memory / process (GB)", f"{unit} / batch"]
     tables = []
     backends = list(dict.fromkeys(e.backend for e in entries))
     shardings = ("none", *_STRATEGY_NAMES)
@@ -126,14 +144,15 @@ def strategies(results: list[RunResult]) -> list[Table]:
         cells, records = [], []
         for e in mine:
             strategy = strategy_name(e, impls.get((e.recipe, variant_key(e.variant), e.backend)))
-            vram = e.mem_reserved_peak_bytes if e.mem_reserved_peak_bytes is not None else e.mem_alloc_peak_bytes
+            vram = e.memory_bytes if rss else \
+                e.mem_reserved_peak_bytes if e.mem_reserved_peak_bytes is not None else e.mem_alloc_peak_bytes
             global_batch, micro = e.setup.get("global_batch"), e.setup.get("micro_batch")
             batches_per_s = e.ips / global_batch if e.ok and global_batch else None
             per_sample = vram / micro if vram is not None and micro else None
             if e.ok:
                 cells.append([_framework(e), strategy, _num(e.step_time_median_s * 100 if e.step_time_median_s else None, ".1f"),
-                              _num(batches_per_s, ".3g"), _num(vram / GB if vram else None, ".3g"),
-                              _num(per_sample / GB if per_sample else None, ".3g")])
+                              _num(batches_per_s, ".3g"), _num(vram / scale if vram is not None else None, ".3g"),
+                              _num(per_sample / scale if per_sample is not None else None, ".3g")])
             else:
                 cells.append([e.backend, strategy, _status_cell(e), "–", "–", "–"])
             records.append({"num_processes": count, "device": ", ".join(devices), "framework": e.backend,
@@ -141,6 +160,7 @@ def strategies(results: list[RunResult]) -> list[Table]:
                             "time_100_iters_s": e.step_time_median_s * 100 if e.ok and e.step_time_median_s else None,
                             "batches_per_s": batches_per_s, "vram_per_gpu_bytes": vram,
                             "bytes_per_sample": per_sample, "global_batch": global_batch, "micro_batch": micro,
+                            "memory_source": e.memory_source, "memory_measure": contrast.measure_name(e.memory_source),
                             "measured_by": _measured_by(e)})
         where = f"{count}x" if gpus else f"{count} process{'es' if count != 1 else ''} on"
         tables.append(Table(title=f"For {where} {' / '.join(devices)}:", header=header, cells=cells,
@@ -148,9 +168,11 @@ def strategies(results: list[RunResult]) -> list[Table]:
     if tables:
         tables[-1].notes += _memory_source_notes(entries) + _parsed_notes(entries)
     if tables:
+        memory = (f"memory per process = the largest rank's {contrast.measure_name(_rss_source(entries))}" if rss
+                  else "memory per GPU (process) = the largest rank's peak reserved by the allocator (allocated "
+                  "where reserved is unknown)")
         tables[-1].notes.append("Time for 100 iters = 100 x median optimizer-step time; batches/s = global "
-                                "samples/s / global batch; memory per GPU (process) = the largest rank's peak "
-                                "reserved by the allocator (allocated where reserved is unknown); GB / batch = that "
+                                f"samples/s / global batch; {memory}; {unit} / batch = that "
                                 "memory per sample of the micro-batch.")
     return tables
 
@@ -160,32 +182,45 @@ def strategies(results: list[RunResult]) -> list[Table]:
 def ranks(results: list[RunResult]) -> list[Table]:
     """Seed 001: per run, Rank | Time | Max Memory Allocated, then the final loss."""
     tables = []
+    sources = {r.measurement.memory_source for r in results if r.measurement.memory_source}
+    rss_all = bool(sources & {"rss_training", "peak_rss"})
+    column = ("Training memory" if sources == {"rss_training"} else "Peak RSS") if rss_all else "Max Memory Allocated"
     for r, variant in zip(results, strip_common([r.variant for r in results])):
         parsed = r.measurement.source == "command_log"
         title = f"{r.backend}{contrast.PARSED_MARK if parsed else ''}: {r.recipe}" + \
             (f" [{variant_label(variant)}]" if variant else "")
         title += f" (repeat {r.repeat_index})" if r.repeat_index else ""
         cells, records = [], []
+        source = r.measurement.memory_source
+        rss = source in ("rss_training", "peak_rss")
+        key = "rss_training_bytes" if source == "rss_training" else "rss_peak_bytes" if rss else "mem_alloc_peak_bytes"
+        unit, scale = contrast.memory_unit(p.get(key) for p in r.measurement.per_rank)
         for p in r.measurement.per_rank:
-            cells.append([str(p["rank"]), _num(p["window_time_s"], ".3f") + " seconds",
-                          f"{p['mem_alloc_peak_bytes']} bytes" if p["mem_alloc_peak_bytes"] is not None else "–"])
+            value = p.get(key)
+            shown = "–" if value is None else f"{value / scale:.2f} {unit}" if rss else f"{value} bytes"
+            cells.append([str(p["rank"]), _num(p["window_time_s"], ".3f") + " seconds", shown])
             records.append({"backend": r.backend, "recipe": r.recipe, "variant": variant_label(r.variant),
                             "repeat_index": r.repeat_index, "rank": p["rank"], "time_s": p["window_time_s"],
-                            "mem_alloc_peak_bytes": p["mem_alloc_peak_bytes"], "loss_last": r.measurement.loss_last,
+                            "memory_bytes": value, "memory_source": source,
+                            "memory_measure": contrast.measure_name(source) if source else None,
+                            "extra_own_mem_peak_bytes": p["mem_alloc_peak_bytes"],
+                            "extra_own_mem_source": r.measurement.mem_source, "loss_last": r.measurement.loss_last,
                             "status": r.status, "measured_by": PARSED_NOTE if parsed else "xfw"})
         loss = r.measurement.loss_last
         notes = [f"loss: {loss:.4f}" if loss is not None else "loss: –"]
         if not r.ok:
             notes.append(f"status: {r.status} — {r.reason}")
-        if r.measurement.mem_source and r.measurement.mem_source != "cuda_allocator":
-            notes.append(f"memory source: {r.measurement.mem_source}")
+        if source and source != "cuda_allocator":
+            notes.append(f"memory: {contrast.measure_name(source)}")
         if parsed:
             notes.append(contrast.PARSED_LINE)
-        tables.append(Table(title=title, header=["Rank", "Time", "Max Memory Allocated"], cells=cells,
+        tables.append(Table(title=title, header=["Rank", "Time", column], cells=cells,
                             records=records, notes=notes))
     if tables:
-        tables[-1].notes.append("Time = the rank's measured window (warm-up excluded); memory = the rank's peak "
-                                "allocated by the framework's allocator. Accuracy is not measured (synthetic data).")
+        tables[-1].notes.append("Time = the rank's measured window (warm-up excluded); memory = the rank's share of "
+                                "the measure both backends share (on a GPU the peak allocated by the CUDA allocator; "
+                                "on a CPU the training memory: peak resident set since the build minus the resident "
+                                "set after it). Accuracy is not measured.")
     return tables
 
 

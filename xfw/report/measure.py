@@ -15,8 +15,11 @@ Memory, per rank and then the largest rank: the framework's own figure (``mem_al
 ``mem_reserved_peak_bytes``, source ``mem_source``) and the process's resident set
 (``rss_peak_bytes`` since the model was built, ``rss_after_build_bytes``; ``xfw.contract.rss``).
 ``memory_bytes`` / ``memory_source`` is the one measure both backends share, what contrasts and
-nightly trends compare: the CUDA allocator's peak on a GPU, the peak resident set on a CPU (and a
-run recorded before the harness read it keeps its framework's figure, its source named).
+nightly trends compare: the CUDA allocator's peak on a GPU; on a CPU the training memory, each
+rank's peak resident set since its model was built minus its resident set right after the build
+(``rss_training_bytes``: framework start-up, libraries and weights are not training memory), or the
+peak resident set where the peak could not be reset at the build (and a run recorded before the
+harness read it keeps its framework's figure, its source named).
 
 What the run trained on comes from the step records' data keys (``xfw.contract.records``): the
 padding fraction and the mean and longest sequence of the measured steps, and ``batch_digest``, one
@@ -78,21 +81,28 @@ class Measurement:
     rank0_steps: list = field(default_factory=list)
     """Rank 0's steps in order, warm-up included: ``[samples, step_time_s]`` each (per rank), for the
     throughput definitions of other people's scripts (:func:`script_throughput`)."""
+    rss_training_bytes: int | None = None
+    """Largest over ranks of each rank's training memory: its peak resident set since the model was
+    built minus its resident set right after the build (None where the kernel did not let the peak be
+    reset at the build: then the peak may be start-up's)."""
 
     @property
     def memory_bytes(self) -> int | None:
-        """The measure both backends share (module docstring)."""
-        shared = self.mem_source == "cuda_allocator" or self.rss_peak_bytes is None
-        return self.mem_alloc_peak_bytes if shared else self.rss_peak_bytes
+        """The measure both backends share (module docstring): the CUDA allocator's peak on a GPU,
+        the training memory (:attr:`rss_training_bytes`) on a CPU, else the peak resident set."""
+        if self.mem_source == "cuda_allocator" or self.rss_peak_bytes is None:
+            return self.mem_alloc_peak_bytes
+        return self.rss_training_bytes if self.rss_training_bytes is not None else self.rss_peak_bytes
 
     @property
     def memory_source(self) -> str | None:
-        """``cuda_allocator`` | ``peak_rss`` | (a run from before the harness read the RSS) its
-        framework's ``mem_source``."""
+        """``cuda_allocator`` | ``rss_training`` (peak RSS since the build − RSS after it) | ``peak_rss``
+        | (a run from before the harness read the RSS) its framework's ``mem_source``."""
         if self.memory_bytes is None:
             return None
-        return "peak_rss" if self.mem_source != "cuda_allocator" and self.rss_peak_bytes is not None \
-            else self.mem_source
+        if self.mem_source == "cuda_allocator" or self.rss_peak_bytes is None:
+            return self.mem_source
+        return "rss_training" if self.rss_training_bytes is not None else "peak_rss"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -140,6 +150,10 @@ def summarize(records: list[dict]) -> Measurement:
             "rss_after_build_bytes": starts.get(rank, {}).get("rss_after_build_bytes"),
             "num_measured_steps": len(mine),
         })
+        p = per_rank[-1]
+        reset = starts.get(rank, {}).get("rss_peak_since_build") is True
+        p["rss_training_bytes"] = max(p["rss_peak_bytes"] - p["rss_after_build_bytes"], 0) \
+            if reset and p["rss_peak_bytes"] is not None and p["rss_after_build_bytes"] is not None else None
 
     complete = [p for p in per_rank if p["ips"] is not None]
     padded = sum(r.get("padded_tokens", 0) for r in measured)
@@ -176,6 +190,8 @@ def summarize(records: list[dict]) -> Measurement:
         rss_peak_bytes=_max_or_none(p["rss_peak_bytes"] for p in per_rank),
         rss_after_build_bytes=_max_or_none(p["rss_after_build_bytes"] for p in per_rank),
         rss_peak_since_build=all(since_build) if since_build else None,
+        rss_training_bytes=_max_or_none(p["rss_training_bytes"] for p in per_rank)
+        if per_rank and all(p["rss_training_bytes"] is not None for p in per_rank) else None,
         source="command_log" if any(w.get("source") == "command_log" for w in windows.values()) else "xfw",
         rank0_steps=[[r["samples"], r["step_time_s"]] for r in sorted(steps, key=lambda r: r["step"])
                      if r["rank"] == (ranks[0] if ranks else 0)],

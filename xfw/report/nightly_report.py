@@ -95,7 +95,7 @@ def trend_plot(rows: list[dict], entry: str, nights: list[str], flagged: set[tup
         ax.grid(axis="y", alpha=0.3)
     if axes[0].get_legend_handles_labels()[0]:  # no line at all when every run failed
         axes[0].legend(fontsize=8)
-    fig.suptitle(f"{entry}: {', '.join(m[0] if m[0] != 'memory' else 'peak memory' for m in metrics)} per night",
+    fig.suptitle(f"{entry}: {', '.join(m[0] if m[0] != 'memory' else m[1].split(' (')[0] for m in metrics)} per night",
                  fontsize=11)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
@@ -119,8 +119,9 @@ def latest_memory_sources(rows: list[dict], backends: list[str]) -> dict[str, st
 def memory_label(sources: dict[str, str | None]) -> str:
     """The memory axis's label: the shared measure (``verdicts.memory_of``), each backend's source
     named where they differ."""
-    label = "peak memory (MiB)"
-    if len({v for v in sources.values() if v}) > 1:
+    shown = {v for v in sources.values() if v}
+    label = "training memory (MiB)" if shown == {"rss_training"} else "peak memory (MiB)"
+    if len(shown) > 1:
         label += "\n" + ", ".join(f"{b}: {v.replace('_', ' ')}" for b, v in sources.items() if v)
     return label
 

@@ -147,9 +147,21 @@ def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *
     return judge_runs(outcome, results)
 
 
+def not_applicable(r: RunResult) -> bool:
+    """A sweep point (a run with a variant) its backend refused as ``unsupported`` (stage 1 on one
+    process: nothing to shard): a combination that cannot run here by construction, shown in the
+    report with its reason, not a failure of the sweep. A plain run asked for is judged as any other."""
+    return r.status == "unsupported" and bool(r.variant)
+
+
 def judge_runs(outcome: Outcome, results: list[RunResult]) -> Outcome:
-    """Exit code 1 (and a note) when any run is not ok: failed, unreadable or incomplete."""
-    failed = [r for r in results if not r.ok]
+    """Exit code 1 (and a note) when any run is not ok: failed, unreadable or incomplete; sweep
+    points that are not applicable (:func:`not_applicable`) are noted, never a failure."""
+    skipped = [r for r in results if not_applicable(r)]
+    if skipped:
+        outcome.notes.append(f"{len(skipped)} of {len(results)} sweep points are not applicable here (unsupported: "
+                             "the report gives each reason), not failures")
+    failed = [r for r in results if not r.ok and not not_applicable(r)]
     if failed:
         outcome.notes.append(f"{len(failed)} of {len(results)} runs did not succeed (their status is in the report)")
         outcome.exit_code = 1
