@@ -392,3 +392,136 @@ def test_9_a_closed_pipe_never_touches_a_runs_status(tmp_path):
     assert xfw.wait(120) == 0
     summary = json.loads((tmp_path / "out" / "tiny-test" / "fake" / "summary.json").read_text())
     assert summary["status"] == "ok", summary["reason"]
+
+
+# --- 17. nothing written outside --out / --history; paths that cannot be output directories --------------
+
+def fake_args(fake_backend):
+    return ["--python", f"fake={fake_backend['fake']}"]
+
+
+def suite(tmp_path) -> Path:
+    write_recipe(tmp_path / "r.yaml", {})
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "backends": ["fake"], "entries": [{"recipe": "r.yaml"}]}))
+    return path
+
+
+@pytest.mark.parametrize("night", ["../../escape", "..", "/tmp/xfw-abs-night", "a/b", ".", "x" * 300, "n\x00"])
+def test_17_a_night_that_is_not_one_plain_name_is_refused_before_anything_is_written(tmp_path, fake_backend, night):
+    history = tmp_path / "deep" / "history"
+    result = invoke("nightly", suite(tmp_path), "--history", history, "--night", night, *fake_args(fake_backend))
+    assert "--night" in one_line_error(result)
+    assert not history.exists() and not (tmp_path / "escape").exists() and not Path("/tmp/xfw-abs-night").exists()
+
+
+@pytest.mark.parametrize("kind", ["file", "long", "read-only"])
+def test_17_an_out_that_cannot_be_a_directory_is_one_line(tmp_path, fake_backend, kind):
+    out = {"file": tmp_path / "afile", "long": tmp_path / ("x" * 300), "read-only": tmp_path / "ro" / "out"}[kind]
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "ro").mkdir(mode=0o555)
+    if kind == "read-only" and os.geteuid() == 0:
+        pytest.skip("root writes into a read-only directory")
+    for command in (["run", write_recipe(tmp_path / "r.yaml", {}), "--backend", "fake"],
+                    ["sweep", tmp_path / "r.yaml", "--set", "batch.micro=1,2", "--backends", "fake"],
+                    ["nightly", suite(tmp_path), "--history"]):
+        flag = [] if command[0] == "nightly" else ["--out"]
+        line = one_line_error(invoke(*command, *flag, out, *fake_args(fake_backend)))
+        assert "cannot be used as an output directory" in line
+
+
+def node_parts(tmp_path, fake_backend) -> list[Path]:
+    recipe = write_recipe(tmp_path / "r.yaml", {})
+    parts = []
+    for rank in (0, 1):
+        out = tmp_path / f"n{rank}"
+        result = invoke("run", recipe, "--backend", "fake", "--set", "parallel.nnodes=2", "--node-rank", rank,
+                        "--master-port", 29517, "--out", out, *fake_args(fake_backend))
+        assert result.exit_code == 0, result.output
+        parts.append(out)
+    return parts
+
+
+def test_17_assemble_into_one_of_its_inputs_is_refused_and_the_input_left_untouched(tmp_path, fake_backend):
+    n0, n1 = node_parts(tmp_path, fake_backend)
+    before = sorted(str(p) for p in n0.rglob("*"))
+    for out in (n0 / "tiny-test" / "all", n1 / "all"):
+        line = one_line_error(invoke("assemble", n0, n1, "--out", out))
+        assert "is inside the input" in line
+    assert sorted(str(p) for p in n0.rglob("*")) == before and not (n1 / "all").exists()
+    result = invoke("assemble", n0, n1, "--out", tmp_path / "all")  # outside: assembled
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("flags, words", [(["--master-port", 70000], "--master-port 70000"),
+                                          (["--master-port", -1], "--master-port -1"),
+                                          (["--master-addr", "no..such"], "not an IP address"),
+                                          (["--master-addr", "host name"], "not an IP address"),
+                                          (["--master-addr", "xfw-no-such-host.invalid"], "cannot resolve")])
+def test_9_a_rendezvous_that_cannot_work_is_refused_before_launch(tmp_path, fake_backend, flags, words):
+    result = invoke("run", write_recipe(tmp_path / "r.yaml", {}), "--backend", "fake", "--set", "parallel.nnodes=2",
+                    "--out", tmp_path / "out", *flags, *(["--master-port", 29518] if "--master-port" not in flags else []),
+                    *fake_args(fake_backend))
+    assert words in one_line_error(result)
+    assert not (tmp_path / "out" / "tiny-test").exists()
+
+
+# --- 18. the history file is read whole or refused naming the line and key --------------------------------
+
+def history_row(**changes) -> dict:
+    row = {"schema": 1, "night": "2026-11-20", "night_started_utc": "2026-11-20T01:00:00Z", "entry": "e",
+           "backend": "torch", "repeat_index": 0, "status": "ok", "reason": "", "ips": 10.0, "workload": "w",
+           "knobs": {}, "step_time_median_s": 0.1, "num_measured_steps": 4}
+    return {**row, **changes}
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"night_started_utc": 1732406400}, "night_started_utc must be a UTC time"),
+    ({"night_started_utc": None}, "night_started_utc must be a UTC time"),
+    ({"night_started_utc": "yesterday"}, "is not a UTC time"),
+    ({"night_started_utc": "2099-01-01T00:00:00Z"}, "is in the future"),
+    ({"night": "../../x"}, "not a plain directory name"),
+    ({"ips": "fast"}, "ips must be a finite number"),
+    ({"ips": float("nan")}, "ips must be a finite number"),
+    ({"status": None}, "status must be text"),
+    ({"knobs": [1]}, "knobs must be an object"),
+    ({"repeat_index": True}, "three strings and an integer"),
+])
+def test_18_a_history_row_of_the_wrong_shape_is_refused_naming_line_and_key(tmp_path, fake_backend, changes, words):
+    history = tmp_path / "history"
+    history.mkdir()
+    lines = [history_row(), history_row(**{"night": "2026-11-21", "night_started_utc": "2026-11-21T01:00:00Z",
+                                           **changes})]
+    (history / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    result = invoke("nightly", suite(tmp_path), "--history", history, *fake_args(fake_backend))
+    line = one_line_error(result)
+    assert "history.jsonl:2" in line and words in line, line
+    assert not (history / "nights").exists()
+
+
+def test_18_a_history_holding_unicode_line_separators_in_a_reason_reads_as_written(tmp_path):
+    from xfw.report.history import History
+
+    history = History(tmp_path)
+    history.upsert([history_row(reason="first\u2028second\x85third")])
+    assert [r["reason"] for r in history.rows()] == ["first\u2028second\x85third"]
+
+
+# --- 19. CSV cells cannot start a formula ------------------------------------------------------------------
+
+def test_19_a_csv_cell_never_starts_a_formula_and_numbers_stay_numbers():
+    import csv
+    import io
+
+    from xfw.report.table import Table, to_csv
+
+    hostile = ["=HYPERLINK(\"http://x\",\"y\")", "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(A1)", "\tx", "\rx", "\uff1d1+1"]
+    table = Table(header=["Model", "Contrast", "=evil header"],
+                  cells=[[h, "-59%", "x"] for h in hostile] + [["Tiny", "+3.5", "-1.5e-3"]],
+                  records=[{"reason": h, "ips": -3.5} for h in hostile])
+    rows = list(csv.reader(io.StringIO(to_csv([table]))))
+    for row in rows:
+        for cell in row:
+            assert not cell.startswith(("=", "+", "@", "\t", "\r", "\uff1d")) or cell in ("+3.5",), cell
+            assert not cell.startswith("-") or cell in ("-59%", "-1.5e-3", "-3.5"), cell
+    assert rows[0][2] == "'=evil header" and rows[1][0] == "'" + hostile[0] and rows[-1][1:3] == ["+3.5", "-1.5e-3"]

@@ -18,6 +18,7 @@ key again replaces it, so a resumed night never counts a run twice.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import hashlib
 import json
 import math
@@ -135,8 +136,15 @@ class History:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return []
+        except (NotADirectoryError, IsADirectoryError) as err:
+            where = self.dir if isinstance(err, NotADirectoryError) else self.path
+            raise UnreadableFile(f"{where}: cannot be used as an output directory (a file, not a directory)" if
+                                 isinstance(err, NotADirectoryError) else f"{where}: a directory, not a file") from None
         except (OSError, UnicodeDecodeError) as err:
-            raise UnreadableFile(f"{self.path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
+            name_too_long = getattr(err, "errno", None) == errno.ENAMETOOLONG
+            raise UnreadableFile(f"{self.dir}: cannot be used as an output directory (File name too long)"
+                                 if name_too_long else
+                                 f"{self.path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
         rows, now = [], dt.datetime.now(dt.timezone.utc)
         for number, line in enumerate(text.split("\n"), 1):  # JSON lines end at \n only (not at U+2028)
             if not line.strip():

@@ -161,7 +161,10 @@ def csv_safe(value):
     """A CSV cell that cannot start a formula: text starting with ``= + - @``, a tab or a line break
     gets a leading ``'`` (shown by spreadsheets as text); numbers, and text that is a number
     (``-59%``, ``-1.5e-3``), stay as they are."""
-    if not isinstance(value, str) or not value.startswith(FORMULA_START) or _NUMBER.fullmatch(value):
+    if not isinstance(value, str):
+        return value
+    value = value.replace("\r\n", "\n").replace("\r", "\n")  # a lone \r is left unquoted by the writer
+    if not value.startswith(FORMULA_START) or _NUMBER.fullmatch(value):
         return value
     return "'" + value
 

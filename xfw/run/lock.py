@@ -49,7 +49,9 @@ def hold(directory: Path, command: str | None = None, *, node_rank: int | None =
         directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except (OSError, ValueError) as err:  # a file there, read-only, a name too long, a NUL
-        why = "a file, not a directory" if directory.is_file() else getattr(err, "strerror", None) or err
+        why = ("a file, not a directory" if isinstance(err, FileExistsError) else
+               "a file where a directory should be" if isinstance(err, NotADirectoryError) else
+               getattr(err, "strerror", None) or err)
         raise OutError(f"{directory}: cannot be used as an output directory ({why})") from None
     try:
         try:

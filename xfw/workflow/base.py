@@ -5,7 +5,10 @@ anything launches, reports written, and the guard a command runs under (its lock
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import re
 import signal
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -201,8 +204,33 @@ def interrupted(outcome: Outcome) -> Outcome:
     return outcome
 
 
+_HOST = re.compile(r"(?=.{1,253}\.?$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+
+
+def check_rendezvous(rendezvous: launcher.Rendezvous) -> None:
+    """--master-port is a TCP port; --master-addr an IP address or a host name this host resolves:
+    checked before anything launches, not found by torchrun after a crash or its rendezvous timeout."""
+    port, addr = rendezvous.master_port, rendezvous.master_addr
+    if port is not None and not 1 <= port <= 65535:
+        raise UsageError(f"--master-port {port}: a TCP port is 1..65535")
+    try:
+        ipaddress.ip_address(addr)
+        return
+    except ValueError:
+        pass
+    if not _HOST.fullmatch(addr):
+        raise UsageError(f"--master-addr {addr!r}: not an IP address or a host name")
+    try:
+        socket.getaddrinfo(addr, port or 0, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as err:
+        raise UsageError(f"--master-addr {addr!r}: this host cannot resolve it ({getattr(err, 'strerror', None) or err})") \
+            from None
+
+
 def check_node(recipes: list[Recipe], rendezvous: launcher.Rendezvous) -> None:
-    """The rendezvous flags fit the recipes: a node rank inside parallel.nnodes, one port for all nodes."""
+    """The rendezvous flags fit the recipes: a node rank inside parallel.nnodes, one port for all nodes,
+    a port and an address that can be (:func:`check_rendezvous`)."""
+    check_rendezvous(rendezvous)
     for recipe in recipes:
         nnodes = recipe.parallel.nnodes
         if not 0 <= rendezvous.node_rank < nnodes:

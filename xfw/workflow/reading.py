@@ -74,6 +74,10 @@ def assemble(paths: list[str], out_dir: Path, *, force: bool = False) -> Outcome
     report the whole runs: every rank, the global throughput, a table per run's ranks."""
     from xfw.report.results import find_run_dirs
 
+    for root in map(Path, paths):  # before the lock: nothing is written into an input
+        if out_dir.resolve() != root.resolve() and out_dir.resolve().is_relative_to(root.resolve()):
+            raise UsageError(f"--out {out_dir} is inside the input {root}: its parts would be copied into "
+                             "themselves; choose a directory outside the inputs (or the input itself, when shared)")
     with guarded(out_dir):
         copied = 0
         for root in map(Path, paths):
