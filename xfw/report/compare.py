@@ -98,7 +98,8 @@ class Side:
 
     @property
     def on_gpu(self) -> bool:
-        return self.ok and self.applied.get("device", "cpu") != "cpu"
+        device = str(self.applied.get("device", "cpu"))
+        return self.ok and device != "cpu" and "CPU test device" not in device  # Paddle's testcpu is a CPU
 
     @property
     def num_processes(self) -> int:

@@ -91,7 +91,7 @@ def utilisation(*, arch: dict, stage: str, lora: dict | None, ips: float | None,
         arch = families.with_seq_len(arch, round(seq_len))
     known = arch.get("family") in families.FAMILIES
     flops = families.flops_per_sample(arch, stage, lora, trainable) if known else None
-    if device == "cpu" or not device:
+    if device == "cpu" or not device or "CPU test device" in device:  # Paddle's testcpu runs on the CPU
         return Utilisation(mfu=None, flops_per_sample=flops, peak="CPU: no MFU (no datasheet peak for a CPU)")
     peak = find_peak(device_name, compute_dtype, tf32)
     if peak is None:

@@ -130,9 +130,23 @@ def _applied_as_asked(path: SettingsPath, run: RunResult) -> tuple[str, str]:
     return "", ""
 
 
+TEST_DEVICE_WORDS = "CPU test device"
+"""What an adapter's ``applied["device"]`` says when it ran on a CPU test device (Paddle's ``testcpu``)."""
+
+
 def judge_family(path: SettingsPath, run: RunResult, reference: RunResult | None, others: list[RunResult],
                  fp32_spread: float) -> tuple[str, str]:
-    """(verdict, detail) of one backend's run of one path for one family."""
+    """(verdict, detail) of one backend's run of one path for one family; a run on a CPU test device
+    says so in its detail (its code paths are checked, not a GPU's kernels or speed)."""
+    verdict, detail = _judge(path, run, reference, others, fp32_spread)
+    if TEST_DEVICE_WORDS in str(run.applied.get("device", "")):
+        detail += (f"; on the {TEST_DEVICE_WORDS} ({str(run.applied['device']).split(' ')[0]}): the GPU-only "
+                   "code path ran for real, its kernels and speed are a CPU's")
+    return verdict, detail
+
+
+def _judge(path: SettingsPath, run: RunResult, reference: RunResult | None, others: list[RunResult],
+           fp32_spread: float) -> tuple[str, str]:
     if run.status in ("unsupported", "invalid"):
         return "not checked", f"{run.status}: {run.reason}"
     if not run.ok:

@@ -47,16 +47,18 @@ import numpy as np
 import paddle
 
 from xfw.contract.env import package_versions
-from xfw.contract.harness import GRAD_NORM_KNOB, LOADER_KNOBS, InvalidSpec, loader_settings, wants_grad_norm
-from xfw_paddle import parallel
+from xfw.contract import knobs as knob_declaration
+from xfw.contract.harness import InvalidSpec, loader_settings, wants_grad_norm
+from xfw_paddle import parallel, testdevice
 from xfw_paddle.devices import TESTCPU, TESTCPU_NOTE, device_kind, device_name, on_gpu, watch_attention
 from xfw_paddle.model import start_model
 from xfw_paddle.families import family_module
 
 AMP_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-KNOBS = {"attn_implementation": ("sdpa", "eager"), GRAD_NORM_KNOB: (True, False), "device": ("auto", "testcpu"),
-         "find_unused_parameters": (True, False)}
-FREE_KNOBS = set(LOADER_KNOBS)  # checked by loader_settings
+# The knobs and their values: knobs.json beside this file, the one list xfw's core reads too (xfw validate).
+_DECLARED = knob_declaration.adapter_declaration(__file__)
+KNOBS = {k: v for k, v in _DECLARED.items() if v is not None}
+FREE_KNOBS = {k for k, v in _DECLARED.items() if v is None}  # the loader knobs: checked by loader_settings
 VERSIONED = ("paddlepaddle", "paddlenlp", "ppdiffusers", "numpy")
 AMP_NOTES = {
     "O0": "fp32 throughout",
@@ -79,6 +81,7 @@ def describe() -> dict:
     return {
         "backend": "paddle", "framework": "paddle", "framework_version": paddle.__version__,
         "versions": library_versions(), "device": "gpu:0" if gpu else "cpu", "device_name": device_name(gpu),
+        **({"cpu_test_device": testdevice.DEVICE_TYPE} if testdevice.available() else {}),
         "launcher": ["{python}", "-m", "xfw_paddle.launch", "--nnodes", "{nnodes}", "--rank", "{node_rank}",
                      "--master", "{master_addr}:{master_port}", "--nproc_per_node", "{nproc}",
                      "--log_dir", "{log_dir}", main_py],
@@ -296,7 +299,10 @@ class PaddleSession:
             paddle.device.synchronize()
 
     def reset_memory_peaks(self) -> None:
-        if self.gpu:
+        if self.device == "testcpu":  # Paddle's allocator statistics for the device (host memory)
+            paddle.device.reset_max_memory_allocated(paddle.device.get_device())
+            paddle.device.reset_max_memory_reserved(paddle.device.get_device())
+        elif self.gpu:
             paddle.device.cuda.reset_max_memory_allocated()
             paddle.device.cuda.reset_max_memory_reserved()
         else:
@@ -304,6 +310,9 @@ class PaddleSession:
                 paddle.base.core.host_memory_stat_reset_peak_value(stat, 0)
 
     def memory_peaks(self) -> tuple[int | None, int | None]:
+        if self.device == "testcpu":
+            where = paddle.device.get_device()
+            return int(paddle.device.max_memory_allocated(where)), int(paddle.device.max_memory_reserved(where))
         if self.gpu:
             return int(paddle.device.cuda.max_memory_allocated()), int(paddle.device.cuda.max_memory_reserved())
         # Paddle's host allocator statistics (device id 0 = the CPU place).
