@@ -256,8 +256,10 @@ def run(recipe, backend, overrides, comparison, repeat, pythons, out_dir, node_r
               help="Where to look for a parity run of the recipe (xfw parity's --out); repeatable. Also searched: "
                    "--out (and one level below) and runs/parity-<recipe>.")
 @force_option
+@click.option("--explain", is_flag=True, help="After the runs, profile a few steps per side and align them by "
+                                              "module and category (explain.md, explain.png; docs/explain.md).")
 def compare(recipes, backends, overrides, comparison, repeat, pythons, out_dir, node_rank, master_addr, master_port,
-            parity_dirs, force) -> None:
+            parity_dirs, force, explain) -> None:
     """Run recipes on several backends, one at a time, and print the contrast table. The settings
     section shows each recipe's parity status: the newest parity.json with the same recipe
     fingerprint in --parity DIR, in --out (or one level below) or in runs/parity-<recipe>."""
@@ -265,7 +267,24 @@ def compare(recipes, backends, overrides, comparison, repeat, pythons, out_dir, 
         list(recipes), _backend_list(backends), overrides=_with_repeat(overrides, repeat, comparison),
         interpreters=_interpreters(pythons), out_dir=out_dir,
         rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port), parity_dirs=list(parity_dirs),
-        force=force, progress=_progress(), log=_log))
+        force=force, progress=_progress(), log=_log, explain=explain))
+
+
+@main.command(name="explain")
+@click.argument("recipe", type=click.Path())
+@click.option("--backends", "backends", default="paddle,torch", show_default=True,
+              help="Comma-separated backends; the gap = first - second.")
+@set_option
+@python_option
+@out_option
+@force_option
+def explain_command(recipe, backends, overrides, pythons, out_dir, force) -> None:
+    """Compare RECIPE, then explain the gap: each side profiles a few steps after its measured window
+    (module hooks, the framework's profiler) and the report aligns them by canonical module name and
+    by category, with a waterfall of the step-time difference (docs/explain.md)."""
+    _finish(lambda: workflow.compare(
+        [recipe], _backend_list(backends), overrides=list(overrides), interpreters=_interpreters(pythons),
+        out_dir=out_dir, force=force, progress=_progress(), log=_log, explain=True))
 
 
 @main.command()

@@ -298,7 +298,8 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
          argv: list[str] | None = None, *, export_weights: Callable[[dict, str], None] | None = None,
          probe_modules: Callable[[dict, str], None] | None = None,
          count_params: Callable[[dict], dict] | None = None,
-         count_flops: Callable[[dict], dict] | None = None) -> int:
+         count_flops: Callable[[dict], dict] | None = None,
+         explain: Callable[[dict, str], None] | None = None) -> int:
     """Entry point for ``python -m xfw_<backend>``: spec in, records out, status as exit code.
 
     ``--describe`` prints one JSON object (framework, versions, device, multi-process launcher)
@@ -332,6 +333,9 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
                         help="write the spec's initial model to DIR/model.safetensors and exit (no training)")
     parser.add_argument("--probe-modules", metavar="FILE",
                         help="write per-module output norms of one forward pass to FILE (JSON) and exit")
+    parser.add_argument("--explain", metavar="FILE",
+                        help="after the spec's warm-up, profile a few steps: per-module and per-category "
+                             "times to FILE (JSON), the profiler's trace beside it (xfw.contract.explain)")
     parser.add_argument("--count-params", metavar="FILE",
                         help="write each --spec's parameter counts, built without weights, to FILE (JSON) and exit")
     parser.add_argument("--count-flops", metavar="FILE",
@@ -351,7 +355,8 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
     if args.spec and len(args.spec) > 1:
         parser.error("one --spec only (several are for --count-params and --count-flops)")
     for flag, target, hook in (("--export-weights", args.export_weights, export_weights),
-                               ("--probe-modules", args.probe_modules, probe_modules)):
+                               ("--probe-modules", args.probe_modules, probe_modules),
+                               ("--explain", args.explain, explain)):
         if target:
             if not args.spec:
                 parser.error(f"{flag} needs --spec")

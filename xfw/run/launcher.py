@@ -90,13 +90,15 @@ def resolve_backend(name: str, interpreters: dict[str, str], root: Path = PROJEC
     return Backend(name, str(python))
 
 
-def adapter_task(backend: Backend, args: list[str], *, timeout_s: float, failed: str) -> str:
+def adapter_task(backend: Backend, args: list[str], *, timeout_s: float, failed: str,
+                 env: dict[str, str] | None = None) -> str:
     """Run ``python -m xfw_NAME ARGS`` for a side task (describe, export weights, probe modules) and
-    return its stdout. If it fails: BackendError "backend 'NAME': <failed> (<its last stderr line>)"."""
+    return its stdout (``env``: its whole environment, else this process's). If it fails:
+    BackendError "backend 'NAME': <failed> (<its last stderr line>)"."""
     cmd = [backend.python, "-m", backend.module, *args]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
-                             stdin=subprocess.DEVNULL)
+                             stdin=subprocess.DEVNULL, env=env)
     except subprocess.TimeoutExpired:
         raise BackendError(f"backend {backend.name!r}: `{shlex.join(cmd)}` took over {timeout_s:g} s") from None
     except OSError as err:
@@ -337,7 +339,7 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     command.verified(run, records_path)  # records the probe did not write are not measurements
     if run.log is not None:
         logparse.write_records(run.log, log_lines.path, records_path, spec, exit_code=proc.returncode,
-                               stopped=stopped)
+                               stopped=stopped, counter=log_lines)
     records = rec.load_records(records_path)
     stderr_tail = _tail(run_dir / "stderr.log")
     status, reason = classify(exit_code=proc.returncode, timed_out=timed_out, records=records,

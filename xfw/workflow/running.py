@@ -79,9 +79,10 @@ def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: lis
             interpreters: dict[str, str], out_dir: Path | None = None,
             rendezvous: launcher.Rendezvous = launcher.Rendezvous(), parity_dirs: list[Path] | None = None,
             print_command: bool = False, force: bool = False, progress: launcher.Progress | None = None,
-            log: Log = silent) -> Outcome:
+            log: Log = silent, explain: bool = False) -> Outcome:
     """``xfw run`` (one backend) and ``xfw compare``: run every recipe on every backend and report.
-    ``parity_dirs`` (a list, possibly empty): look up and show each recipe's parity status."""
+    ``parity_dirs`` (a list, possibly empty): look up and show each recipe's parity status.
+    ``explain``: then each ok run's adapter profiles a few steps (``xfw explain``, :func:`explained`)."""
     recipes = load_all(recipe_paths, overrides)
     backends = prepare_backends(backend_names, interpreters, recipes)
     out_dir = out_dir or default_out_dir(recipes)
@@ -106,7 +107,28 @@ def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: lis
         parity = None if parity_dirs is None else parity_statuses(recipes, out_dir, parity_dirs)
         outcome = write_report(results, backend_names, out_dir, parity=parity, warnings=unchecked)
         outcome.notes += notes
-        return outcome
+        return explained(outcome, results, backend_names, backends, out_dir, log) if explain else outcome
+
+
+def explained(outcome: Outcome, results: list[RunResult], backend_names: list[str], backends: jobs.Backends,
+              out_dir: Path, log: Log) -> Outcome:
+    """After the measured runs: each side profiled (``xfw.run.explain``), aligned (``xfw.report.explain``),
+    written to explain.md/.csv/.html and explain.png beside the report, and printed."""
+    from xfw.report import compare as cmp
+    from xfw.report.explain import explain_page
+    from xfw.run.explain import explain_runs
+
+    found = explain_runs(results, backends, log=log)
+    notes = [f"{Path(run_dir).parent.name}/{Path(run_dir).name}: {why}" for run_dir, (_, why) in found.items() if why]
+    page = explain_page(cmp.compare_runs(results, backend_names), backend_names, out_dir, notes)
+    more = write_page(page, out_dir, stem="explain")
+    outcome.text += "\n\n" + more.text
+    outcome.paths.update({f"explain {k}": v for k, v in more.paths.items()})
+    if (out_dir / "explain.png").exists():
+        outcome.paths["explain chart"] = out_dir / "explain.png"
+    outcome.notes += more.notes
+    outcome.exit_code = outcome.exit_code or more.exit_code or (1 if any(why and "attached command" not in why for _, why in found.values()) else 0)
+    return outcome
 
 
 def _unchecked(todo: list[jobs.Job], backends: jobs.Backends) -> list[str]:

@@ -1,0 +1,96 @@
+"""``python -m xfw_paddle --explain FILE --spec spec.json``: Paddle's hooks and profiler for
+``xfw.contract.explain`` (which drives the steps and does the attribution, the same for PyTorch).
+
+* layers: ``register_forward_pre_hook`` / ``register_forward_post_hook`` on every layer of the
+  model that owns parameters (named as the parity probe names it: the canonical name of its first
+  own parameter's module) or holds some (``scope_names``); ``Tensor.register_hook`` on each output
+  that needs a gradient marks the call's backward start, on each input that needs one and on the
+  layer's own trainable parameters its end;
+* categories and the trace: ``paddle.profiler`` (host operators; GPU kernels on a GPU), exported as
+  a Chrome trace.
+"""
+
+from __future__ import annotations
+
+import paddle
+
+from xfw.contract.explain import Timeline, run_explain, scope_names, trace_categories
+from xfw_paddle.families import family_module
+from xfw_paddle.model import canonical_names
+
+
+def _tensors(value) -> list:
+    if isinstance(value, paddle.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _needs_grad(value) -> list:
+    return [t for t in _tensors(value) if not t.stop_gradient and paddle.is_grad_enabled()]
+
+
+class PaddleHooks:
+    def __init__(self, session, spec: dict):
+        self.session, self.spec = session, spec
+
+    def install(self, timeline: Timeline):
+        model = self.session.model
+        canon = canonical_names(family_module(self.spec["model"]["family"]), model)
+        owns: dict[str, str | None] = {}
+        for path, layer in [("", model), *model.named_sublayers()]:
+            own = next(iter(layer.named_parameters(include_sublayers=False)), None)
+            key = own and (f"{path}.{own[0]}" if path else own[0])
+            owns[path] = canon[key][0].removesuffix(f".{own[0]}") if key in canon else None
+        names = scope_names(owns)
+        handles, last_call = [], {}
+
+        def add(layer, path, name):
+            root = path == ""
+
+            def pre(_layer, inputs):
+                call = timeline.enter(name, root=root)
+                last_call[path] = call
+                for t in _needs_grad(inputs):
+                    t.register_hook(lambda _g, c=call: timeline.grad_out(c))
+
+            def post(_layer, _inputs, output):
+                call = last_call[path]
+                for t in _needs_grad(output):
+                    t.register_hook(lambda _g, c=call: timeline.grad_in(c))
+                timeline.exit(call, root=root)
+
+            handles.append(layer.register_forward_pre_hook(pre))
+            handles.append(layer.register_forward_post_hook(post))
+            for p in layer.parameters(include_sublayers=False):
+                if not p.stop_gradient:
+                    handles.append(p.register_hook(lambda _g: timeline.grad_out(last_call[path])))
+
+        for path, layer in [("", model), *model.named_sublayers()]:
+            if path in names:
+                add(layer, path, names[path])
+        return lambda: [h.remove() for h in handles]
+
+    def profile(self, run, steps: int, trace_path: str) -> dict[str, float]:
+        from paddle import profiler
+
+        targets = [profiler.ProfilerTarget.CPU] + ([profiler.ProfilerTarget.GPU] if self.session.gpu else [])
+        prof = profiler.Profiler(targets=targets, on_trace_ready=lambda _prof: None)
+        prof.start()
+        for _ in range(steps):
+            run()
+            prof.step()
+        prof.stop()
+        prof.export(trace_path, format="json")
+        return trace_categories(trace_path, op_cats=("Operator", "OperatorInner", "DygraphKernelLaunch", "UserDefined"),
+                                optimizer_marks=("Optimization Step",), kernel_cats=("Kernel",))
+
+
+def explain(spec: dict, path: str) -> None:
+    from xfw_paddle.session import PaddleSession
+
+    session = PaddleSession(spec)
+    run_explain(spec, session, PaddleHooks(session, spec), path)

@@ -1,0 +1,88 @@
+"""``python -m xfw_torch --explain FILE --spec spec.json``: PyTorch's hooks and profiler for
+``xfw.contract.explain`` (which drives the steps and does the attribution, the same for Paddle).
+
+* modules: ``register_forward_pre_hook`` / ``register_forward_hook`` on every module of the model
+  that owns parameters or holds some (its row under the canonical name, ``scope_names``); a tensor
+  hook on each output that needs a gradient marks the call's backward start, one on each input
+  that needs a gradient and on the module's own trainable parameters its end;
+* categories and the trace: ``torch.profiler`` (CPU operators; CUDA kernels on a GPU),
+  ``export_chrome_trace``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xfw.contract import hf_names
+from xfw.contract.explain import Timeline, run_explain, scope_names, trace_categories
+
+
+def _tensors(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _needs_grad(value) -> list:
+    return [t for t in _tensors(value) if t.requires_grad and torch.is_grad_enabled()]
+
+
+class TorchHooks:
+    def __init__(self, session):
+        self.session = session
+
+    def install(self, timeline: Timeline):
+        model = self.session.model
+        owns = {name: (hf_names.peft_to_canonical(f"{name}.").removesuffix(".")
+                       if next(m.parameters(recurse=False), None) is not None else None)
+                for name, m in model.named_modules()}
+        names = scope_names(owns)
+        handles, last_call = [], {}
+
+        def add(module, path, name):
+            root = path == ""
+
+            def pre(_module, args, kwargs):
+                call = timeline.enter(name, root=root)
+                last_call[path] = call
+                for t in _needs_grad((args, kwargs)):
+                    t.register_hook(lambda _g, c=call: timeline.grad_out(c))
+
+            def post(_module, _args, _kwargs, output):
+                call = last_call[path]
+                for t in _needs_grad(output):
+                    t.register_hook(lambda _g, c=call: timeline.grad_in(c))
+                timeline.exit(call, root=root)
+
+            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            handles.append(module.register_forward_hook(post, with_kwargs=True))
+            for p in module.parameters(recurse=False):
+                if p.requires_grad:
+                    handles.append(p.register_hook(lambda _g: timeline.grad_out(last_call[path])))
+
+        for path, module in model.named_modules():
+            if path in names:
+                add(module, path, names[path])
+        return lambda: [h.remove() for h in handles]
+
+    def profile(self, run, steps: int, trace_path: str) -> dict[str, float]:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.session.cuda else [])
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                run()
+        prof.export_chrome_trace(trace_path)
+        return trace_categories(trace_path, op_cats=("cpu_op",), optimizer_marks=("Optimizer.step",),
+                                kernel_cats=("kernel",))
+
+
+def explain(spec: dict, path: str) -> None:
+    from xfw_torch.session import TorchSession
+
+    session = TorchSession(spec)
+    run_explain(spec, session, TorchHooks(session), path)

@@ -1,0 +1,77 @@
+"""Attached commands under hostile or unlucky output (issues 25 and 26): progress bars, a pattern
+that backtracks without end, a log without newlines, bad log patterns. Helpers: test_attach."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from xfw.contract.records import read_records
+
+from test_attach import PY, run_command, script
+
+TQDM_SCRIPT = r"""
+    import sys, time
+    sys.stderr.write("Loading weights: 100%|##########| 5/5 [00:00<00:00, 5036.20it/s]\n")
+    sys.stderr.write("***** Running training *****\n")  # logging goes to stderr, as the bar does
+    for i in range(1, int(sys.argv[1]) + 1):
+        time.sleep(0.02)
+        sys.stderr.write(f"\rSteps: {i:>3}/100 [00:01<00:05, {10 + i}.00it/s]")
+        sys.stderr.write(f"\rSteps: {i:>3}/100 [00:01<00:05, {10 + i}.00it/s, loss=0.1]")  # set_postfix: same step
+        sys.stderr.flush()
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_progress_bar_counts_each_step_once_after_training_starts_and_stops_the_command(tmp_path):
+    path = script(tmp_path, TQDM_SCRIPT)
+    pattern = {"steps_per_s": r"Steps: +(?P<step>\d+)/\d+ .*?([0-9.]+)it/s", "after": "Running training",
+               "stream": "stderr"}
+    result = run_command(tmp_path, {"command": [PY, str(path), "100", "0"], "log_pattern": pattern})
+    assert result.status == "ok" and result.wall_time_s < 20, result.reason
+    steps = [r for r in read_records(Path(result.run_dir) / "steps.jsonl")[0] if r["kind"] == "step"]
+    assert [round(r["step_time_s"], 6) for r in steps] == [round(1 / (10 + i), 6) for i in range(1, 5)]
+    assert "100/100" not in (Path(result.run_dir) / "stderr.log").read_text()  # stopped after 4 steps
+    # the "after" line never comes: nothing counts, and the command that ends says how many matched
+    pattern["after"] = "never printed"
+    result = run_command(tmp_path, {"command": [PY, str(path), "3", "0"], "log_pattern": pattern},
+                         run_dir=tmp_path / "out2")
+    assert result.status == "invalid" and "had 0 line(s) matching log_pattern.steps_per_s after" in result.reason
+
+
+def test_a_pattern_that_backtracks_without_end_is_ended_not_xfw(tmp_path):
+    code = "print('a' * 34 + 'b', flush=True); import time; time.sleep(600)"
+    result = run_command(tmp_path, {"command": [PY, "-c", code], "log_pattern": {"ips": r"^(?:a+)+c|([0-9]+)"}},
+                         measure={"warmup_steps": 1, "steps": 3, "timeout_s": 300})
+    assert result.status == "invalid" and result.wall_time_s < 60
+    assert result.reason.startswith("log_pattern: matching 1 line(s) of the command's stdout took longer than")
+
+
+def test_a_log_without_newlines_is_read_in_bounded_memory(tmp_path):
+    from xfw.run import logparse
+
+    log = tmp_path / "stdout.log"
+    with open(log, "w") as f:
+        f.write("x" * (12 * logparse.CHUNK))  # 12 MiB and no newline
+        f.write("\nstep time_s 0.5\r" + "y" * 100 + "\rstep time_s 0.25\n")
+    pattern = logparse.LogPattern.parse({"step_time_s": r"time_s ([0-9.]+)"})
+    counter = logparse.LogCounter(pattern, log)
+    lines = logparse.Lines()
+    assert lines.feed("z" * 10_000_000) == [] and len(lines.partial) == logparse.MAX_LINE
+    assert counter.poll() == 2 and counter.values == [0.5, 0.25]
+    counter.close()
+
+
+@pytest.mark.parametrize("pattern, key, words", [
+    ({"ips": r"(\d+) (\d+)"}, "ips", "exactly one group"),
+    ({"ips": r"(?P<step>\d+) (\d+)", "after": "("}, "after", "not a regular expression"),
+    ({"ips": "x" * 2000}, "ips", "at most 1000"),
+    ({"ips": r"(\d)", "before": "x"}, "before", "unknown key"),
+])
+def test_a_bad_log_pattern_names_its_key(pattern, key, words):
+    from xfw.run import logparse
+
+    with pytest.raises(logparse.PatternError) as err:
+        logparse.LogPattern.parse(pattern)
+    assert err.value.key == key and words in str(err.value)

@@ -1,0 +1,340 @@
+"""``--explain FILE``: where one training step goes, per module and per kind of work, the same way
+for every adapter. The adapter gives its session and its framework's hooks (:class:`Hooks`); this
+module drives the steps, turns the hooks' clock readings into per-module times and reads the
+framework profiler's Chrome trace into categories::
+
+    python -m xfw_torch --explain run/explain.json --spec run/spec.json
+    # run/explain.json  {"modules": {name: {"fwd_s", "bwd_s", "recompute_s"}}, "categories": {...},
+    #                    "profiled_step_s", "plain_step_s", "trace": "trace.json", ...}
+    # run/trace.json    the framework profiler's own Chrome trace of the profiled steps
+
+Module names are canonical (the parity probe's): a module that owns parameters under its own
+canonical name; a module that only holds such modules (an attention block, a decoder layer) under
+the longest dotted prefix its parameter-owning modules share, so both frameworks' containers meet
+under one name. Each row's time is *self* time: a span of the step belongs to the innermost module
+running it (forward: the call stack; backward: the innermost open interval between a module's output
+gradient arriving and its input and parameter gradients being done). Spans outside every module go
+to ``loss`` (from the model's output to its first gradient: the loss, forward and backward) and
+``(autograd, outside modules)``; the optimizer step is its own row. A forward hook that fires
+during backward is recompute: its time counts in that module's backward and in ``recompute_s``.
+
+It runs after the measured window, in its own process (``xfw.run.explain``): never inside a
+measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from xfw.contract.atomic import write_json_atomic
+
+LOSS, OUTSIDE, OPTIMIZER = "loss", "(autograd, outside modules)", "optimizer"
+CATEGORIES = ("matmul", "attention", "normalisation", "elementwise/activation", "optimizer", "communication",
+              "copies", "other")
+_CATEGORY_WORDS = (  # first match wins; names lower-cased, "_grad"/"backward" kept (they are the same work)
+    ("communication", ("nccl", "all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "broadcast",
+                       "c10d", "send", "recv", "barrier")),
+    ("optimizer", ("adam", "_foreach", "multi_tensor", "sgd", "lamb", "clip")),
+    ("attention", ("attention", "sdpa", "flash", "softmax", "_efficient_attention", "fmha")),
+    ("matmul", ("matmul", "addmm", "bmm", "::mm", "linear", "gemm", "conv", "einsum", "baddbmm", "::mv")),
+    ("normalisation", ("layer_norm", "layernorm", "rms_norm", "rmsnorm", "group_norm", "groupnorm", "batch_norm",
+                       "native_norm", "_norm")),
+    ("copies", ("copy", "::to", "_to_copy", "contiguous", "memcpy", "cast", "clone", "concat", "::cat", "stack",
+                "transpose", "permute", "index", "gather", "scatter", "embedding", "slice", "split", "pad",
+                "expand", "tile", "where")),
+    ("elementwise/activation", ("add", "mul", "sub", "div", "gelu", "silu", "relu", "tanh", "sigmoid", "exp", "pow",
+                                "sqrt", "rsqrt", "neg", "mean", "sum", "fill", "zero", "full", "ones", "scale",
+                                "dropout", "sin", "cos", "clamp", "max", "min", "log", "cross_entropy",
+                                "nll", "abs", "erf")),
+)
+
+
+def category_of(name: str) -> str:
+    low = name.lower()
+    for category, words in _CATEGORY_WORDS:
+        if any(w in low for w in words):
+            return category
+    return "other"
+
+
+def scope_names(modules: dict[str, str | None]) -> dict[str, str]:
+    """Module path -> the name its row goes under: its canonical name when it owns parameters (the
+    value), else the longest dotted prefix its parameter-owning descendants' canonical names share
+    (paths without any are left out)."""
+    prefix: dict[str, list[str]] = {}
+    for path, canonical in modules.items():
+        if canonical is None:
+            continue
+        parts = canonical.split(".") if canonical else []
+        segments = path.split(".") if path else []
+        for a in (".".join(segments[:k]) for k in range(len(segments))):
+            if a in modules and modules[a] is None:
+                have = prefix.get(a)
+                prefix[a] = parts if have is None else have[:_shared(have, parts)]
+    out = {p: c for p, c in modules.items() if c is not None}
+    out.update({p: ".".join(parts) for p, parts in prefix.items()})
+    return out
+
+
+def _shared(a: list[str], b: list[str]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@dataclass
+class Timeline:
+    """Clock readings from the hooks of the profiled steps; :meth:`attribute` turns them into rows."""
+
+    clock: Callable[[], float] = time.perf_counter
+    events: list[tuple] = field(default_factory=list)
+    calls: list[dict] = field(default_factory=list)
+    stack: list[int] = field(default_factory=list)
+    in_forward: bool = False
+
+    # forward (and recompute): a module call enters and exits
+    def enter(self, name: str, root: bool = False) -> int:
+        t = self.clock()
+        if root:
+            self.in_forward = True
+        call = len(self.calls)
+        self.calls.append({"name": name, "parent": self.stack[-1] if self.stack else None, "start": None, "end": None,
+                           "recompute": not self.in_forward})
+        self.stack.append(call)
+        self.events.append((t, "enter", call))
+        return call
+
+    def exit(self, call: int, root: bool = False) -> None:
+        self.events.append((self.clock(), "exit", call))
+        if self.stack and self.stack[-1] == call:
+            self.stack.pop()
+        if root:
+            self.in_forward = False
+
+    # backward: a call's output gradient arrives (start) / an input or parameter gradient is done (end)
+    def grad_in(self, call: int) -> None:
+        t = self.clock()
+        c = self.calls[call]
+        c["start"] = t if c["start"] is None else min(c["start"], t)
+
+    def grad_out(self, call: int) -> None:
+        t = self.clock()
+        c = self.calls[call]
+        c["end"] = t if c["end"] is None else max(c["end"], t)
+
+    def mark(self, what: str) -> None:
+        """``step``, ``optimizer`` (the optimizer step begins) or ``end`` (the step is over)."""
+        self.events.append((self.clock(), what, None))
+
+    def attribute(self) -> tuple[dict[str, dict[str, float]], float]:
+        """({row name: {"fwd_s", "bwd_s", "recompute_s"}}, step seconds): each row's median over the
+        steps (``step`` to ``end`` marks; a loaded host's outlier steps do not skew a row), and the
+        median step."""
+        per_step: list[dict[str, dict[str, float]]] = []  # each step's rows
+
+        def add(name: str, key: str, seconds: float) -> None:
+            row = per_step[-1].setdefault(name, {"fwd_s": 0.0, "bwd_s": 0.0, "recompute_s": 0.0})
+            row[key] += seconds
+
+        children: dict[int, list[int]] = {}
+        for i, c in enumerate(self.calls):
+            if c["parent"] is not None:
+                children.setdefault(c["parent"], []).append(i)
+        for i in reversed(range(len(self.calls))):  # a parent's backward spans its children's
+            c = self.calls[i]
+            for k in children.get(i, ()):
+                kid = self.calls[k]
+                if kid["start"] is not None and c["start"] is None:
+                    c["start"] = kid["start"]
+                if kid["end"] is not None and (c["end"] is None or kid["end"] > c["end"]):
+                    c["end"] = kid["end"]
+        intervals = sorted((c["start"], c["end"] if c["end"] is not None else c["start"], i)
+                           for i, c in enumerate(self.calls) if c["start"] is not None and not c["recompute"])
+        bounds = sorted({t for t, _, _ in self.events} | {t for iv in intervals for t in iv[:2]})
+        stack: list[int] = []
+        active: list[tuple] = []  # backward intervals begun, in order of their start
+        phase, seen_grad, nxt = "idle", False, 0
+        marks = sorted((t, kind) for t, kind, _ in self.events if kind in ("step", "end"))
+        spans = [b - a for (a, k1), (b, k2) in zip(marks, marks[1:]) if k1 == "step" and k2 == "end"]
+        events = sorted(self.events, key=lambda e: e[0])
+        e = 0
+        for t0, t1 in zip(bounds, bounds[1:]):
+            while e < len(events) and events[e][0] <= t0:
+                _, kind, call = events[e]
+                e += 1
+                if kind == "enter":
+                    if not stack and not self.calls[call]["recompute"]:
+                        phase, seen_grad = "forward", False
+                    stack.append(call)
+                elif kind == "exit":
+                    if call in stack:
+                        stack.remove(call)
+                    if not stack and phase == "forward":
+                        phase = "after"
+                elif kind == "step":
+                    phase = "idle"
+                    per_step.append({})
+                elif kind in ("optimizer", "end"):
+                    phase = "optimizer" if kind == "optimizer" else "idle"
+            while nxt < len(intervals) and intervals[nxt][0] <= t0:
+                active.append(intervals[nxt])
+                nxt += 1
+            active = [iv for iv in active if iv[1] >= t1]
+            span = t1 - t0
+            if phase == "forward" and stack:
+                add(self.calls[stack[-1]]["name"], "fwd_s", span)
+            elif phase == "after" and stack:  # recompute: a forward inside backward
+                add(self.calls[stack[-1]]["name"], "bwd_s", span)
+                add(self.calls[stack[-1]]["name"], "recompute_s", span)
+            elif phase == "after" and active:
+                seen_grad = True
+                add(self.calls[active[-1][2]]["name"], "bwd_s", span)
+            elif phase == "after":
+                add(OUTSIDE if seen_grad else LOSS, "bwd_s", span)
+            elif phase == "optimizer":
+                add(OPTIMIZER, "bwd_s", span)
+        names = {name for rows in per_step for name in rows}
+        zero = {"fwd_s": 0.0, "bwd_s": 0.0, "recompute_s": 0.0}
+        rows = {name: {key: statistics.median(r.get(name, zero)[key] for r in per_step) for key in zero}
+                for name in names}
+        return rows, statistics.median(spans) if spans else 0.0
+
+
+def trace_categories(path: str, *, op_cats: tuple[str, ...], optimizer_marks: tuple[str, ...],
+                     kernel_cats: tuple[str, ...] = ()) -> dict[str, float]:
+    """Seconds per category in a Chrome trace: device kernels (``kernel_cats``) when it has any,
+    else the host operators' self time (``op_cats``, nesting removed per thread); an operator inside
+    an event whose name starts with one of ``optimizer_marks`` counts as optimizer."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    events = [e for e in (data["traceEvents"] if isinstance(data, dict) else data)
+              if e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
+    out = dict.fromkeys(CATEGORIES, 0.0)
+    kernels = [e for e in events if e.get("cat") in kernel_cats]
+    if kernels:
+        for e in kernels:
+            out[category_of(_name(e))] += e["dur"] * 1e-6
+        return out
+    optimizer_spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if _name(e).startswith(optimizer_marks))
+    by_thread: dict[Any, list[dict]] = {}
+    for e in events:
+        if e.get("cat") in op_cats:
+            by_thread.setdefault(e.get("tid"), []).append(e)
+    for ops in by_thread.values():
+        ops.sort(key=lambda e: (e["ts"], -e["dur"]))
+        open_: list[list] = []  # [end, event, child time]
+        for e in ops + [None]:
+            while open_ and (e is None or e["ts"] >= open_[-1][0]):
+                end, op, inner = open_.pop()
+                self_s = max(op["dur"] - inner, 0.0) * 1e-6
+                in_opt = any(a <= op["ts"] < b for a, b in optimizer_spans)
+                out["optimizer" if in_opt else category_of(_name(op))] += self_s
+                if open_:
+                    open_[-1][2] += op["dur"]
+            if e is not None:
+                open_.append([e["ts"] + e["dur"], e, 0.0])
+    return out
+
+
+def _name(event: dict) -> str:
+    return re.sub(r"\[[\d.]+ [mun]?s\]$", "", str(event.get("name", "")))
+
+
+class Hooks(Protocol):
+    """What an adapter gives :func:`run_explain` (its framework's hooks and profiler)."""
+
+    def install(self, timeline: Timeline) -> Callable[[], None]:
+        """Module hooks (forward enter/exit, gradient arrivals) reporting to ``timeline``; returns
+        their remover."""
+    def profile(self, run: Callable[[], None], steps: int, trace_path: str) -> dict[str, float]:
+        """``run`` ``steps`` times under the framework's profiler, its Chrome trace written to
+        ``trace_path``; returns seconds per category (:func:`trace_categories`) over those steps."""
+
+
+EXPLAIN_STEPS = 5
+
+
+def run_explain(spec: dict, session: Any, hooks: Hooks, path: str, *, steps: int = EXPLAIN_STEPS) -> dict:
+    """The spec's warm-up steps, then ``steps`` plain steps (timed, synchronised), ``steps`` steps
+    under the module hooks and ``steps`` under the framework's profiler, each on the run's own
+    batches in the run's order; ``path`` and its sibling ``trace.json`` written. One process."""
+    from pathlib import Path
+
+    from xfw.contract.harness import Unsupported, _Steps
+
+    if spec["derived"]["num_processes"] != 1:
+        raise Unsupported(f"explain profiles one process; this spec runs {spec['derived']['num_processes']} "
+                          "(its step breakdown is in steps.jsonl)")
+    state = {"data": _Steps(spec, session), "step": 0}
+
+    def one(timeline: Timeline | None = None) -> None:
+        try:
+            micro_batches, _ = state["data"].next(state["step"])
+        except StopIteration:  # prepared data ran out: start over, as a new epoch would
+            state["data"], state["step"] = _Steps(spec, session), 0
+            micro_batches, _ = state["data"].next(0)
+        state["step"] += 1
+        if timeline is not None:
+            timeline.mark("step")
+        if hasattr(session, "forward_backward"):
+            session.forward_backward(micro_batches)
+            if timeline is not None:
+                timeline.mark("optimizer")
+            session.optimizer_step()
+        else:
+            session.train_step(micro_batches)
+        session.synchronize()
+        if timeline is not None:
+            timeline.mark("end")
+
+    for _ in range(max(spec["measure"]["warmup_steps"], 1)):
+        one()
+    def timed(times: list[float]) -> Callable[[], None]:
+        def run() -> None:
+            t0 = time.perf_counter()
+            one()
+            times.append(time.perf_counter() - t0)
+        return run
+
+    plain: list[float] = []
+    for _ in range(steps):
+        timed(plain)()
+
+    def clock() -> float:
+        session.synchronize()
+        return time.perf_counter()
+
+    timeline = Timeline(clock=clock)
+    remove = hooks.install(timeline)
+    try:
+        for _ in range(steps):
+            one(timeline)
+    finally:
+        remove()
+    rows, hooked = timeline.attribute()
+    trace = Path(path).with_name("trace.json")
+    profiled: list[float] = []
+    categories = hooks.profile(timed(profiled), steps, str(trace))
+    result = {
+        "schema": 1, "backend": spec.get("backend", ""), "steps": steps, "plain_step_s": statistics.median(plain),
+        "hooked_step_s": hooked, "profiler_step_s": statistics.median(profiled), "modules": rows,
+        "categories": {k: v / steps for k, v in categories.items()}, "trace": trace.name,
+        "recompute": bool(spec.get("recompute")),
+    }
+    write_json_atomic(path, result)
+    return result
+
+
+def read_explain(path: str) -> dict:
+    """An ``explain.json`` (ValueError when it is not one)."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or data.get("schema") != 1 or not isinstance(data.get("modules"), dict):
+        raise ValueError(f"{path}: not an explain.json")
+    return data
