@@ -1,0 +1,215 @@
+"""The step breakdown and explain's logic, without a framework: the harness's split points and the
+records they make, the timeline's attribution, scope names, trace categories and the aligned report."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from xfw.contract import harness, records
+from xfw.contract.explain import (LOSS, OPTIMIZER, OUTSIDE, Timeline, category_of, scope_names,
+                                  trace_categories)
+from xfw.report import explain as report
+
+
+class Clock:
+    """A clock the test advances by hand: the timeline's attribution is checked against known spans."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def tick(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def test_forward_backward_and_optimizer_spans_go_to_the_innermost_module():
+    clock = Clock()
+    tl = Timeline(clock=clock)
+    tl.mark("step")
+    root = tl.enter("", root=True)
+    clock.tick(1)                   # root's own code
+    attn = tl.enter("layers.0.self_attn")
+    clock.tick(2)                   # attention core
+    q = tl.enter("layers.0.self_attn.q_proj")
+    clock.tick(3)
+    tl.exit(q)
+    clock.tick(4)                   # attention core again
+    tl.exit(attn)
+    tl.exit(root, root=True)
+    clock.tick(5)                   # loss forward + backward, no module gradient yet
+    tl.grad_in(root)
+    tl.grad_in(attn)
+    clock.tick(6)                   # attention's own backward
+    tl.grad_in(q)
+    clock.tick(7)                   # q_proj's backward
+    tl.grad_out(q)
+    clock.tick(8)
+    tl.grad_out(attn)
+    clock.tick(9)                   # after the last gradient of any module: outside modules
+    tl.mark("optimizer")
+    clock.tick(10)
+    tl.mark("end")
+    rows, step = tl.attribute()
+    assert step == pytest.approx(55)
+    assert rows["layers.0.self_attn.q_proj"]["fwd_s"] == pytest.approx(3)
+    assert rows["layers.0.self_attn"]["fwd_s"] == pytest.approx(6)
+    assert rows[""]["fwd_s"] == pytest.approx(1)
+    assert rows[LOSS]["bwd_s"] == pytest.approx(5)
+    assert rows["layers.0.self_attn.q_proj"]["bwd_s"] == pytest.approx(7)
+    assert rows["layers.0.self_attn"]["bwd_s"] == pytest.approx(6 + 8)
+    assert rows[OUTSIDE]["bwd_s"] == pytest.approx(9)
+    assert rows[OPTIMIZER]["bwd_s"] == pytest.approx(10)
+    # every second of the step is in exactly one row
+    assert sum(r["fwd_s"] + r["bwd_s"] for r in rows.values()) == pytest.approx(step)
+
+
+def test_a_forward_inside_backward_is_recompute():
+    clock = Clock()
+    tl = Timeline(clock=clock)
+    tl.mark("step")
+    root = tl.enter("", root=True)
+    layer = tl.enter("layers.0")
+    clock.tick(2)
+    tl.exit(layer)
+    tl.exit(root, root=True)
+    tl.grad_in(root)
+    clock.tick(1)
+    again = tl.enter("layers.0")    # checkpointing runs the layer's forward again
+    clock.tick(2)
+    tl.exit(again)
+    tl.grad_in(layer)
+    clock.tick(3)
+    tl.grad_out(layer)
+    tl.mark("end")
+    rows, _ = tl.attribute()
+    assert rows["layers.0"]["fwd_s"] == pytest.approx(2)
+    assert rows["layers.0"]["recompute_s"] == pytest.approx(2)
+    assert rows["layers.0"]["bwd_s"] == pytest.approx(2 + 3)
+
+
+def test_each_row_is_its_median_over_steps():
+    clock = Clock()
+    tl = Timeline(clock=clock)
+    for seconds in (1.0, 100.0, 2.0):  # one step slowed by a loaded host
+        tl.mark("step")
+        call = tl.enter("", root=True)
+        clock.tick(seconds)
+        tl.exit(call, root=True)
+        tl.mark("end")
+    rows, step = tl.attribute()
+    assert rows[""]["fwd_s"] == pytest.approx(2.0)
+    assert step == pytest.approx(2.0)
+
+
+def test_containers_take_the_prefix_their_parameter_owning_modules_share():
+    names = scope_names({"": None, "llama": None, "llama.layers.0": None, "llama.layers.0.attn": None,
+                         "llama.layers.0.attn.q": "model.layers.0.self_attn.q_proj",
+                         "llama.layers.0.attn.k": "model.layers.0.self_attn.k_proj",
+                         "llama.layers.0.norm": "model.layers.0.input_layernorm",
+                         "head": "lm_head", "empty": None})
+    assert names["llama.layers.0.attn"] == "model.layers.0.self_attn"
+    assert names["llama.layers.0"] == "model.layers.0"
+    assert names[""] == ""
+    assert "empty" not in names
+
+
+def test_trace_categories_use_self_time_and_the_optimizer_annotation(tmp_path):
+    us = 1e6
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "ts": 0, "dur": 10 * us, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "ts": 1 * us, "dur": 8 * us, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::layer_norm", "ts": 20 * us, "dur": 2 * us, "tid": 1},
+        {"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#AdamW.step", "ts": 30 * us, "dur": 5 * us},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mul_", "ts": 31 * us, "dur": 3 * us, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::softmax", "ts": 40 * us, "dur": 1 * us, "tid": 2},
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    cats = trace_categories(str(path), op_cats=("cpu_op",), optimizer_marks=("Optimizer.step",))
+    assert cats["matmul"] == pytest.approx(10)     # linear's 2 s of its own + addmm's 8
+    assert cats["normalisation"] == pytest.approx(2)
+    assert cats["optimizer"] == pytest.approx(3)   # a mul_ inside the optimizer step
+    assert cats["attention"] == pytest.approx(1)
+    assert category_of("matmul_grad kernel launch") == "matmul"
+    assert category_of("ncclDevKernel_AllReduce_Sum_f32") == "communication"
+
+
+class SplitSession:
+    """A session with the breakdown's split points; each part sleeps a known time on the host clock."""
+
+    rank, num_ranks = 0, 1
+
+    def to_device(self, batch):
+        return batch
+
+    def forward_backward(self, micro_batches):
+        time.sleep(0.004)
+        return 1.0
+
+    def optimizer_step(self):
+        time.sleep(0.002)
+
+    def train_step(self, micro_batches):
+        time.sleep(0.006)
+        return 1.0
+
+    loss_token = staticmethod(lambda loss: loss)
+    loss_value = staticmethod(float)
+    timestamp = staticmethod(time.perf_counter)
+    is_done = staticmethod(lambda stamp: True)
+    elapsed_s = staticmethod(lambda a, b: b - a)
+    synchronize = staticmethod(lambda: None)
+    memory_peaks = staticmethod(lambda: (None, None))
+    is_oom = staticmethod(lambda err: False)
+    applied = staticmethod(lambda: {})
+
+
+def _spec():
+    return {"measure": {"warmup_steps": 1, "steps": 4}, "batch": {"micro": 1},
+            "derived": {"grad_accum_steps": 1, "num_processes": 1}, "backend_knobs": {},
+            "data": {"kind": "synthetic"}}
+
+
+def test_every_step_record_carries_parts_that_sum_to_its_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(harness, "_Steps", lambda spec, session: type("S", (), {
+        "next": lambda self, step: ([{}], [(4, 4, 4, "h")])})())
+    writer = records.RecordWriter(tmp_path / "steps.jsonl", 0)
+    session = SplitSession()
+    applied = {k: t[0]() for k, t in records.FIELDS["applied"].items()}
+    session.applied = lambda: {**applied, "mem_source": "peak_rss"}
+    harness.run_training(_spec(), writer, session)
+    writer.close()
+    steps = [r for r in records.load_records(tmp_path / "steps.jsonl") if r["kind"] == "step"]
+    assert len(steps) == 5
+    for r in steps:
+        assert not records.validate_record(r)
+        parts = sum(r[k] for k in harness.BREAKDOWN)
+        if r["phase"] == "measure":
+            assert parts == pytest.approx(r["step_time_s"], rel=1e-9)
+        assert r["fwd_bwd_s"] >= 0.004 and r["optimizer_s"] >= 0.002
+
+
+def test_breakdown_fields_are_optional_and_typed():
+    step = {"schema": 1, "kind": "step", "rank": 0, "step": 0, "phase": "measure", "step_time_s": 0.1,
+            "samples": 1, "tokens": 1, "loss": 1.0, "mem_alloc_peak_bytes": None, "mem_reserved_peak_bytes": None}
+    assert records.validate_record(step) == []  # a run from before the breakdown still loads
+    assert records.validate_record({**step, "data_wait_s": 0.0, "fwd_bwd_s": 0.08, "optimizer_s": 0.02}) == []
+    assert records.validate_record({**step, "fwd_bwd_s": "fast"})
+    assert records.validate_record({**step, "optimizer_s": -1.0})
+
+
+def test_aligned_rows_fold_peft_layers_and_sort_by_difference():
+    a = {"modules": {"m.q_proj": {"fwd_s": 1.0, "bwd_s": 1.0}, "m.q_proj.lora_A": {"fwd_s": 0.5, "bwd_s": 0.5},
+                     "": {"fwd_s": 0.1, "bwd_s": 0.0}, OUTSIDE: {"fwd_s": 0.0, "bwd_s": 0.2}}}
+    b = {"modules": {"m.q_proj": {"fwd_s": 1.0, "bwd_s": 1.0}, "": {"fwd_s": 0.2, "bwd_s": 0.0}}}
+    rows = report.aligned(a, b)
+    assert rows[0][0] == "m.q_proj" and rows[0][3] == pytest.approx(1.0)
+    assert [r[0] for r in rows[1:]] == [OUTSIDE, report.ROOT]
+    table = report.module_table(("paddle", "torch"), rows, gap=2.0)
+    assert table.cells[0][4] == "50%"
+    assert report.coverage(a, 2.0) == pytest.approx(1.65)
