@@ -75,3 +75,32 @@ def test_a_bad_log_pattern_names_its_key(pattern, key, words):
     with pytest.raises(logparse.PatternError) as err:
         logparse.LogPattern.parse(pattern)
     assert err.value.key == key and words in str(err.value)
+
+
+def test_a_third_backend_keeps_its_ips_column_and_the_terminal_shows_comparisons_plainly():
+    from xfw.report import contrast
+    from xfw.report.compare import compare_runs
+    from xfw.report.table import Bullets, Page, to_markdown
+
+    from test_compare_render import result
+
+    backends = ["paddle", "torch", "other"]
+    rows = compare_runs([result("paddle", 82.0), result("torch", 65.0), result("other", 12.5)], backends)
+    table = contrast.contrast_table(rows, backends)
+    assert table.header[2:6] == ["paddle ips", "Contrast", "torch ips", "other ips"]
+    assert table.cells[0][5] == contrast.fmt_side_rate(rows[0].sides["other"]) and "12.5" in table.cells[0][5]
+    page = Page(title="t", blocks=[Bullets(items=["needs measure.steps >= 3 <x>"])])
+    assert "needs measure.steps >= 3 <x>" in to_markdown(page, images=False)  # the terminal
+    assert "&gt;= 3 &lt;x&gt;" in to_markdown(page)  # the markdown file
+
+
+def test_print_command_without_out_leaves_no_run_directory_behind(tmp_path, monkeypatch):
+    from test_attach import command_recipe
+    from test_reliability import invoke
+
+    monkeypatch.chdir(tmp_path)
+    path = command_recipe(tmp_path, {"command": [PY, "train.py"], "cwd": "."})
+    result = invoke("run", path, "--backend", "mine", "--print-command")
+    assert result.exit_code == 0, result.output
+    assert "xfw.run.guard" in result.output and "no spec.json written" in result.output
+    assert not (tmp_path / "runs").exists() and not list(tmp_path.rglob("spec.json"))

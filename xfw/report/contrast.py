@@ -128,6 +128,7 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
     header = ["Model", "Stage"] + (["Variant"] if with_variant else []) + [f"{a} ips"]
     if b:
         header += ["Contrast", f"{b} ips"]
+    header += [f"{name} ips" for name in backends[2:]]  # a third backend and on: its ips, no contrast
     numeric = tuple(i for i, h in enumerate(header) if h.endswith(" ips") or h == "Contrast")
     header += [f"{name} memory" for name in backends]
     with_mfu = any(side.mfu is not None or side.on_gpu for row in rows for side in row.sides.values())
@@ -145,6 +146,7 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
         previous_model = row.model
         if b:
             line += [fmt_contrast(row), fmt_side_rate(row.sides[b])]
+        line += [fmt_side_rate(row.sides[name]) for name in backends[2:]]
         line += [fmt_memory(row.sides[name], unit) for name in backends]
         if with_mfu:
             line += [fmt_mfu(row.sides[name]) for name in backends]

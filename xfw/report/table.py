@@ -142,12 +142,14 @@ def _md_block(block: Block, images: bool) -> list[str]:
 
 
 def to_markdown(page: Page, *, images: bool = True) -> str:
-    """The page as markdown; ``images=False`` leaves out image links (for a terminal)."""
+    """The page as markdown; ``images=False`` leaves out image links and shows ``<`` and ``>`` as
+    themselves (for a terminal, where no viewer turns text into markup)."""
     parts = [f"{'#' * page.level} {_md_text(page.title)}"] + ([_md_text(page.subtitle)] if page.subtitle else [])
     for block in page.blocks:
         parts += _md_block(block, images)
     parts += [_md_text(page.footer)] if page.footer else []
-    return "\n\n".join(parts) + "\n"
+    text = "\n\n".join(parts) + "\n"
+    return text if images else text.replace("&lt;", "<").replace("&gt;", ">")
 
 
 # --- CSV ------------------------------------------------------------------------------------------

@@ -38,10 +38,10 @@ def _jobs(recipes: list[Recipe], backends: list[str], out_dir: Path, node_rank: 
 
 
 def launch_commands(recipes: list[Recipe], backends: jobs.Backends, out_dir: Path,
-                    rendezvous: launcher.Rendezvous = launcher.Rendezvous()) -> list[str]:
+                    rendezvous: launcher.Rendezvous = launcher.Rendezvous(), write: bool = True) -> list[str]:
     """The exact shell lines ``run`` would execute, with their environment; writes each spec.json
-    (so a line can be run by hand) and launches nothing."""
-    lines = []
+    (so a line can be run by hand; ``write=False``: not, and says so) and launches nothing."""
+    lines = [] if write else ["# no spec.json written (give --out DIR to have them there, to run a line by hand)"]
     for job in _jobs(recipes, list(backends), out_dir, rendezvous.node_rank):
         if job.repeat_index:
             continue
@@ -85,9 +85,9 @@ def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: lis
     ``explain``: then each ok run's adapter profiles a few steps (``xfw explain``, :func:`explained`)."""
     recipes = load_all(recipe_paths, overrides)
     backends = prepare_backends(backend_names, interpreters, recipes)
-    out_dir = out_dir or default_out_dir(recipes)
-    if print_command:
-        return Outcome(text="\n".join(launch_commands(recipes, backends, out_dir, rendezvous)))
+    chosen, out_dir = out_dir is not None, out_dir or default_out_dir(recipes)
+    if print_command:  # into the default runs/<stamp>/ nothing: a look at the commands leaves no run behind
+        return Outcome(text="\n".join(launch_commands(recipes, backends, out_dir, rendezvous, write=chosen)))
     multi_node = any(r.parallel.nnodes > 1 for r in recipes)
     check_node(recipes, rendezvous)
     with guarded(out_dir, rendezvous.node_rank if multi_node else None):
