@@ -224,7 +224,10 @@ def grads_held(params) -> str:
     ``bfloat16 grad``, ... (the master-gradient route checked, not assumed)."""
     seen = set()
     for p in params:
-        for name, g in (("main_grad", getattr(p, "main_grad", None)), ("grad", p.grad)):
+        # stage 3 keeps this rank's slice of the reduced gradient in bw_storage until the step
+        kind = "main_grad" if hasattr(p, "main_grad") else "grad"
+        for name, g in (("main_grad", getattr(p, "main_grad", None)), ("grad", p.grad),
+                        (kind, getattr(p, "bw_storage", None))):
             if g is not None:
                 seen.add(f"{str(g.dtype).removeprefix('paddle.')} {name}")
     return ", ".join(sorted(seen)) or "none on this rank"

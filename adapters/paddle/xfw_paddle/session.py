@@ -363,14 +363,16 @@ class PaddleSession:
         w, level = self.wrapped, self.precision.amp_level
         reduce_dtype = ("float32" if w.master_grads or level != "O2" else self.precision.compute_dtype)
         return {
-            "master_grads": "fp32 main_grad (MixPrecisionLayer)" if w.master_grads else "none",
-            "grads_held": self.grads_held or "not seen",
+            "master_grads": ("fp32 main_grad (MixPrecisionLayer)" if w.master_grads else "none")
+            + f"; held: {self.grads_held or 'not seen'}",  # what the optimizer was given, seen at the first step
+            "master_weights": "fp32 (AdamW multi_precision)" if self.master_weights else "none (fp32 weights)",
+            "attention_impl": self.attn,
             "grad_reduce_dtype": reduce_dtype if self.num_ranks > 1 else "n/a (one process)",
             "sharding_impl": w.neutral, "sharding_detail": w.detail,
             "attention_kernel": ", ".join(sorted(self.kernels)) or "matmul",
             "optimizer_impl": "AdamW per-parameter" + (" multi_precision" if self.master_weights else ""),
             "tf32": tf32 if self.gpu else "n/a", "device": self.device,
-            "checkpointing": ("recompute full per block (fleet.utils.recompute)"
+            "checkpointing": ("recompute full per block (fleet.utils.recompute, reentrant)"
                               if getattr(self.model, "recompute_enabled", self.spec["recompute"]) else "none"),
         }
 
