@@ -28,9 +28,13 @@ def test_compare_trains_both_backends_and_reports_equal_parameter_counts(tmp_pat
     assert float(cells[2].replace(",", "")) > 0 and float(cells[4].replace(",", "")) > 0
     assert cells[3].endswith("%")
     assert cells[-1] == "190,656 / 190,656 (trainable 154,048 / 154,048) ✓"
-    # One memory measure on both sides (each process's peak resident set, the build's beside it), not
-    # Paddle's host allocator beside PyTorch's peak RSS.
-    assert all(re.fullmatch(r"[\d.]+ MiB peak RSS \([\d.]+ after build\)", cell) for cell in cells[5:7]), cells
+    # One memory measure on both sides (the training memory: peak RSS since the build minus the RSS after
+    # it, both beside it), not Paddle's host allocator beside PyTorch's peak RSS, nor start-up posing as training.
+    pattern = r"([\d.]+) MiB training \(peak RSS ([\d.]+), ([\d.]+) after build\)"
+    assert all(re.fullmatch(pattern, cell) for cell in cells[5:7]), cells
+    for cell in cells[5:7]:
+        training, peak, after = map(float, re.fullmatch(pattern, cell).groups())
+        assert training == pytest.approx(peak - after, abs=0.02) and training > 0
     assert "memory is measured from different sources" not in result.stdout
     for name in ("report.md", "report.csv", "chart.png"):
         assert (out / name).stat().st_size > 0

@@ -57,6 +57,9 @@ class Side:
     device: str = ""
     ips: float | None = None
     ips_spread: float | None = None
+    ips_low: float | None = None
+    """The lowest and highest ips over the repeats (error bars); the median's with one run."""
+    ips_high: float | None = None
     tokens_per_s: float | None = None
     step_time_median_s: float | None = None
     mem_alloc_peak_bytes: int | None = None
@@ -153,6 +156,7 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
     if ok:
         m = [r.measurement for r in ok]
         side.ips, side.ips_spread = _median(x.ips for x in m), spread([x.ips for x in m])
+        side.ips_low, side.ips_high = min(x.ips for x in m), max(x.ips for x in m)
         side.tokens_per_s, side.step_time_median_s = _median(x.tokens_per_s for x in m), \
             _median(x.step_time_median_s for x in m)
         side.mem_alloc_peak_bytes = _median(x.mem_alloc_peak_bytes for x in m)

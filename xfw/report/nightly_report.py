@@ -19,15 +19,13 @@ from xfw.contract.atomic import write_text_atomic
 from xfw.report import compare as cmp
 from xfw.report import contrast, selfcheck
 from xfw.report.history import NIGHTS_DIR, History, night_order
-from xfw.report.plot import plot_comparison
+from xfw.report.plot import backend_color, plot_comparison
 from xfw.report.results import load_runs
 from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Table, to_html, to_markdown
 from xfw.report.verdicts import VERDICTS_FILE, Verdict, load_verdicts, memory_of, memory_source_of
 
 TREND_NIGHTS = 30
 """Nights shown in each trend plot (the most recent)."""
-_COLORS = {"paddle": "#2f6fdf", "torch": "#ee4c2c"}
-_FALLBACK = ["#6a9955", "#b07cc6", "#c0a000"]
 
 
 def _fmt_value(v: Verdict, value: float | None) -> str:
@@ -70,7 +68,7 @@ def trend_plot(rows: list[dict], entry: str, nights: list[str], flagged: set[tup
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 3.4))
     xs = list(range(len(nights)))
     for i, backend in enumerate(backends):
-        color = _COLORS.get(backend, _FALLBACK[i % len(_FALLBACK)])
+        color = backend_color(backend, i)  # the same colour as in every other chart
         for ax, (metric, _, scale) in zip(axes, metrics):
             points = []
             for x, night in zip(xs, nights):

@@ -14,17 +14,37 @@ from pathlib import Path
 from xfw.report.compare import ComparisonRow, strip_common, variant_label
 from xfw.report.contrast import fmt_contrast, fmt_rate
 
-_COLORS = ["#2f6fdf", "#ee4c2c", "#6a9955", "#b07cc6"]
+BACKEND_COLORS = {"paddle": "#2f6fdf", "torch": "#ee4c2c"}
+"""One colour per backend in every chart (comparisons, sweeps, single-backend runs, nightly trends)."""
+_FALLBACK = ["#6a9955", "#b07cc6", "#c0a000", "#8c564b"]
+
+
+def backend_color(name: str, index: int = 0) -> str:
+    return BACKEND_COLORS.get(name, _FALLBACK[index % len(_FALLBACK)])
+
+
+def _short(key: str) -> str:
+    """``parallel.nproc_per_node`` -> ``nproc_per_node``: the section is clear from the value."""
+    return key.split(".", 1)[-1]
 
 
 def chart_labels(rows: list[ComparisonRow]) -> list[str]:
-    """One label per group: model and stage, plus the sweep point where rows differ by one."""
-    variants = [variant_label(v) for v in strip_common([r.variant for r in rows])]
-    return [f"{r.model}\n{r.stage}" + (f"\n{v}" if v else "") for r, v in zip(rows, variants)]
+    """One label per group: model and stage (once, when every row shares them), and the sweep point,
+    one key per line, where rows differ."""
+    variants = strip_common([r.variant for r in rows])
+    same = len({(r.model, r.stage) for r in rows}) == 1 and any(variants)
+    labels = []
+    for r, v in zip(rows, variants):
+        point = "\n".join(f"{_short(k)}={val}" for k, val in v.items())
+        labels.append(point if same else f"{r.model}\n{r.stage}" + (f"\n{point}" if point else ""))
+    return labels
 
 
 def plot_comparison(rows: list[ComparisonRow], backends: list[str], path: str | Path, *,
                     title: str = "Training speed by framework") -> Path:
+    """Readable for any number of rows: the figure widens with the rows and their labels, labels are
+    one key per line (rotated when crowded), a failed side's status is written upright in its slot,
+    and repeats draw an error bar from the lowest to the highest ips."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never open a window
@@ -32,36 +52,52 @@ def plot_comparison(rows: list[ComparisonRow], backends: list[str], path: str | 
 
     path = Path(path)
     width = 0.8 / len(backends)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.8))
-    tallest = max([s.ips for r in rows for s in r.sides.values() if s.ok] or [1.0])
+    labels = chart_labels(rows)
+    widest = max((len(line) for label in labels for line in label.split("\n")), default=10)
+    slot = max(1.6, 0.075 * widest + 0.5 * len(backends))
+    crowded = len(rows) * slot > 24
+    fig, ax = plt.subplots(figsize=(min(max(6.0, slot * len(rows) + 2), 26 if crowded else 28), 5.2))
+    tallest = max([s.ips_high or s.ips for r in rows for s in r.sides.values() if s.ok] or [1.0])
+    small = 9 if len(rows) * len(backends) <= 12 else 7
     for i, name in enumerate(backends):
         xs = [j + (i - (len(backends) - 1) / 2) * width for j in range(len(rows))]
-        values = [r.sides[name].ips if r.sides[name].ok else 0.0 for r in rows]
-        bars = ax.bar(xs, values, width, label=name, color=_COLORS[i % len(_COLORS)])
-        for bar, row in zip(bars, rows):
-            side = row.sides[name]
-            label = fmt_rate(side.ips) if side.ok else side.status
-            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + tallest * 0.01, label,
-                    ha="center", va="bottom", fontsize=9, color="black" if side.ok else "#b00020")
+        sides = [r.sides[name] for r in rows]
+        values = [s.ips if s.ok else 0.0 for s in sides]
+        errors = [[s.ips - s.ips_low if s.ok and s.num_repeats > 1 else 0.0 for s in sides],
+                  [s.ips_high - s.ips if s.ok and s.num_repeats > 1 else 0.0 for s in sides]]
+        repeated = any(s.ok and s.num_repeats > 1 for s in sides)
+        bars = ax.bar(xs, values, width, label=name, color=backend_color(name, i),
+                      yerr=errors if repeated else None, capsize=3 if repeated else 0,
+                      error_kw={"elinewidth": 1, "ecolor": "#333333"})
+        for bar, side, high in zip(bars, sides, errors[1]):
+            x = bar.get_x() + bar.get_width() / 2
+            if side.ok:
+                ax.text(x, bar.get_height() + high + tallest * 0.01, fmt_rate(side.ips), ha="center", va="bottom",
+                        fontsize=small, rotation=90 if crowded else 0)
+            else:  # upright in its own slot: two failed sides never write over each other
+                ax.text(x, tallest * 0.02, side.status, ha="center", va="bottom", rotation=90, fontsize=small,
+                        color="#b00020")
     if len(backends) > 1:
         for j, row in enumerate(rows):
-            top = max([s.ips for s in row.sides.values() if s.ok] or [0.0])
-            ax.text(j, top + tallest * 0.08, fmt_contrast(row), ha="center", va="bottom", fontsize=10,
-                    fontweight="bold")
-    ax.set_xticks(range(len(rows)), chart_labels(rows), rotation=0 if len(rows) < 5 else 30)
+            if row.contrast is None:
+                continue
+            top = max([s.ips_high or s.ips for s in row.sides.values() if s.ok] or [0.0])
+            ax.text(j, top + tallest * (0.16 if crowded else 0.08), fmt_contrast(row), ha="center", va="bottom",
+                    fontsize=small + 1, fontweight="bold")
+    ax.set_xticks(range(len(rows)), labels, rotation=35 if crowded else 0, ha="right" if crowded else "center",
+                  fontsize=small)
     ax.set_ylabel("Training speed (ips, samples/s)")
     subtitle = f"contrast = ({backends[0]} − {backends[1]}) / {backends[1]}" if len(backends) > 1 else ""
+    if any(s.ok and s.num_repeats > 1 for r in rows for s in r.sides.values()):
+        subtitle += ("; " if subtitle else "") + "bars: median of the repeats, whiskers: lowest to highest"
+    if len({(r.model, r.stage) for r in rows}) == 1 and any(strip_common([r.variant for r in rows])):
+        title += f": {rows[0].model} {rows[0].stage}"  # the labels then show only the sweep point
     ax.set_title(f"{title}\n{subtitle}".strip(), fontsize=11)
-    ax.set_ylim(0, tallest * 1.25)
+    ax.set_ylim(0, tallest * (1.4 if crowded else 1.25))
     ax.legend()
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)  # atomic: a reader never sees half a PNG
-    return path
+    return _save(fig, path)
 
 
 def _save(fig, path: Path) -> Path:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from xfw.contract import knobs as knob_declaration
 from xfw.contract.atomic import write_text_atomic
 from xfw.report import compare as cmp
 from xfw.report import contrast, table
@@ -51,6 +52,8 @@ def load_all(paths: list[str], overrides: list[str]) -> list[Recipe]:
             recipes.append(load_recipe(path, overrides))
         except RecipeError as err:
             problems.append(str(err))
+            continue
+        problems += [f"{path}: {problem}" for problem in knob_problems(recipes[-1])]
     if problems:
         raise UsageError("\n".join(problems))
     names = [r.name for r in recipes]
@@ -58,6 +61,21 @@ def load_all(paths: list[str], overrides: list[str]) -> list[Recipe]:
     if duplicates:
         raise UsageError(f"two recipes are named {duplicates[0]!r}: run directories would collide")
     return recipes
+
+
+def knob_problems(recipe: Recipe, root: Path = launcher.PROJECT_ROOT) -> list[str]:
+    """Each ``backends.<name>`` checked against its adapter's declaration (``xfw.contract.knobs``:
+    ``adapters/*/xfw_<name>/knobs.json``, read as data: no adapter or framework starts). A backend
+    that runs a command, or whose adapter declares nothing here, is left to its own checks."""
+    problems = []
+    for name, knobs in recipe.backends.items():
+        found = sorted(root.glob(f"adapters/*/xfw_{name}/{knob_declaration.KNOBS_FILE}"))
+        if "command" in knobs or not found:
+            continue
+        problem = knob_declaration.check(name, knobs, knob_declaration.read_declaration(found[0]))
+        if problem:
+            problems.append(problem)
+    return problems
 
 
 def data_summary(recipe: Recipe) -> str:

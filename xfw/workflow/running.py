@@ -16,9 +16,9 @@ from xfw.run import jobs, launcher
 from xfw.run import maxbatch as mb
 from xfw.run import sweep as sw
 from xfw.run.recipe import Recipe
-from xfw.workflow.base import (Log, Outcome, UsageError, check_node, guarded, interrupted, load_all, one_node,
-                               prepare_backends, recipe_error, refuse_commands, refuse_foreign, silent, write_page,
-                               write_report)
+from xfw.workflow.base import (Log, Outcome, UsageError, check_node, guarded, interrupted, knob_problems, load_all,
+                               one_node, prepare_backends, recipe_error, refuse_commands, refuse_foreign, silent,
+                               write_page, write_report)
 
 
 NODE_WAIT_S = 120.0
@@ -154,6 +154,9 @@ def sweep(recipe_path: str, axes: list[str], backend_names: list[str], *, fixed:
     """Every combination of the axes' values, one run at a time; the same ``out_dir`` resumes.
     ``fixed`` overrides (``--repeat``) apply to every point without being part of its variant."""
     points = recipe_error(sw.plan, recipe_path, axes, fixed)
+    problems = sorted({f"{recipe_path}: {x}" for p in points for x in knob_problems(p.recipe)})
+    if problems:
+        raise UsageError("\n".join(problems))
     one_node([p.recipe for p in points], "sweep")
     backends = prepare_backends(backend_names, interpreters, [p.recipe for p in points])
     out_dir = out_dir or Path("runs") / f"sweep-{points[0].recipe.name}"  # no timestamp: a rerun resumes

@@ -47,7 +47,6 @@ DEEPSPEED_ZERO_KEYS = ("overlap_comm", "contiguous_gradients", "reduce_bucket_si
                        "stage3_max_live_parameters", "stage3_max_reuse_distance",
                        "stage3_gather_16bit_weights_on_model_save", "sub_group_size")
 DEEPSPEED_TOP_KEYS = ("communication_data_type",)
-KNOBS = ("attn_implementation", "tf32", "optimizer_impl", "checkpointing", "deepspeed")
 NEUTRAL_SHARDING = {"none": "none", "ddp": "data_parallel", "zero_redundancy": "zero1"}
 
 

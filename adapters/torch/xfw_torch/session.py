@@ -30,13 +30,14 @@ import torch
 from xfw.contract import families, hf_names
 from xfw.contract import weights as neutral
 from xfw.contract.env import cpu_model, package_versions
-from xfw.contract.harness import GRAD_NORM_KNOB, LOADER_KNOBS, InvalidSpec, Unsupported, loader_settings, wants_grad_norm
+from xfw.contract import knobs as knob_declaration
+from xfw.contract.harness import InvalidSpec, Unsupported, loader_settings, wants_grad_norm
 from xfw_torch import mechanisms, parallel
 from xfw_torch.families import family_module
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-KNOBS = {"fused_optimizer", "sharding_impl", "compile", "detect_anomaly", GRAD_NORM_KNOB, *mechanisms.KNOBS,
-         *LOADER_KNOBS}
+# knobs.json beside this file: the one list, which xfw's core reads too (xfw validate).
+KNOBS = set(knob_declaration.adapter_declaration(__file__))
 
 
 def _library_versions() -> dict[str, str]:

@@ -1,0 +1,47 @@
+"""Each adapter's knobs, declared in a data file beside it: ``adapters/<name>/xfw_<name>/knobs.json``.
+
+The file is the one list: the adapter reads it (its ``KNOBS``) and xfw's core reads it to check a
+recipe's ``backends.<name>`` before anything launches, without importing the adapter or its
+framework (``xfw validate``)::
+
+    {"knobs": {"attn_implementation": ["sdpa", "eager"], "loader_workers": null}}
+
+A list gives the values accepted; ``null`` leaves the value to the adapter's own check. Keys every
+backend takes (``env``) and a command's keys (``command``, ``cwd``, ...: ``xfw.run.command``) are not
+knobs and are not declared.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+KNOBS_FILE = "knobs.json"
+COMMON_KEYS = ("env",)
+"""Keys of ``backends.<name>`` every backend accepts besides its knobs."""
+
+
+def read_declaration(path: str | Path) -> dict[str, tuple | None]:
+    """knob -> the values accepted (a tuple) or None (any value the adapter checks itself)."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    knobs = data["knobs"]
+    return {name: None if values is None else tuple(values) for name, values in knobs.items()}
+
+
+def adapter_declaration(package_file: str | Path) -> dict[str, tuple | None]:
+    """An adapter's own declaration, from any module of its package (``__file__``)."""
+    return read_declaration(Path(package_file).with_name(KNOBS_FILE))
+
+
+def check(backend: str, knobs: dict, declared: dict[str, tuple | None]) -> str | None:
+    """The first knob ``declared`` does not accept, as one line naming the key and the accepted
+    names (or values); None when every knob is accepted."""
+    for name, value in knobs.items():
+        if name in COMMON_KEYS:
+            continue
+        if name not in declared:
+            return f"backends.{backend}.{name}: unknown knob (accepted: {', '.join(sorted(declared))}, env)"
+        allowed = declared[name]
+        if allowed is not None and not any(value == a and type(value) is type(a) for a in allowed):
+            return f"backends.{backend}.{name}: {value!r} is not one of {', '.join(map(repr, allowed))}"
+    return None
