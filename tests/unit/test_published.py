@@ -133,8 +133,9 @@ def test_each_scripts_throughput_definition_from_the_same_records():
     assert script_throughput(m, {"definition": "step_mean", "skip_steps": 2}) == pytest.approx((16 + 16 + 32) / 3)
     # HF Trainer: every sample over the whole run, warm-up included
     assert script_throughput(m, {"definition": "whole_run"}) == pytest.approx(40 / 4.25)
-    # SD3's parser: rank 0's rate x 8
+    # SD3's parser: rank 0's rate x 8 (over its window, or its steps after the skipped ones)
     assert script_throughput(m, {"definition": "rank0_times", "n": 8}) == pytest.approx(16 / 2.25 * 8)
+    assert script_throughput(m, {"definition": "rank0_times", "n": 8, "skip_steps": 3}) == pytest.approx(8 / 0.75 * 8)
 
 
 def _side(name: str, mechanisms: dict, kind: str = "like-for-like", env: dict | None = None) -> Side:

@@ -202,7 +202,7 @@ THROUGHPUT_NOTES = {
     "window": "xfw: samples in the measured window / its time, all ranks",
     "step_mean": "mean of per-step samples/s after the first {skip_steps} logged steps (PaddleMIX's log analysis)",
     "whole_run": "all samples / the whole run's step time, warm-up included (HF Trainer train_samples_per_second)",
-    "rank0_times": "rank 0's samples/s in the window x {n} (the script's parser)",
+    "rank0_times": "rank 0's samples/s after the first {skip_steps} logged steps x {n} (the script's parser)",
 }
 
 
@@ -219,8 +219,12 @@ def script_throughput(m: Measurement, definition: dict) -> float | None:
         return sum(rates) / len(rates) if rates else None
     if kind == "whole_run":
         return sum(s for s, _ in steps) * ranks / sum(t for _, t in steps) if steps else None
-    if kind == "rank0_times":
-        rank0 = m.per_rank[0]["ips"] if m.per_rank else None
+    if kind == "rank0_times":  # rank 0's rate over its steps after the skipped ones (else its window) x n
+        if "skip_steps" in definition:
+            kept = steps[int(definition["skip_steps"] or 0):]
+            rank0 = sum(s for s, _ in kept) / sum(t for _, t in kept) if kept else None
+        else:
+            rank0 = m.per_rank[0]["ips"] if m.per_rank else None
         return None if rank0 is None else rank0 * int(definition.get("n") or 1)
     return None
 

@@ -336,8 +336,6 @@ def _apply_published(data: dict, overrides, recipe_dir: Path, source: str) -> No
         raise RecipeError(f"{source}: published: must be a name in recipes/published/ or a .yaml path, got {name!r}")
     try:
         path = published_settings.locate(name, recipe_dir)
-        if not path.exists() and data.get("comparison") != "published":
-            return  # TRANSITIONAL
         table = published_settings.load(path)
     except published_settings.PublishedError as err:
         raise RecipeError(f"{source}: {err}") from None
@@ -349,7 +347,7 @@ def _apply_published(data: dict, overrides, recipe_dir: Path, source: str) -> No
 
 def published_table(recipe: Recipe) -> dict | None:
     """The recipe's published-settings file, loaded (None when it names none)."""
-    if recipe.published is None or not Path(recipe.published).exists():
+    if recipe.published is None:
         return None
     try:
         return published_settings.load(Path(recipe.published))
