@@ -171,7 +171,11 @@ TEMPLATES = {
 
 
 @pytest.mark.parametrize("name", list(TEMPLATES))
-def test_7_8_a_chat_template_that_fails_loops_or_escapes_is_one_line_and_leaves_no_temporary(tmp_path, llava, name):
+def test_7_8_a_chat_template_that_fails_loops_or_escapes_is_one_line_and_leaves_no_temporary(tmp_path, llava, name,
+                                                                                             monkeypatch):
+    from xfw.run.data import template
+
+    monkeypatch.setattr(template, "TIME_S", 1.0)
     source, expected = TEMPLATES[name]
     paths = with_config(tmp_path, llava, {"bos_token": "<s>", "eos_token": "</s>", "chat_template": source})
     started = time.monotonic()
@@ -525,3 +529,110 @@ def test_19_a_csv_cell_never_starts_a_formula_and_numbers_stay_numbers():
             assert not cell.startswith(("=", "+", "@", "\t", "\r", "\uff1d")) or cell in ("+3.5",), cell
             assert not cell.startswith("-") or cell in ("-59%", "-1.5e-3", "-3.5"), cell
     assert rows[0][2] == "'=evil header" and rows[1][0] == "'" + hostile[0] and rows[-1][1:3] == ["+3.5", "-1.5e-3"]
+
+
+# --- fuzzed: the data formats and the history file -------------------------------------------------------
+# Each reader is total: any input prepares (or reads) or is refused with one DataError / UnreadableFile
+# line; nothing else escapes. Derandomized, so CI always tries the same inputs.
+
+FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+odd_text = st.text(max_size=12) | st.sampled_from(["<image>", "<image>\n<image>", "\ud800", "a\u2028b", "\x00", "",
+                                                   "../0.png", "/etc/passwd", "images/0.png", "images/1.png", "0.png"])
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | odd_text,
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(odd_text, inner, max_size=3),
+                           max_leaves=8)
+turns = st.fixed_dictionaries({}, optional={"from": st.sampled_from(["human", "gpt", "user", "assistant", "system"])
+                                            | json_values, "value": odd_text | json_values})
+words = st.sampled_from(["What is shown?", "A red disc.", "<image>\nWhich colour?", "Mostly blue.", "Say hello.",
+                         "Hello there.", "<image>\nDescribe it.", "<image>"])
+good_turns = st.fixed_dictionaries({"from": st.sampled_from(["human", "gpt"]), "value": words | odd_text})
+images = st.sampled_from(["images/0.png", "images/1.png", "images/2.png"])
+records = st.fixed_dictionaries(
+    {"conversations": st.lists(good_turns, min_size=1, max_size=4) | st.lists(good_turns | turns | json_values,
+                                                                               max_size=4)},
+    optional={"id": odd_text | json_values, "image": images | st.lists(images | odd_text, max_size=3) | json_values})
+
+
+@FUZZ
+@given(content=st.lists(records, min_size=1, max_size=3) | st.lists(records | json_values, max_size=3) | json_values)
+def test_fuzz_any_conversation_json_prepares_or_is_one_line(tmp_path, llava, content):
+    paths = conversations(tmp_path, llava, json.dumps(content))
+    recipe = write_recipe(tmp_path / "r.yaml", llava_json_recipe(paths, tmp_path / "cache",
+                                                                 image_root=str(llava["images"].parent)))
+    real._PREPARED.clear()
+    result = invoke("validate", recipe)
+    assert result.exit_code in (0, 2) and "Traceback" not in result.output, result.output
+    if result.exit_code == 2:
+        one_line_error(result)
+
+
+
+caption_lines = st.fixed_dictionaries({"file_name": st.sampled_from(["0.png", "1.png", "2.png"]) | odd_text,
+                                       "text": words | odd_text}) | json_values
+
+
+def jsonl_line(value) -> str:
+    return json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
+
+
+@FUZZ
+@given(lines=st.lists(caption_lines, max_size=4), ending=st.sampled_from(["\n", "\r\n", "", "\u2028", "\n\n"]))
+def test_fuzz_any_metadata_jsonl_prepares_or_is_one_line(tmp_path, captions, lines, ending):
+    metadata = tmp_path / "metadata.jsonl"
+    metadata.write_bytes(ending.join(map(jsonl_line, lines)).encode("utf-8", "surrogatepass"))
+    result = captions_validate(tmp_path, {**captions, "jsonl": metadata}, image_root=str(captions["jsonl"].parent))
+    assert result.exit_code in (0, 2) and "Traceback" not in result.output, result.output
+    if result.exit_code == 2:
+        one_line_error(result)
+
+
+FRAGMENTS = ["{{ bos_token }}", "{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}",
+             "{% if add_generation_prompt %}ASSISTANT:{% endif %}", "{{ messages[0].content | upper }}", "{%",
+             "{{ x.y.z }}", "{{ raise_exception('no') }}", "{{ messages | nosuch }}", "{{ 1 / 0 }}", "{{ 'a' * 3 }}",
+             "{{ range(3) | list }}", "{{ messages.__class__ }}", "{% set n = namespace(i=0) %}{{ n.i }}", "}}"]
+configs = st.fixed_dictionaries({}, optional={
+    "bos_token": st.sampled_from(["<s>", "", None]) | json_values, "eos_token": st.sampled_from(["</s>", None]) | json_values,
+    "pad_token": st.fixed_dictionaries({"content": st.sampled_from(["</s>", "<unk>"]) | json_values}) | json_values,
+    "chat_template": st.lists(st.sampled_from(FRAGMENTS), max_size=4).map("".join) | json_values})
+
+
+@settings(FUZZ, max_examples=150)
+@given(config=configs)
+def test_fuzz_any_tokenizer_config_prepares_or_is_one_line(tmp_path, llava, config):
+    paths = {**llava, "tokenizer": tmp_path / "tok"}
+    (tmp_path / "tok").mkdir(exist_ok=True)
+    (tmp_path / "tok" / "tokenizer.json").write_bytes((llava["tokenizer"] / "tokenizer.json").read_bytes())
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(config))
+    real._PREPARED.clear()
+    result = llava_validate(tmp_path, paths)
+    assert result.exit_code in (0, 2) and "Traceback" not in result.output, result.output
+    if result.exit_code == 2:
+        one_line_error(result)
+
+
+history_values = st.fixed_dictionaries({}, optional={k: json_values | st.sampled_from(
+    ["2026-11-20T01:00:00Z", "2099-01-01T00:00:00Z", "ok", "oom", 1.5, 0, None]) for k in (
+    "night", "night_started_utc", "entry", "backend", "repeat_index", "status", "ips", "memory_bytes",
+    "memory_source", "step_time_p10_s", "step_time_p90_s", "step_time_median_s", "num_measured_steps", "workload",
+    "knobs", "mfu", "reason")})
+
+
+@FUZZ
+@given(changes=st.lists(history_values, min_size=1, max_size=3), junk=st.sampled_from(["", "{", "[]", "\u2028", "null"]))
+def test_fuzz_any_history_file_reads_and_judges_or_is_one_line(tmp_path, changes, junk):
+    from xfw.contract.atomic import UnreadableFile
+    from xfw.report.history import History
+    from xfw.report.verdicts import RegressionPolicy, evaluate
+
+    rows = [history_row(**{"night": f"2026-11-{i + 10}", "night_started_utc": f"2026-11-{i + 10}T01:00:00Z", **change})
+            for i, change in enumerate(changes)]
+    text = "".join(json.dumps(r) + "\n" for r in rows) + junk
+    (tmp_path / "history.jsonl").write_bytes(text.encode("utf-8", "surrogatepass"))
+    try:
+        read = History(tmp_path).rows()
+    except UnreadableFile as err:
+        assert "\n" not in str(err) and "history.jsonl" in str(err), err
+        return
+    for night in {r["night"] for r in read}:
+        evaluate(read, night, RegressionPolicy())
