@@ -23,6 +23,7 @@ TORCH_KNOBS = {
     "tf32": {True, False},
     "optimizer_impl": {"fused", "foreach", "for_loop"},
     "checkpointing": {"reentrant", "non_reentrant"},
+    "recompute": {True, False},
 }
 PADDLE_KNOBS = {"find_unused_parameters": {True, False}, "attn_implementation": {"eager", "sdpa"}}
 DEFINITIONS = {"window", "step_mean", "whole_run", "rank0_times"}

@@ -13,6 +13,8 @@ optimizer_impl         AdamW's ``fused`` | ``foreach`` | ``for_loop`` (default: 
                        torch's own choice for the device); ``fused_optimizer: true`` is ``fused``
 checkpointing          ``non_reentrant`` (default) | ``reentrant`` (with input gradients enabled, as
                        transformers' Trainer does for it)
+recompute              this side's activation checkpointing, where its script's differed from the
+                       recipe's ``recompute`` (default: the recipe's)
 deepspeed              a mapping merged into DeepSpeed's config (``overlap_comm``, ``contiguous_gradients``,
                        ``communication_data_type``, bucket sizes, ...): only with ``sharding_impl: deepspeed``
 =====================  ==========================================================================
@@ -75,8 +77,11 @@ class Plan:
                 raise InvalidSpec("backends.torch.fused_optimizer: conflicts with optimizer_impl "
                                   f"{self.optimizer_impl!r} (give one)")
             self.optimizer_impl = legacy or self.optimizer_impl
+        self.recompute = knobs.get("recompute", spec["recompute"])
+        if not isinstance(self.recompute, bool):
+            raise InvalidSpec(f"backends.torch.recompute: must be true or false, got {self.recompute!r}")
         self.checkpointing = self._choice(knobs, "checkpointing", CHECKPOINTING, "non_reentrant")
-        if "checkpointing" in knobs and not spec["recompute"]:
+        if "checkpointing" in knobs and not self.recompute:
             self.not_honoured["checkpointing"] = f"asked {self.checkpointing}: this recipe trains without recompute"
         self.deepspeed = knobs.get("deepspeed", {})
         if not isinstance(self.deepspeed, dict):
@@ -236,6 +241,7 @@ def mechanisms(session, spec: dict) -> dict:
                             "deepspeed": f"DeepSpeed {session.deepspeed_version} ZeRO-{sharding.removeprefix('stage')}"
                             }.get(impl, impl),
         "tf32": (bool(torch.backends.cuda.matmul.allow_tf32) if session.cuda else "n/a (CPU)"),
-        "checkpointing": (f"per block, {session.plan.checkpointing.replace('_', '-')}" if spec["recompute"] else "none"),
+        "checkpointing": (f"per block, {session.plan.checkpointing.replace('_', '-')}" if session.plan.recompute
+                          else "none"),
         "device": "gpu" if session.cuda else "cpu",
     }

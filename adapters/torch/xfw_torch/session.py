@@ -183,7 +183,7 @@ class TorchSession:
         self.cuda = self.device.type == "cuda"
         attn = plan.attn
         model = start_model(spec, self.device, attn)
-        if spec["recompute"]:
+        if plan.recompute:  # the recipe's, or this side's own (backends.torch.recompute)
             family.enable_recompute(model, reentrant=plan.checkpointing == "reentrant")
         # A debugging switch people leave on by accident (every op records its traceback and every
         # backward checks for NaN): slow by design; the nightly suite uses it to inject a slowdown.
@@ -406,7 +406,7 @@ class TorchSession:
             weight_dtype=str(weight_dtype).removeprefix("torch."), compute_dtype=compute, amp_level=level,
             master_weights=self.master is not None or (level == "O2" and (fsdp or self.engine is not None)), sharding_impl=self.impl,
             attention_impl=self.attn, tf32=bool(self.cuda and torch.backends.cuda.matmul.allow_tf32),
-            fused_optimizer=self.fused, recompute=bool(self.spec["recompute"]),
+            fused_optimizer=self.fused, recompute=self.plan.recompute,
             num_params_total=self.num_params_total, num_params_trainable=self.num_params_trainable,
             num_processes=self.num_ranks, grad_accum_steps=self.spec["derived"]["grad_accum_steps"],
             mem_source="cuda_allocator" if self.cuda else "peak_rss", notes=notes, **versions,
