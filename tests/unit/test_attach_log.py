@@ -104,3 +104,25 @@ def test_print_command_without_out_leaves_no_run_directory_behind(tmp_path, monk
     assert result.exit_code == 0, result.output
     assert "xfw.run.guard" in result.output and "no spec.json written" in result.output
     assert not (tmp_path / "runs").exists() and not list(tmp_path.rglob("spec.json"))
+
+
+def test_an_attached_sides_provenance_and_params_come_from_what_its_probe_saw():
+    from xfw.report import contrast
+    from xfw.report.compare import compare_runs
+    from xfw.report.table import to_markdown
+
+    from test_compare_render import result
+
+    seen = dict(framework="torch", framework_version="2.13.0", version_torch="2.13.0", version_diffusers="0.42.1",
+                step_boundary="optimizer step", notes="attached; samples counted from the inputs that reached "
+                "UNet2DConditionModel's forward; parameters over UNet2DConditionModel 802948 (trainable 9984)")
+    attached = result("torch", 40.0, preset="tiny-sd15", params=1_108_916, **seen)
+    attached.env = {"backend": {"command": ["python", "train.py"], "cwd": "/x", "env": {}}}
+    own = result("paddle", 20.0, preset="tiny-sd15", params=1_501_003)
+    (row,) = compare_runs([own, attached], ["paddle", "torch"])
+    assert any(w.startswith("torch ran 1,108,916 parameters") and "tiny-sd15 has 1,501,003" in w for w in row.warnings)
+    assert not any(w.startswith("paddle ran") for w in row.warnings)  # xfw's own adapter builds the preset
+    text = to_markdown(contrast.contrast_page([row], ["paddle", "torch"]))
+    line = next(line for line in text.splitlines() if line.startswith("| ") and "| torch | the command" in line)
+    assert "the command's own" in line and "reached UNet2DConditionModel's forward" in line
+    assert "torch 2.13.0 (diffusers 0.42.1)" in line and "A command xfw attached to has no after-build" in text

@@ -263,6 +263,12 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
             row.warnings.append("parameter counts differ: the two sides did not build or train the same model ("
                                 + ", ".join(f"{k} {_count(total)} total, {_count(trainable)} trainable"
                                             for k, (total, trainable) in counts.items()) + ")")
+    for name, s in sides.items():  # a command xfw attached to: the model it ran against the preset naming the row
+        total = (s.applied or {}).get("num_params_total") if "step_boundary" in (s.applied or {}) else None
+        if total is not None and row.expected_params and total != row.expected_params:
+            row.warnings.append(f"{name} ran {_count(total)} parameters (the modules its steps called, in its notes); "
+                                f"the preset {first.preset} has {_count(row.expected_params)}: the row's label and "
+                                "MFU's FLOPs are the preset's")
     for key in SETTINGS + SEEN_SETTINGS:
         values = {name: s.applied.get(key) for name, s in sides.items() if s.applied}
         if key in SEEN_SETTINGS:

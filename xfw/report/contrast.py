@@ -267,16 +267,39 @@ def settings_blocks(rows: list[ComparisonRow], backends: list[str]) -> list:
         if row.data_line:
             blocks.append(Paragraph(row.data_line))
         if row.settings:
-            cells = [[key, *(str(values.get(b, "–")) for b in backends), "⚠ differs" if key in row.differing else ""]
+            cells = [[key, *(str(values.get(b, "–")) for b in backends), "⚠ differs" if key in row.differing else
+                      _SETTING_NOTES.get(key, "") if len({repr(v) for v in values.values()}) > 1 else ""]
                      for key, values in row.settings.items()]
             blocks.append(Table(header=["Setting", *backends, ""], cells=cells, name="settings", csv=False))
     return blocks
+
+
+_SETTING_NOTES = {"mem_source": "differs: each framework's own memory figure (an extra in the CSV, extra_own_*), "
+                                "not the memory compared above"}
 
 
 def _start(setup: dict) -> str:
     if setup.get("weights") in (None, "random"):
         return f"random init (seed {setup.get('seed', '?')})"
     return f"{setup['weights']} ({setup.get('weights_fingerprint') or 'no fingerprint'})"
+
+
+def _seen(applied: dict) -> dict:
+    """An attached side's framework as its probe saw it, with the libraries it saw imported."""
+    framework = applied.get("framework")
+    if not framework:
+        return {"framework": "not seen"}
+    libraries = ", ".join(f"{k.removeprefix('version_')} {v}" for k, v in applied.items()
+                          if k.startswith("version_") and k.removeprefix("version_") not in (framework, "paddlepaddle"))
+    return {"framework": framework, "framework_version": str(applied.get("framework_version", "?"))
+            + (f" ({libraries})" if libraries else ""), "device_name": applied.get("device_name")}
+
+
+def _attached_data(applied: dict) -> str:
+    """An attached side's data: the command's own, and how its samples were counted."""
+    notes = str(applied.get("notes", ""))
+    counted = next((n.strip() for n in notes.split(";") if n.strip().startswith("samples ")), "")
+    return "the command's own" + (f" ({counted})" if counted else "")
 
 
 def _data(setup: dict) -> str:
@@ -299,7 +322,11 @@ def provenance_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
                 continue
             env, described = side.env or {}, (side.env or {}).get("backend", {})
             sha = env.get("xfw_git_sha") or "–"
-            record = {"row": row_name(row), "backend": name, "weights": _start(side.setup), "data": _data(side.setup),
+            if "command" in described:  # a command xfw attached to: what its probe saw, not the recipe's
+                described = {**described, **_seen(side.applied or {})}
+            record = {"row": row_name(row), "backend": name,
+                      "weights": "the command's own" if "command" in described else _start(side.setup),
+                      "data": _attached_data(side.applied or {}) if "command" in described else _data(side.setup),
                       "xfw_commit": sha[:12] + ("-dirty" if sha.endswith("-dirty") else ""),
                       "host": env.get("host", {}).get("hostname", "–"),
                       "device": described.get("device_name") or side.device or "–",
@@ -309,6 +336,10 @@ def provenance_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
             records.append(record)
     return Table(header=["Row", "Backend", "Start (weights)", "Data", "xfw commit", "Host", "Device", "Framework",
                          "Started (UTC)"], cells=cells, records=records, name="provenance", csv=False)
+
+
+def _any_attached(rows: list[ComparisonRow]) -> bool:
+    return any("command" in ((side.env or {}).get("backend") or {}) for row in rows for side in row.sides.values())
 
 
 def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str = "Training benchmark",
@@ -326,7 +357,10 @@ def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str 
                                 "allocated / reserved by the CUDA allocator on a GPU; on a CPU the training memory, each "
                                 "process's peak resident set since its model was built minus its resident set right "
                                 "after the build (framework start-up, libraries and weights excluded), with both beside "
-                                "it. Each framework's own figure is in the settings (mem_source) and the CSV (extra_own_*).",
+                                "it. Each framework's own figure is in the settings (mem_source) and the CSV (extra_own_*)."
+                                + (" A command xfw attached to has no after-build figure (its probe starts after the "
+                                   "script built its model): its memory is the process's whole peak resident set on a "
+                                   "CPU, the allocator's peaks on a GPU." if _any_attached(rows) else ""),
                                 muted=True))
     if any(side.ips_spread is not None for row in rows for side in row.sides.values()):
         blocks.append(Paragraph("With repeats, ips is the median and spread = (max − min) / median; a contrast no "
@@ -380,6 +414,8 @@ def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict
                                                         "batch_digest")},
                 f"{name}_measured_by": PARSED_NOTE if is_parsed(s) else "xfw",
                 f"{name}_script_ips": s.script_ips,
+                # Every setting of the report's settings table, as shown.
+                **{f"{name}_setting_{key}": values.get(name) for key, values in row.settings.items()},
             })
         out.append(rec)
     return out
