@@ -171,3 +171,26 @@ def test_each_adapter_declares_its_knobs_as_data_with_the_harness_knobs():
         assert {GRAD_NORM_KNOB, *LOADER_KNOBS} <= set(declared), f
         assert "env" not in declared  # every backend's key, not a knob
         json.loads(f.read_text())  # plain JSON: the core reads it without the adapter
+
+
+def test_every_applied_setting_is_in_the_settings_table_and_the_csv():
+    results = [cpu_result(b, 100.0, peak_mib=10, after_mib=5) for b in ("paddle", "torch")]
+    for r, workers in zip(results, (2, 0)):
+        r.setup.update({"cpu_threads": 1, "warmup_steps": 3, "measure_steps": 20,
+                        "optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.0, "betas": [0.9, 0.999],
+                                      "eps": 1e-8, "max_grad_norm": 1.0},
+                        "data": {"kind": "llava_json"}, "knobs": {"loader_workers": workers}})
+    (row,) = compare_runs(results, ["paddle", "torch"])
+    assert row.settings["cpu_threads"] == {"paddle": 1, "torch": 1}
+    assert row.settings["max_grad_norm"] == {"paddle": 1.0, "torch": 1.0}
+    assert row.settings["loader_workers"] == {"paddle": 2, "torch": 0} and "loader_workers" in row.differing
+    assert row.settings["loader_prefetch"] == {"paddle": 2, "torch": 2}  # the harness's default, as applied
+    record = contrast.contrast_table([row], ["paddle", "torch"]).records[0]
+    assert (record["paddle_setting_loader_workers"], record["torch_setting_cpu_threads"]) == (2, 1)
+
+
+def test_a_nightly_entrys_own_set_is_in_the_overrides_column():
+    from xfw.report.nightly_report import _overrides
+    state = {"suite_overrides": ["measure.steps=10"], "entry_overrides": {"llava": ["batch.micro=2"]},
+             "overrides": ["measure.cpu_threads=1"]}
+    assert _overrides(state) == "suite: measure.steps=10; entry llava: batch.micro=2; --set measure.cpu_threads=1"

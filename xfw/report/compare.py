@@ -23,6 +23,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from xfw.contract import presets
+from xfw.contract.harness import LOADER_KNOBS, InvalidSpec, loader_settings
 from xfw.report import comparison
 from xfw.report.measure import script_throughput, spread
 from xfw.report.results import RunResult
@@ -177,6 +178,40 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
     return side
 
 
+def recipe_settings(side: Side) -> dict:
+    """What the recipe set and the side ran with, beyond the applied record: host threads, gradient
+    clipping, the optimizer, warm-up and measured steps, its DataLoader (prepared data, or where a
+    loader knob is set) and each backend knob (``knob.<name>``); {} for a run without a spec."""
+    setup = side.setup
+    if "optimizer" not in setup:
+        return {}
+    opt, knobs = setup.get("optimizer") or {}, dict(setup.get("knobs") or {})
+    out = {"cpu_threads": setup.get("cpu_threads") if setup.get("cpu_threads") is not None else "framework default",
+           "max_grad_norm": opt.get("max_grad_norm") or "none (no clipping)",
+           "optimizer": f"{opt.get('name')} lr {opt.get('lr')}, weight decay {opt.get('weight_decay')}, "
+                        f"betas {tuple(opt.get('betas') or ())}, eps {opt.get('eps')}",
+           "warmup_and_measured_steps": f"{setup.get('warmup_steps')} / {setup.get('measure_steps')}"}
+    if (setup.get("data") or {}).get("kind", "synthetic") != "synthetic" or any(k in knobs for k in LOADER_KNOBS):
+        try:
+            out["loader_workers"], out["loader_prefetch"] = loader_settings({"backend_knobs": knobs})
+        except InvalidSpec:
+            out.update({k: knobs.get(k) for k in LOADER_KNOBS})
+    out.update({f"knob.{k}": v for k, v in sorted(knobs.items()) if k not in LOADER_KNOBS})
+    return out
+
+
+def add_recipe_settings(row: ComparisonRow) -> None:
+    """:func:`recipe_settings` of every side into the settings; a difference is warned about, except
+    backend knobs (each framework has its own)."""
+    per_side = {name: recipe_settings(s) for name, s in row.sides.items() if s.applied}
+    for key in dict.fromkeys(k for values in per_side.values() for k in values):
+        values = {name: v.get(key, "–") for name, v in per_side.items()}
+        row.settings[key] = values
+        if not key.startswith("knob.") and len(values) >= 2 and len({repr(v) for v in values.values()}) > 1:
+            row.differing.append(key)
+            row.warnings.append(f"{key} differs: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+
+
 DATA_KEYS = ("padding_fraction", "seq_len_mean", "seq_len_max", "batch_digest", "num_batches")
 
 
@@ -279,6 +314,7 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
                     and key not in _EXPECTED_TO_DIFFER:
                 row.differing.append(key)
                 row.warnings.append(f"{key} differs: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    add_recipe_settings(row)
     comparison.add_mechanisms(row)
     compare_data(row)
     sources = {s.memory_source for s in sides.values() if s.ok and s.memory_source}  # a parsed log has none

@@ -135,8 +135,9 @@ def _night_states(history_dir: Path, nights: list[str]) -> list[dict]:
 
 
 def _overrides(state: dict) -> str:
-    """The suite's own ``set`` and the command line's ``--set`` for the night."""
+    """The suite's own ``set``, each entry's own ``set`` and the command line's ``--set`` for the night."""
     parts = [f"suite: {' '.join(state['suite_overrides'])}"] if state.get("suite_overrides") else []
+    parts += [f"entry {label}: {' '.join(values)}" for label, values in (state.get("entry_overrides") or {}).items()]
     parts += [f"--set {' '.join(state['overrides'])}"] if state.get("overrides") else []
     return "; ".join(parts) or "–"
 

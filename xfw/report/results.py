@@ -178,6 +178,8 @@ def setup_from_spec(spec: dict) -> dict:
             "recompute": spec.get("recompute"), "measure_steps": _get(spec, "measure", "steps"),
             "weights": _get(spec, "model", "weights"), "weights_fingerprint": _get(spec, "model", "weights_fingerprint"),
             "seed": _get(spec, "measure", "seed"),
+            "warmup_steps": _get(spec, "measure", "warmup_steps"), "cpu_threads": _get(spec, "measure", "cpu_threads"),
+            "optimizer": spec["optimizer"] if isinstance(spec.get("optimizer"), dict) else {},
             "data": {k: v for k, v in (spec.get("data") or {}).items() if k in _PROVENANCE_DATA_KEYS}
             if isinstance(spec.get("data"), dict) else {},
             "knobs": dict(spec.get("backend_knobs") or {}) if isinstance(spec.get("backend_knobs") or {}, dict) else {},

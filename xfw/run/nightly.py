@@ -146,6 +146,10 @@ def start_night(history_dir: Path, suite: Suite, night: str, overrides: list[str
         state = {"night": night, "suite": suite.name, "suite_path": str(suite.path),
                  "started_utc": _iso(now or _utc_now()), "finished_utc": None, "overrides": list(overrides),
                  "suite_overrides": list(suite.overrides),
+                 # Each entry's own ``set:`` (its overrides are the suite's, its own, then the command line's).
+                 "entry_overrides": {e.label: list(e.overrides[len(suite.overrides):len(e.overrides) - len(overrides)])
+                                     for e in suite.entries
+                                     if len(e.overrides) > len(suite.overrides) + len(overrides)},
                  "env": host.host_env(), "backends": descriptions}
         write_json_atomic(night_dir / "night.json", state)
     return state
