@@ -1,7 +1,7 @@
 """Hostile and unlucky input, round three (issue 25): the data cache, data files, tokenizer
 configs and chat templates, attached commands that leave children, nightly paths and history,
 CSV cells, assembly, signals and exit codes. Each case is refused in one line (exit 2) or
-survived with nothing lost; the numbers in the names follow docs/reliability.md (15 onwards).
+survived with nothing lost; the numbers in the names follow docs/reliability.md (15 to 21).
 """
 
 from __future__ import annotations
@@ -96,9 +96,9 @@ def bomb_png(path: Path, width: int = 100000, height: int = 100000) -> Path:
     return path
 
 
-# --- 7. data files that used to give a traceback -----------------------------------------------------
+# --- 20. data readers are total: data files that used to give a traceback ----------------------------
 
-def test_7_a_decompression_bomb_is_refused_in_one_line_in_both_data_kinds(tmp_path, llava, captions):
+def test_20_a_decompression_bomb_is_refused_in_one_line_in_both_data_kinds(tmp_path, llava, captions):
     bomb_png(llava["images"] / "bomb.png")
     line = one_line_error(llava_validate(tmp_path, conversations(tmp_path, llava, [sample(image="images/bomb.png")])))
     assert "sample #0" in line and "100000x100000" in line
@@ -110,7 +110,7 @@ def test_7_a_decompression_bomb_is_refused_in_one_line_in_both_data_kinds(tmp_pa
     assert "line 1" in line and "30000x30000" in line
 
 
-def test_7_an_image_that_is_not_an_image_is_refused_in_one_line(tmp_path, llava):
+def test_20_an_image_that_is_not_an_image_is_refused_in_one_line(tmp_path, llava):
     (llava["images"] / "text.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)
     line = one_line_error(llava_validate(tmp_path, conversations(tmp_path, llava, [sample(image="images/text.png")])))
     assert "cannot preprocess" in line and "sample #0" in line
@@ -124,12 +124,12 @@ def test_7_an_image_that_is_not_an_image_is_refused_in_one_line(tmp_path, llava)
      "lone surrogate"),
     ([sample(speaker=7, id={"deep": ["x" * 10_000]})], "sample #0: turn 0"),
 ], ids=["nested", "from-list", "from-dict", "surrogate", "odd-id"])
-def test_7_malformed_conversations_are_one_line(tmp_path, llava, records, expected):
+def test_20_malformed_conversations_are_one_line(tmp_path, llava, records, expected):
     line = one_line_error(llava_validate(tmp_path, conversations(tmp_path, llava, records)))
     assert expected in line and len(line) < 400
 
 
-def test_7_a_lone_surrogate_in_a_caption_is_one_line(tmp_path, captions):
+def test_20_a_lone_surrogate_in_a_caption_is_one_line(tmp_path, captions):
     metadata = tmp_path / "metadata.jsonl"
     metadata.write_text('{"file_name": "0.png", "text": "a picture \\udc80 of"}\n')
     line = one_line_error(captions_validate(tmp_path, {**captions, "jsonl": metadata},
@@ -137,7 +137,7 @@ def test_7_a_lone_surrogate_in_a_caption_is_one_line(tmp_path, captions):
     assert "line 1" in line and "surrogate" in line
 
 
-def test_9_a_caption_holding_unicode_line_separators_is_one_caption(tmp_path, captions):
+def test_20_a_caption_holding_unicode_line_separators_is_one_caption(tmp_path, captions):
     metadata = tmp_path / "metadata.jsonl"
     lines = [{"file_name": "0.png", "text": "a picture\u2028of\u2029thing\x85 0\x0c"},
              {"file_name": "1.png", "text": "a picture of thing 1"}]
@@ -171,7 +171,7 @@ TEMPLATES = {
 
 
 @pytest.mark.parametrize("name", list(TEMPLATES))
-def test_7_8_a_chat_template_that_fails_loops_or_escapes_is_one_line_and_leaves_no_temporary(tmp_path, llava, name,
+def test_20_a_chat_template_that_fails_loops_or_escapes_is_one_line_and_leaves_no_temporary(tmp_path, llava, name,
                                                                                              monkeypatch):
     from xfw.run.data import template
 
@@ -188,22 +188,22 @@ def test_7_8_a_chat_template_that_fails_loops_or_escapes_is_one_line_and_leaves_
 @pytest.mark.parametrize("config, key", [({"eos_token": 5}, "eos_token"), ({"bos_token": ["<s>"]}, "bos_token"),
                                          ({"pad_token": {"content": 3}}, "pad_token"),
                                          ({"chat_template": 7}, "chat_template")])
-def test_7_a_tokenizer_config_of_the_wrong_types_is_one_line_naming_the_key(tmp_path, llava, config, key):
+def test_20_a_tokenizer_config_of_the_wrong_types_is_one_line_naming_the_key(tmp_path, llava, config, key):
     line = one_line_error(llava_validate(tmp_path, with_config(tmp_path, llava, config)))
     assert "tokenizer_config.json" in line and key in line
 
 
-# --- 9. image paths ---------------------------------------------------------------------------------
+# --- 20. image paths ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, expected", [("../outside.png", "'..'"), ("images/../../outside.png", "'..'"),
                                             ("/etc/passwd", "absolute path")])
-def test_9_an_image_path_leaving_the_image_root_is_refused(tmp_path, llava, name, expected):
+def test_20_an_image_path_leaving_the_image_root_is_refused(tmp_path, llava, name, expected):
     line = one_line_error(llava_validate(tmp_path, conversations(tmp_path, llava, [sample(image=name)]),
                                          image_root=str(llava["images"].parent)))
     assert expected in line and "sample #0" in line
 
 
-def test_9_a_symlink_out_of_the_image_root_is_followed_and_counted(tmp_path, llava, captions):
+def test_20_a_symlink_out_of_the_image_root_is_followed_and_counted(tmp_path, llava, captions):
     root = tmp_path / "root"
     root.mkdir()
     (root / "linked.png").symlink_to(llava["images"] / "0.png")
@@ -363,10 +363,10 @@ def test_16_killing_xfw_with_sigkill_ends_a_command_child_in_its_own_session(tmp
             os.kill(daemon, signal.SIGKILL)
 
 
-# --- 9. signals while data is prepared; a closed pipe ------------------------------------------------
+# --- 21. signals while data is prepared; a closed pipe; the rendezvous --------------------------------
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_9_a_signal_during_preparation_exits_130_in_one_line_and_leaves_no_temporary(tmp_path, llava, sig):
+def test_21_a_signal_during_preparation_exits_130_in_one_line_and_leaves_no_temporary(tmp_path, llava, sig):
     paths = with_config(tmp_path, llava, {"bos_token": "<s>", "eos_token": "</s>", "chat_template": LOOP})
     recipe = write_recipe(tmp_path / "r.yaml", llava_json_recipe(paths, tmp_path / "cache",
                                                                  image_root=str(llava["images"].parent)))
@@ -383,7 +383,7 @@ def test_9_a_signal_during_preparation_exits_130_in_one_line_and_leaves_no_tempo
     assert not list((tmp_path / "cache").glob(".tmp-*"))
 
 
-def test_9_a_closed_pipe_never_touches_a_runs_status(tmp_path):
+def test_21_a_closed_pipe_never_touches_a_runs_status(tmp_path):
     """``xfw run ... 2>&1 | head -n1``: the reader goes away while the run is logging."""
     fakes = ROOT / "tests" / "fakes"
     recipe = write_recipe(tmp_path / "r.yaml", {})
@@ -462,7 +462,7 @@ def test_17_assemble_into_one_of_its_inputs_is_refused_and_the_input_left_untouc
                                           (["--master-addr", "no..such"], "not an IP address"),
                                           (["--master-addr", "host name"], "not an IP address"),
                                           (["--master-addr", "xfw-no-such-host.invalid"], "cannot resolve")])
-def test_9_a_rendezvous_that_cannot_work_is_refused_before_launch(tmp_path, fake_backend, flags, words):
+def test_21_a_rendezvous_that_cannot_work_is_refused_before_launch(tmp_path, fake_backend, flags, words):
     result = invoke("run", write_recipe(tmp_path / "r.yaml", {}), "--backend", "fake", "--set", "parallel.nnodes=2",
                     "--out", tmp_path / "out", *flags, *(["--master-port", 29518] if "--master-port" not in flags else []),
                     *fake_args(fake_backend))
