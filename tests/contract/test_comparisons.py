@@ -69,7 +69,7 @@ def test_variables_reach_the_adapter_processes_and_the_settings_table(runs, tmp_
     assert "| env.FLAGS_cudnn_deterministic | 1 | (not set) | ⚠ differs |" in report
     torch_applied = _applied(base / "published", "torch")
     assert torch_applied["mechanisms"]["optimizer_impl"] == "foreach"  # the script's adamw_torch, carried out
-    assert torch_applied["not_honoured"]["sharding_impl"].startswith("asked deepspeed, ran ddp")
+    assert torch_applied["not_honoured"]["sharding_impl"].startswith("asked deepspeed, ran none: this recipe runs one process")
 
 
 def test_like_for_like_lists_what_it_leaves_out(tmp_path):

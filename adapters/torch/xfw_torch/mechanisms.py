@@ -77,6 +77,9 @@ class Plan:
                 raise InvalidSpec("backends.torch.fused_optimizer: conflicts with optimizer_impl "
                                   f"{self.optimizer_impl!r} (give one)")
             self.optimizer_impl = legacy or self.optimizer_impl
+        if "sharding_impl" in knobs and spec["derived"]["num_processes"] == 1:
+            self.not_honoured["sharding_impl"] = (f"asked {knobs['sharding_impl']}, ran none: this recipe runs one "
+                                                  "process, with nothing to shard or reduce")
         self.recompute = knobs.get("recompute", spec["recompute"])
         if not isinstance(self.recompute, bool):
             raise InvalidSpec(f"backends.torch.recompute: must be true or false, got {self.recompute!r}")
