@@ -197,8 +197,9 @@ def test_a_jittery_run_is_judged_by_its_standard_error_while_history_is_short():
 
 
 def test_memory_growth_improvements_and_knob_changes_are_reported():
-    rows = [row("n1", mem=1000), row("n2", mem=1100, ips=150, knobs={"compile": True})]
-    v = verdicts_for(rows, "n2")
+    # Two nights of history: their spread is measured (one night alone would be "not enough history").
+    rows = [row("n1", mem=1000), row("n2", mem=1010), row("n3", mem=1100, ips=150, knobs={"compile": True})]
+    v = verdicts_for(rows, "n3")
     assert v[("e", "torch", "memory")].verdict == "regression"
     assert v[("e", "torch", "ips")].verdict == "improvement"
     assert "compile – → True" in v[("e", "torch", "ips")].note
@@ -257,5 +258,6 @@ def test_memory_is_compared_only_with_nights_that_measured_it_the_same_way():
     new = {**row("n3", mem=1), "memory_bytes": 400 * 2**20, "memory_source": "peak_rss"}
     v = verdicts_for(old + [new], "n3")[("e", "torch", "memory")]
     assert v.verdict == "new" and not v.flagged and v.baseline is None
-    later = {**row("n4", mem=1), "memory_bytes": 500 * 2**20, "memory_source": "peak_rss"}
-    assert verdicts_for(old + [new, later], "n4")[("e", "torch", "memory")].verdict == "regression"
+    again = {**row("n4", mem=1), "memory_bytes": 401 * 2**20, "memory_source": "peak_rss"}
+    later = {**row("n5", mem=1), "memory_bytes": 500 * 2**20, "memory_source": "peak_rss"}
+    assert verdicts_for(old + [new, again, later], "n5")[("e", "torch", "memory")].verdict == "regression"

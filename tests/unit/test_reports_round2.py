@@ -194,3 +194,26 @@ def test_a_nightly_entrys_own_set_is_in_the_overrides_column():
     state = {"suite_overrides": ["measure.steps=10"], "entry_overrides": {"llava": ["batch.micro=2"]},
              "overrides": ["measure.cpu_threads=1"]}
     assert _overrides(state) == "suite: measure.steps=10; entry llava: batch.micro=2; --set measure.cpu_threads=1"
+
+
+def test_a_nightly_change_without_a_measured_spread_is_not_enough_history():
+    from xfw.report.verdicts import RegressionPolicy, evaluate
+
+    def night(name, ips, repeat=0):
+        return {"night": name, "night_started_utc": f"2026-11-2{name[-1]}T01:00:00Z", "entry": "e",
+                "backend": "paddle", "repeat_index": repeat, "status": "ok", "ips": ips, "workload": "w",
+                "memory_bytes": 30 * MIB, "memory_source": "rss_training", "step_time_median_s": 8 / ips,
+                "step_time_p10_s": 8 / ips, "step_time_p90_s": 8 / ips, "num_measured_steps": 10}
+
+    policy = RegressionPolicy(ips_drop=0.4, mem_growth=0.1)
+    # Two nightlies of the same code: 52.6 then 194 ips. One night against one: no call.
+    (ips, _) = evaluate([night("n1", 52.6), night("n2", 194.0)], "n2", policy)
+    assert ips.verdict == "not enough history" and not ips.flagged and "+269%" in ips.note
+    # Tonight's repeats measure the spread: three runs agreeing at ~194 support a call.
+    rows = [night("n1", 52.6)] + [night("n2", v, k) for k, v in enumerate((190.0, 194.0, 197.0))]
+    (ips, _) = evaluate(rows, "n2", policy)
+    assert ips.verdict == "improvement" and ips.flagged is False
+    # ... and repeats as noisy as the two nights do not.
+    rows = [night("n1", 52.6)] + [night("n2", v, k) for k, v in enumerate((40.0, 194.0, 400.0))]
+    (ips, _) = evaluate(rows, "n2", policy)
+    assert ips.verdict == "ok" and "spread of 3 repeats" in ips.noise_source

@@ -6,10 +6,13 @@ or the run's status)::
     tiny-llava-sft / torch: ips 81.8 samples/s vs 344 (median of 2 nights), -76.2%, tolerance ±40.0% (floor 40%)
 
 Throughput is flagged when it fell by more than ``max(ips_drop, noise_k × noise)``, where the noise
-is the larger of the history's own scatter (1.4826 × MAD / median, once 3 nights exist) and the
-standard error of this run's mean step ((p90 − p10) / 2.563 / median / √steps); memory likewise
-with ``mem_growth`` and the history's scatter, against nights that measured memory the same way
-(``memory_of``); a run that was ok and now is not is always flagged.
+is the largest of the run-to-run spreads measured (the history's scatter, 1.4826 × MAD / median once
+3 nights exist; the standard deviation / median of two nights; that of this night's repeats) and
+the standard error of this run's mean step ((p90 − p10) / 2.563 / median / √steps); memory likewise
+with ``mem_growth``, against nights that measured memory the same way (``memory_of``). A change
+beyond the tolerance while no run-to-run spread is measured (one night of history, no repeats) is
+``not enough history``, neither improvement nor regression: two runs of the same code on a shared
+CPU differed threefold. A run that was ok and now is not is always flagged.
 Only nights that measured the same workload (:func:`xfw.report.history.workload_fingerprint`)
 are compared.
 """
@@ -24,6 +27,9 @@ from pathlib import Path
 from xfw.report.history import night_order
 
 MIN_NIGHTS_FOR_SCATTER = 3
+NOT_ENOUGH = "not enough history"
+"""The verdict where a change is beyond the floor but no run-to-run spread is measured (one night of
+history, no repeats): neither an improvement nor a regression."""
 _Z90 = 2 * 1.2816  # p90 − p10 of a normal distribution, in sigmas
 _QUIET_STATUSES = ("ok", "unsupported")  # not a failure of the night by themselves
 VERDICTS_FILE = "nightly.json"
@@ -51,7 +57,8 @@ class Verdict:
     """``ips`` | ``memory`` | ``status``"""
     verdict: str
     """``regression`` | ``improvement`` | ``ok`` | ``new`` (no comparable history) | ``failed``
-    (not ok, and not ok before either) | ``incomparable`` (the workload changed)"""
+    (not ok, and not ok before either) | ``incomparable`` (the workload changed) | ``not enough history``
+    (:data:`NOT_ENOUGH`)"""
     value: float | None = None
     baseline: float | None = None
     """Median of the comparable previous nights."""
@@ -98,6 +105,7 @@ def _per_night(rows: list[dict]) -> dict[tuple[str, str, str], dict]:
         mems = [memory_of(r) for r in ok if memory_of(r) is not None]
         base["ips"] = statistics.median(ips) if ips else None
         base["memory"] = statistics.median(mems) if mems else None
+        base["ips_repeats"], base["memory_repeats"] = ips, mems  # their spread is measured noise
         base["memory_source"] = memory_source_of(ok[0]) if ok else None
         out[key] = base
     return out
@@ -125,6 +133,15 @@ def relative_scatter(values: list[float]) -> float | None:
     if not med:
         return None
     return 1.4826 * statistics.median(abs(v - med) for v in values) / abs(med)
+
+
+def relative_sd(values: list[float]) -> float | None:
+    """Standard deviation / median of a few repeated values (two nights, a night's repeats): the
+    run-to-run spread where there are too few for :func:`relative_scatter`; None with fewer than 2."""
+    values = [v for v in values if v is not None]
+    if len(values) < 2 or not statistics.median(values):
+        return None
+    return statistics.stdev(values) / abs(statistics.median(values))
 
 
 def step_scatter(row: dict) -> float | None:
@@ -196,9 +213,13 @@ def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: l
                                note=f"{len(history)} comparable night(s), {policy.min_nights} needed"))
             continue
         baseline = statistics.median(history)
-        scatter = relative_scatter(history)
+        repeats = current.get(f"{metric}_repeats") or []
+        # Run-to-run spread, measured: the nights' scatter (3 or more), two nights', tonight's repeats.
+        between = [(relative_scatter(history), f"scatter of {len(history)} nights"),
+                   (relative_sd(history) if len(history) == 2 else None, "spread of 2 nights"),
+                   (relative_sd(repeats), f"spread of {len(repeats)} repeats")]
         own = step_scatter(current) if metric == "ips" else None
-        candidates = [(scatter, f"scatter of {len(history)} nights"), (own, "step-time standard error of this run")]
+        candidates = between + [(own, "step-time standard error of this run")]
         noise, source = max(((v, s) for v, s in candidates if v is not None), default=(0.0, "no noise estimate"))
         tolerance = max(floor, policy.noise_k * noise)
         change = (value - baseline) / baseline if baseline else 0.0
@@ -209,11 +230,18 @@ def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: l
             verdict = "improvement"
         else:
             verdict = "ok"
+        note = knob_note if verdict != "ok" else ""
+        if verdict != "ok" and all(v is None for v, _ in between):
+            # One night against one, no repeats: nothing measured says how far two runs differ by chance.
+            verdict = NOT_ENOUGH
+            note = (f"{change:+.0%} is beyond the {'floor' if tolerance == floor else 'tolerance'} but no run-to-run "
+                    f"spread is measured yet ({len(history)} comparable night, no repeats): not called; "
+                    "run with --repeat 3 or wait for a second night" + (f"; {knob_note}" if knob_note else ""))
         source = f"{policy.noise_k:g}× {source}" if policy.noise_k * noise >= floor else f"floor {floor:.0%}"
         out.append(Verdict(**base, **(mem if metric == "memory" else {}), metric=metric, verdict=verdict,
                            value=value, baseline=baseline,
                            baseline_nights=len(history), change=change, tolerance=tolerance, noise=noise,
-                           noise_source=source, note=knob_note if verdict != "ok" else ""))
+                           noise_source=source, note=note))
     return out
 
 
