@@ -5,6 +5,8 @@
 // rank, and meet at a barrier built on atomics in that segment (see collectives.h).
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -34,11 +36,15 @@ C_Status GetDeviceList(size_t* devices) {
   return C_SUCCESS;
 }
 
-// Streams and events are tokens: the work they would order has already happened.
-C_Status CreateStream(const C_Device, C_Stream* s) { *s = reinterpret_cast<C_Stream>(new char(0)); return C_SUCCESS; }
-C_Status DestroyStream(const C_Device, C_Stream s) { delete reinterpret_cast<char*>(s); return C_SUCCESS; }
-C_Status CreateEvent(const C_Device, C_Event* e) { *e = reinterpret_cast<C_Event>(new char(0)); return C_SUCCESS; }
-C_Status DestroyEvent(const C_Device, C_Event e) { delete reinterpret_cast<char*>(e); return C_SUCCESS; }
+// Streams and events are tokens (never dereferenced, never freed): the work they would order has
+// already happened when a call returns.
+std::atomic<uintptr_t> next_token{1};
+template <typename H>
+H Token() { return reinterpret_cast<H>(next_token.fetch_add(1) * 64); }
+C_Status CreateStream(const C_Device, C_Stream* s) { *s = Token<C_Stream>(); return C_SUCCESS; }
+C_Status DestroyStream(const C_Device, C_Stream) { return C_SUCCESS; }
+C_Status CreateEvent(const C_Device, C_Event* e) { *e = Token<C_Event>(); return C_SUCCESS; }
+C_Status DestroyEvent(const C_Device, C_Event) { return C_SUCCESS; }
 C_Status RecordEvent(const C_Device, C_Stream, C_Event) { return C_SUCCESS; }
 C_Status QueryEvent(const C_Device, C_Event) { return C_SUCCESS; }
 C_Status QueryStream(const C_Device, C_Stream) { return C_SUCCESS; }
