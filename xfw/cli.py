@@ -424,10 +424,11 @@ def nightly(suite, history_dir, night, overrides, comparison, only_backends, pyt
 @click.option("--paths", default=None, metavar="P1,P2,...",
               help="Settings paths (default: all): fp32, bf16-o1, bf16-o2, fp16-o2, recompute, attention-eager, "
                    "stage2, stage3.")
+@as_option
 @python_option
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Where the runs and selfcheck.json go (default: runs/selfcheck, where compare looks).")
-def selfcheck(backends, families, paths, pythons, out_dir) -> None:
+def selfcheck(backends, families, paths, comparison, pythons, out_dir) -> None:
     """The first command on a new machine: check every settings path the seed rows use, on every
     backend, and say which work here; compare warns about runs through unchecked paths."""
     from xfw.report.selfcheck import BY_NAME
@@ -435,7 +436,7 @@ def selfcheck(backends, families, paths, pythons, out_dir) -> None:
     _finish(lambda: workflow.selfcheck(
         _backend_list(backends), families=_backend_list(families),
         paths=_backend_list(paths) if paths else list(BY_NAME), interpreters=_interpreters(pythons),
-        out_dir=out_dir, progress=_progress(), log=_log))
+        out_dir=out_dir, progress=_progress(), log=_log, comparison=comparison))
 
 
 @main.command(name="env")

@@ -52,8 +52,9 @@ def overrides_for(path: judge.SettingsPath, backend: str, weights: Path, descrip
 
 
 def run_selfcheck(root: Path, families: list[str], paths: list[str], backends: Backends, out_dir: Path, *,
-                  progress: launcher.Progress | None = None, log=print) -> list[judge.Verdict]:
-    """Export each family's start, run every (path, backend), judge, write ``selfcheck.json``."""
+                  progress: launcher.Progress | None = None, log=print, extra: tuple[str, ...] = ()) -> list[judge.Verdict]:
+    """Export each family's start, run every (path, backend), judge, write ``selfcheck.json``.
+    ``extra``: overrides for every run (``comparison=published``: each side's published mechanisms)."""
     reference_name = next(iter(backends))
     runs: dict[tuple[str, str, str], RunResult] = {}
     for family in families:
@@ -64,8 +65,8 @@ def run_selfcheck(root: Path, families: list[str], paths: list[str], backends: B
         todo = []
         for name in paths:
             for backend in backends:
-                recipe = load_recipe(recipe_path, overrides_for(judge.BY_NAME[name], backend, weights,
-                                                                backends[backend][1]))
+                recipe = load_recipe(recipe_path, [*overrides_for(judge.BY_NAME[name], backend, weights,
+                                                                  backends[backend][1]), *extra])
                 todo.append(Job(recipe=recipe, backend=backend, run_dir=out_dir / family / name / backend,
                                 label=f"{family} / {name} / {backend}"))
         for job, result in zip(todo, run_jobs(todo, backends, resume=True, force=True, progress=progress,

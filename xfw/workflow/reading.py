@@ -115,7 +115,8 @@ def _same_part(a: Path, b: Path) -> bool:
 
 
 def selfcheck(backend_names: list[str], *, families: list[str], paths: list[str], interpreters: dict[str, str],
-              out_dir: Path | None = None, progress: launcher.Progress | None = None, log: Log = silent) -> Outcome:
+              out_dir: Path | None = None, progress: launcher.Progress | None = None, log: Log = silent,
+              comparison: str | None = None) -> Outcome:
     """Every family through every settings path on every backend; a verdict per (backend, path);
     exit 1 if a path fails (not checked is not a failure: it says why)."""
     from xfw.report import selfcheck as judge
@@ -131,7 +132,8 @@ def selfcheck(backend_names: list[str], *, families: list[str], paths: list[str]
     with guarded(out_dir):
         try:
             verdicts = sc.run_selfcheck(launcher.PROJECT_ROOT, families, paths, backends, out_dir,
-                                        progress=progress, log=log)
+                                        progress=progress, log=log,
+                                        extra=(f"comparison={comparison}",) if comparison else ())
         except jobs.JobsInterrupted:
             return Outcome(notes=["interrupted: the same command resumes (finished runs are kept)"], exit_code=130)
         except ValueError as err:  # ParityError (the export) and RecipeError: one line
