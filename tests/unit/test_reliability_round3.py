@@ -432,6 +432,9 @@ def test_17_an_out_that_cannot_be_a_directory_is_one_line(tmp_path, fake_backend
         flag = [] if command[0] == "nightly" else ["--out"]
         line = one_line_error(invoke(*command, *flag, out, *fake_args(fake_backend)))
         assert "cannot be used as an output directory" in line
+    assert invoke("run", tmp_path / "r.yaml", "--backend", "fake", "--out", tmp_path / "ok",
+                  *fake_args(fake_backend)).exit_code == 0
+    assert "cannot be used as an output directory" in one_line_error(invoke("report", tmp_path / "ok", "--out", out))
 
 
 def node_parts(tmp_path, fake_backend) -> list[Path]:

@@ -45,14 +45,9 @@ def hold(directory: Path, command: str | None = None, *, node_rank: int | None =
     and each hold their own lock (``.xfw.lock.node-R``), never a single-node command's."""
     command = command or shlex.join(["xfw", *sys.argv[1:]])
     path = directory / (LOCK_FILE if node_rank is None else f"{LOCK_FILE}.node-{node_rank}")
-    try:
+    with _out_error(directory):
         directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except (OSError, ValueError) as err:  # a file there, read-only, a name too long, a NUL
-        why = ("a file, not a directory" if isinstance(err, FileExistsError) else
-               "a file where a directory should be" if isinstance(err, NotADirectoryError) else
-               getattr(err, "strerror", None) or err)
-        raise OutError(f"{directory}: cannot be used as an output directory ({why})") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -66,6 +61,27 @@ def hold(directory: Path, command: str | None = None, *, node_rank: int | None =
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def _out_error(directory: Path) -> Iterator[None]:
+    try:
+        yield
+    except (OSError, ValueError) as err:  # a file there, read-only, a name too long, a NUL
+        why = ("a file, not a directory" if isinstance(err, FileExistsError) else
+               "a file where a directory should be" if isinstance(err, NotADirectoryError) else
+               getattr(err, "strerror", None) or err)
+        raise OutError(f"{directory}: cannot be used as an output directory ({why})") from None
+
+
+def writable_dir(directory: Path) -> Path:
+    """``directory``, created if missing and checked writable (a command that writes reports without
+    holding the lock: ``xfw report --out``); OutError naming why not."""
+    with _out_error(directory):
+        directory.mkdir(parents=True, exist_ok=True)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    return directory
 
 
 def _holder(path: Path) -> str:

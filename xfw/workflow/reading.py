@@ -13,7 +13,7 @@ from xfw.report import contrast, layouts, table
 from xfw.report import estimate as est
 from xfw.report.results import RunResult, load_runs
 from xfw.report.table import Page
-from xfw.run import jobs, launcher
+from xfw.run import jobs, launcher, lock
 from xfw.run.recipe import resolve_spec
 from xfw.workflow.base import (Log, Outcome, UsageError, guarded, judge_runs, load_all, prepare_backends, silent,
                                write_page, write_report)
@@ -58,6 +58,10 @@ def report(paths: list[str], backend_names: list[str] | None, out_dir: Path | No
     if unknown:
         raise UsageError(f"--backends {unknown[0]}: no run of that backend in the given directories")
     target = out_dir or Path(paths[0])
+    try:
+        lock.writable_dir(target)
+    except lock.OutError as err:
+        raise UsageError(str(err)) from None
     if layout == "contrast" and price_per_gpu_hour is None:
         return write_report(results, names, target)
     try:
