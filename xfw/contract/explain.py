@@ -133,9 +133,8 @@ class Timeline:
         self.events.append((self.clock(), what, None))
 
     def attribute(self) -> tuple[dict[str, dict[str, float]], float]:
-        """({row name: {"fwd_s", "bwd_s", "recompute_s"}}, step seconds): each row's median over the
-        steps (``step`` to ``end`` marks; a loaded host's outlier steps do not skew a row), and the
-        median step."""
+        """({row name: {"fwd_s", "bwd_s", "recompute_s"}}, step seconds) of the median step (``step``
+        to ``end`` marks): a loaded host's outlier steps do not skew it, and its rows add up to it."""
         per_step: list[dict[str, dict[str, float]]] = []  # each step's rows
 
         def add(name: str, key: str, seconds: float) -> None:
@@ -199,11 +198,10 @@ class Timeline:
                 add(OUTSIDE if seen_grad else LOSS, "bwd_s", span)
             elif phase == "optimizer":
                 add(OPTIMIZER, "bwd_s", span)
-        names = {name for rows in per_step for name in rows}
-        zero = {"fwd_s": 0.0, "bwd_s": 0.0, "recompute_s": 0.0}
-        rows = {name: {key: statistics.median(r.get(name, zero)[key] for r in per_step) for key in zero}
-                for name in names}
-        return rows, statistics.median(spans) if spans else 0.0
+        if not spans or len(spans) != len(per_step):
+            return {}, 0.0
+        middle = sorted(range(len(spans)), key=spans.__getitem__)[(len(spans) - 1) // 2]
+        return per_step[middle], spans[middle]
 
 
 def trace_categories(path: str, *, op_cats: tuple[str, ...], optimizer_marks: tuple[str, ...],

@@ -121,8 +121,10 @@ def side_lines(name: str, explain: dict, step_s: float | None) -> str:
     cov = coverage(explain, step_s)
     hooks = explain["hooked_step_s"] / step_s if step_s else None
     prof = explain["profiler_step_s"] / step_s if step_s else None
-    return (f"{name}: measured step {_ms(step_s)} ms; coverage {cov:.0%} (module rows' sum / measured step); "
-            f"overhead: hooked step ×{hooks:.2f}, profiled step ×{prof:.2f}, plain step in the explain process "
+    inner = coverage(explain, explain["hooked_step_s"])
+    return (f"{name}: measured step {_ms(step_s)} ms; coverage {cov:.0%} (module rows' sum / measured step; "
+            f"{inner:.0%} of the hooked step they were timed in); overhead: hooked step ×{hooks:.2f}, profiled "
+            f"step ×{prof:.2f} the measured step; a plain step in the explain process "
             f"{_ms(explain['plain_step_s'])} ms; trace: {Path(explain['path']).with_name(explain['trace'])}"
             if step_s else f"{name}: no measured step time")
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import paddle
 
-from xfw.contract.explain import Timeline, run_explain, scope_names, trace_categories
+from xfw.contract.explain import LOSS, Timeline, run_explain, scope_names, trace_categories
+from xfw_paddle import parallel
 from xfw_paddle.families import family_module
 from xfw_paddle.model import canonical_names
 
@@ -48,9 +49,7 @@ class PaddleHooks:
         names = scope_names(owns)
         handles, last_call = [], {}
 
-        def add(layer, path, name):
-            root = path == ""
-
+        def add(layer, path, name, root):
             def pre(_layer, inputs):
                 call = timeline.enter(name, root=root)
                 last_call[path] = call
@@ -59,7 +58,7 @@ class PaddleHooks:
 
             def post(_layer, _inputs, output):
                 call = last_call[path]
-                for t in _needs_grad(output):
+                for t in [] if root else _needs_grad(output):  # the loss's own gradient starts backward
                     t.register_hook(lambda _g, c=call: timeline.grad_in(c))
                 timeline.exit(call, root=root)
 
@@ -71,7 +70,10 @@ class PaddleHooks:
 
         for path, layer in [("", model), *model.named_sublayers()]:
             if path in names:
-                add(layer, path, names[path])
+                add(layer, path, names[path], root=False)
+        layers = [v for v in vars(self.session).values() if isinstance(v, paddle.nn.Layer)]
+        wrapper = next(x for v in layers for x in [v, *v.sublayers()] if isinstance(x, parallel.LossLayer))
+        add(wrapper, "(loss layer)", LOSS, root=True)
         return lambda: [h.remove() for h in handles]
 
     def profile(self, run, steps: int, trace_path: str) -> dict[str, float]:

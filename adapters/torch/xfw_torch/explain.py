@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from xfw.contract import hf_names
-from xfw.contract.explain import Timeline, run_explain, scope_names, trace_categories
+from xfw.contract.explain import LOSS, Timeline, run_explain, scope_names, trace_categories
+from xfw_torch import parallel
 
 
 def _tensors(value) -> list:
@@ -43,9 +44,7 @@ class TorchHooks:
         names = scope_names(owns)
         handles, last_call = [], {}
 
-        def add(module, path, name):
-            root = path == ""
-
+        def add(module, path, name, root):
             def pre(_module, args, kwargs):
                 call = timeline.enter(name, root=root)
                 last_call[path] = call
@@ -54,7 +53,7 @@ class TorchHooks:
 
             def post(_module, _args, _kwargs, output):
                 call = last_call[path]
-                for t in _needs_grad(output):
+                for t in [] if root else _needs_grad(output):  # the loss's own gradient starts backward
                     t.register_hook(lambda _g, c=call: timeline.grad_in(c))
                 timeline.exit(call, root=root)
 
@@ -66,7 +65,9 @@ class TorchHooks:
 
         for path, module in model.named_modules():
             if path in names:
-                add(module, path, names[path])
+                add(module, path, names[path], root=False)
+        wrapper = next(m for m in self.session.module.modules() if isinstance(m, parallel.LossModule))
+        add(wrapper, "(loss module)", LOSS, root=True)
         return lambda: [h.remove() for h in handles]
 
     def profile(self, run, steps: int, trace_path: str) -> dict[str, float]:
