@@ -347,9 +347,12 @@ def estimate(recipe, overrides, run_dir) -> None:
               help="Where report.md/.csv/.html (report-<layout>.*) go (default: the first directory given, "
                    "replacing its report).")
 @click.option("--layout", type=click.Choice(LAYOUT_NAMES), default="contrast", show_default=True,
-              help="contrast: backends side by side (seed 003); strategies: per GPU count and sharding (seed 000); "
-                   "ranks: per-rank time and memory (seed 001); batch: throughput per global batch with OOM rows "
-                   "(seed 002); scaling: linear-scaling efficiency; cost: cost per 1M samples (seed 004).")
+              help="contrast: the backends side by side (ips, contrast, memory, parameters, settings); "
+                   "strategies: per process (GPU) count, each framework's sharding strategies with step time, "
+                   "batches/s and memory; ranks: each rank's measured time and memory, and the final loss; batch: "
+                   "throughput per global batch size, out-of-memory sizes kept; scaling: throughput per process "
+                   "count and its efficiency against the smallest; cost: the cost of 1M samples at "
+                   "--price-per-gpu-hour.")
 @click.option("--price-per-gpu-hour", type=float, default=None, metavar="USD",
               help="Price of one GPU-hour, for --layout cost.")
 def report(run_dirs, backends, out_dir, layout, price_per_gpu_hour) -> None:
