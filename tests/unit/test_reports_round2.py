@@ -217,3 +217,22 @@ def test_a_nightly_change_without_a_measured_spread_is_not_enough_history():
     rows = [night("n1", 52.6)] + [night("n2", v, k) for k, v in enumerate((40.0, 194.0, 400.0))]
     (ips, _) = evaluate(rows, "n2", policy)
     assert ips.verdict == "ok" and "spread of 3 repeats" in ips.noise_source
+
+
+def test_the_progress_line_and_the_finished_line_give_the_same_mean_step_time():
+    import io
+
+    from xfw.report.progress import PlainProgress, finished_line
+
+    stream = io.StringIO()
+    progress = PlainProgress(stream)
+    progress.started("torch", "tiny", 4)
+    steps = [{"kind": "step", "rank": r, "phase": phase, "step_time_s": t, "loss": 1.0}
+             for phase, t in (("warmup", 0.5), ("measure", 0.1), ("measure", 0.3)) for r in (0, 1)]
+    progress.update("torch", steps[:2])
+    progress.update("torch", steps[2:])
+    lines = stream.getvalue().splitlines()
+    assert "last 0.5 s/step" in lines[1] and "mean 0.2 s/step" in lines[2]  # warm-up labelled, then the mean
+    result = cpu_result("torch", 40.0, peak_mib=10, after_mib=5, window_s=0.4, steps=2)
+    result = RunResult(**{**result.__dict__, "wall_time_s": 3.0})
+    assert "(mean 0.2 s/step over 2 measured steps)" in finished_line(result)

@@ -3,8 +3,8 @@
 On a terminal a rich progress bar per run; elsewhere (CI logs, nightly jobs) one plain line
 every few seconds and one per finished run, e.g.::
 
-    [torch] tiny-llava-sft: 12/23 steps (measure), 0.017 s/step, loss 5.21
-    [torch] tiny-llava-sft: ok, 468 samples/s, 23 steps in 4.9 s
+    [torch] tiny-llava-sft: 12/23 steps (measure), mean 0.017 s/step, loss 5.21
+    [torch] tiny-llava-sft: ok, 468 samples/s (mean 0.0171 s/step over 20 measured steps), 23 steps in 4.9 s
 """
 
 from __future__ import annotations
@@ -18,11 +18,15 @@ PLAIN_INTERVAL_S = 5.0
 
 
 def _describe_last(state: dict) -> str:
+    """Steps done; in the measured window the mean step time so far, the same quantity the finished
+    line gives for the whole window (warm-up steps show their last step time, labelled)."""
     parts = [f"{state['done']}/{state['total']} steps"]
     if state.get("phase"):
         parts[0] += f" ({state['phase']})"
-    if state.get("step_time_s") is not None:
-        parts.append(f"{state['step_time_s']:.3g} s/step")
+    if state.get("measured"):
+        parts.append(f"mean {state['measured_s'] / state['measured']:.3g} s/step")
+    elif state.get("step_time_s") is not None:
+        parts.append(f"last {state['step_time_s']:.3g} s/step")
     if state.get("loss") is not None:
         parts.append(f"loss {state['loss']:.4g}")
     return ", ".join(parts)
@@ -37,6 +41,9 @@ def _count(state: dict, new_records: list[dict]) -> bool:
     mine = [r for r in steps if r["rank"] == state.get("rank")]
     for r in mine:
         state.update(done=state["done"] + 1, phase=r["phase"], step_time_s=r["step_time_s"], loss=r["loss"])
+        if r["phase"] == "measure":
+            state["measured"] = state.get("measured", 0) + 1
+            state["measured_s"] = state.get("measured_s", 0.0) + r["step_time_s"]
     return bool(mine)
 
 
@@ -44,7 +51,11 @@ def finished_line(result: RunResult) -> str:
     m = result.measurement
     if result.ok:
         text = f"ok, {m.ips:,.1f} samples/s" if m.ips is not None else "ok"
-        text += f", {m.num_warmup_steps + m.num_measured_steps} steps in {result.wall_time_s:.1f} s"
+        steps = m.per_rank[0]["num_measured_steps"] if m.per_rank else 0
+        if steps and m.window_time_s:  # the progress line's "mean s/step", over the whole window
+            text += f" (mean {m.window_time_s / steps:.3g} s/step over {steps} measured steps)"
+        ranks = max(len(m.per_rank), 1)
+        text += f", {(m.num_warmup_steps + m.num_measured_steps) // ranks} steps in {result.wall_time_s:.1f} s"
         return text + (f" ({result.reason})" if result.reason else "")
     return f"{result.status.upper()}: {result.reason}"
 
