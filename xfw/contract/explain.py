@@ -168,8 +168,8 @@ class Timeline:
                 _, kind, call = events[e]
                 e += 1
                 if kind == "enter":
-                    if not stack and not self.calls[call]["recompute"]:
-                        phase, seen_grad = "forward", False
+                    if self.calls[call]["parent"] is None and not self.calls[call]["recompute"]:
+                        stack, phase, seen_grad = [], "forward", False  # a recompute left unclosed ends here
                     stack.append(call)
                 elif kind == "exit":
                     if call in stack:

@@ -5,6 +5,8 @@
   that owns parameters or holds some (its row under the canonical name, ``scope_names``); a tensor
   hook on each output that needs a gradient marks the call's backward start, one on each input
   that needs a gradient and on the module's own trainable parameters its end;
+* recompute: checkpointing's early stop is off while the hooks time (every recomputed module is
+  entered and left; the rest of a block that early stop would skip is recomputed too);
 * categories and the trace: ``torch.profiler`` (CPU operators; CUDA kernels on a GPU),
   ``export_chrome_trace``.
 """
@@ -68,7 +70,16 @@ class TorchHooks:
                 add(module, path, names[path], root=False)
         wrapper = next(m for m in self.session.module.modules() if isinstance(m, parallel.LossModule))
         add(wrapper, "(loss module)", LOSS, root=True)
-        return lambda: [h.remove() for h in handles]
+        # Checkpointing stops a recomputation once it has what backward needs, skipping the rest of the
+        # block and its exit hooks; here it runs whole, so each recomputed module's time is closed.
+        whole = torch.utils.checkpoint.set_checkpoint_early_stop(False)
+        whole.__enter__()
+
+        def remove() -> None:
+            whole.__exit__(None, None, None)
+            for h in handles:
+                h.remove()
+        return remove
 
     def profile(self, run, steps: int, trace_path: str) -> dict[str, float]:
         from torch.profiler import ProfilerActivity, profile
