@@ -236,3 +236,17 @@ def test_the_progress_line_and_the_finished_line_give_the_same_mean_step_time():
     result = cpu_result("torch", 40.0, peak_mib=10, after_mib=5, window_s=0.4, steps=2)
     result = RunResult(**{**result.__dict__, "wall_time_s": 3.0})
     assert "(mean 0.2 s/step over 2 measured steps)" in finished_line(result)
+
+
+def test_a_compare_says_why_first_losses_differ_when_each_side_started_from_its_own_weights():
+    from xfw.report.trust import starting_points
+
+    results = [cpu_result(b, 100.0, peak_mib=10, after_mib=5) for b in ("paddle", "torch")]
+    results[1] = RunResult(**{**results[1].__dict__, "measurement": Measurement(
+        **{**results[1].measurement.__dict__, "loss_first": 0.935})})
+    for r in results:
+        r.setup["weights"] = "random"
+    (line,) = starting_points(compare_runs(results, ["paddle", "torch"]))
+    assert "first losses differ (paddle 6, torch 0.935)" in line and "its own random weights" in line
+    same = [cpu_result(b, 100.0, peak_mib=10, after_mib=5) for b in ("paddle", "torch")]
+    assert starting_points(compare_runs(same, ["paddle", "torch"])) == []

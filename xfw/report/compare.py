@@ -61,6 +61,8 @@ class Side:
     ips_low: float | None = None
     """The lowest and highest ips over the repeats (error bars); the median's with one run."""
     ips_high: float | None = None
+    loss_first: float | None = None
+    """The first recorded loss (warm-up included) of the first ok run: what the side started from."""
     tokens_per_s: float | None = None
     step_time_median_s: float | None = None
     mem_alloc_peak_bytes: int | None = None
@@ -158,6 +160,7 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
         m = [r.measurement for r in ok]
         side.ips, side.ips_spread = _median(x.ips for x in m), spread([x.ips for x in m])
         side.ips_low, side.ips_high = min(x.ips for x in m), max(x.ips for x in m)
+        side.loss_first = m[0].loss_first
         side.tokens_per_s, side.step_time_median_s = _median(x.tokens_per_s for x in m), \
             _median(x.step_time_median_s for x in m)
         side.mem_alloc_peak_bytes = _median(x.mem_alloc_peak_bytes for x in m)
@@ -254,6 +257,16 @@ def _expected_params(preset: str) -> int | None:
         return presets.count_params(presets.PRESETS[preset])["total"]
     except (KeyError, NotImplementedError):
         return None
+
+
+def row_name(row: ComparisonRow) -> str:
+    """``recipe`` or ``recipe [variant]``: how reports name a row."""
+    return f"{row.recipe} [{variant_label(row.variant)}]" if row.variant else row.recipe
+
+
+def is_parsed(side: Side) -> bool:
+    """Numbers parsed from a command's log, not measured by xfw (``Measurement.source``)."""
+    return side.source == "command_log"
 
 
 def variant_label(variant: dict) -> str:

@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 
 from xfw.report import comparison
-from xfw.report.compare import ComparisonRow, Side, strip_common, variant_label
+from xfw.report.compare import ComparisonRow, Side, is_parsed, row_name, strip_common, variant_label
+from xfw.report.trust import noise_notes, short_windows, starting_points
 from xfw.report.measure import PARSED_NOTE
 from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Strong, Table
 
@@ -28,8 +29,6 @@ PARSED_MARK = " ‡"
 PARSED_LINE = f"‡ {PARSED_NOTE} (the backend's log_pattern in the recipe)."
 
 
-def is_parsed(side: Side) -> bool:
-    return side.source == "command_log"
 GIB, MIB = 1024**3, 1024**2
 
 
@@ -158,54 +157,6 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
                  + noise_notes(rows, backends))
 
 
-MIN_WINDOW_S = 5.0
-"""A measured window shorter than this is warned about (:func:`short_windows`)."""
-TARGET_WINDOW_S = 10.0
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
-
-
-def noise_notes(rows: list[ComparisonRow], backends: list[str]) -> list[str]:
-    """How long each side was measured and how much its step time moved: the window, the measured
-    steps and the p10–p90 step time (and the spread over repeats where there are some)."""
-    notes = []
-    for row in rows:
-        parts = []
-        for name in backends:
-            s = row.sides[name]
-            if not s.ok or s.window_time_s is None:
-                continue
-            text = f"{name} {s.num_measured_steps} steps in {s.window_time_s:.3g} s"
-            if s.step_time_p10_s is not None and s.step_time_median_s:
-                text += (f", step time p10–p90 {_ms(s.step_time_p10_s)}–{_ms(s.step_time_p90_s)} "
-                         f"(±{(s.step_time_p90_s - s.step_time_p10_s) / 2 / s.step_time_median_s:.0%} of the median)")
-            if s.num_repeats > 1:
-                text += f", {s.num_repeats} repeats" + (f", ips spread {s.ips_spread:.1%}" if s.ips_spread else "")
-            parts.append(text)
-        if parts:
-            notes.append(("Measured: " if len(rows) == 1 else f"Measured, {row_name(row)}: ") + "; ".join(parts) + ".")
-    return notes
-
-
-def short_windows(rows: list[ComparisonRow]) -> list[str]:
-    """A warning per side whose measured window is shorter than :data:`MIN_WINDOW_S`: why it cannot be
-    trusted and what to set."""
-    out = []
-    for row in rows:
-        for s in row.sides.values():
-            if not s.ok or s.window_time_s is None or s.window_time_s >= MIN_WINDOW_S or is_parsed(s):
-                continue
-            steps = max(s.num_measured_steps, 1)
-            wanted = max(steps + 1, int(steps * TARGET_WINDOW_S / max(s.window_time_s, 1e-3)) + 1)
-            out.append(f"{row_name(row)} / {s.backend}: the measured window was {s.window_time_s:.2g} s "
-                       f"({s.num_measured_steps} steps), too short to trust: on a shared machine one scheduler "
-                       f"pause moves ips by tens of percent; set measure.steps={wanted} (about "
-                       f"{TARGET_WINDOW_S:g} s) and/or --repeat 3 to see the spread")
-    return out
-
-
 def mfu_notes(rows: list[ComparisonRow]) -> list[str]:
     """How MFU was computed, every peak it divides by (with its datasheet), and each GPU side without
     one and why."""
@@ -215,10 +166,6 @@ def mfu_notes(rows: list[ComparisonRow]) -> list[str]:
     notes = ["MFU = model FLOPs per sample (the family's ledger, recomputation excluded; the same for every "
              "backend) × ips / (peak × GPUs)." + (f" Peak: {'; '.join(peaks)}." if peaks else "")]
     return notes + [f"No MFU for {m}." for m in missing]
-
-
-def row_name(row: ComparisonRow) -> str:
-    return f"{row.recipe} [{variant_label(row.variant)}]" if row.variant else row.recipe
 
 
 def failures(rows: list[ComparisonRow]) -> list[str]:
@@ -362,6 +309,9 @@ def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str 
                                    "script built its model): its memory is the process's whole peak resident set on a "
                                    "CPU, the allocator's peaks on a GPU." if _any_attached(rows) else ""),
                                 muted=True))
+    starts = starting_points(rows)
+    if starts:
+        blocks.append(Paragraph(" ".join(starts), muted=True))
     if any(side.ips_spread is not None for row in rows for side in row.sides.values()):
         blocks.append(Paragraph("With repeats, ips is the median and spread = (max − min) / median; a contrast no "
                                 "larger than either side's spread is marked (noise).", muted=True))
