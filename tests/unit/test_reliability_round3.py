@@ -167,6 +167,12 @@ TEMPLATES = {
     "grow": ("{% for i in range(99999) %}{{ 'x' * 99999 }}{% endfor %}", "more than"),
     "recursion": ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "the chat template"),
     "raise": ("{{ raise_exception('no system role') }}", "the chat template says: no system role"),
+    "percent-width": ("{{ '%999999999s' % 'x' }}", "format width"),
+    "format-width": ("{{ '{:999999999}'.format(1) }}", "format width"),
+    "center": ("{{ 'x' | center(10000000000) }}", "beyond what a chat template may ask for"),
+    "indent": ("{{ 'x\ny' | indent(10000000000) }}", "beyond what a chat template may ask for"),
+    "format-filter": ("{{ '%999999999s' | format('x') }}", "format width"),
+    "lipsum": ("{{ lipsum(1000000000) }}", "the chat template fails"),
 }
 
 
@@ -228,7 +234,8 @@ def prepared_spec(tmp_path, llava) -> dict:
     return spec_of(tmp_path, llava, image_root=str(llava["images"].parent))
 
 
-@pytest.mark.parametrize("damage", ["nan", "truncate", "delete", "index-without-digests"])
+@pytest.mark.parametrize("damage", ["nan", "truncate", "delete", "index-without-digests", "index-edited",
+                                    "index-deleted"])
 def test_15_a_tampered_or_half_deleted_cache_entry_is_prepared_again_never_trained_on(tmp_path, llava, capfd, damage):
     from xfw.contract import batches
 
@@ -244,9 +251,14 @@ def test_15_a_tampered_or_half_deleted_cache_entry_is_prepared_again_never_train
     elif damage == "delete":
         (directory / "labels.npy").unlink()
         (directory / "labels.offsets.npy").unlink()
+    elif damage == "index-deleted":
+        (directory / "index.json").unlink()
     else:
         index = json.loads((directory / "index.json").read_text())
-        del index["files"]
+        if damage == "index-edited":
+            index["num_samples"] = 2
+        else:
+            del index["files"]
         (directory / "index.json").write_text(json.dumps(index))
     real._PREPARED.clear()  # a new command
     again = prepared_spec(tmp_path, llava)["data"]
@@ -319,6 +331,36 @@ def daemon_recipe(tmp_path, *, double: bool, linger: float) -> tuple[Path, Path]
         "measure": {"warmup_steps": 1, "steps": 2, "timeout_s": 120},
         "backends": {"mine": {"command": [sys.executable, str(script), str(pid_file)], "cwd": str(tmp_path)}}})
     return recipe, pid_file
+
+
+STUBBORN = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)     # the command ignores the launcher's SIGTERM ...
+if os.fork() == 0:
+    os.setsid()                                   # ... and so does its daemon, in its own session
+    with open(sys.argv[1], "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+    os._exit(0)
+time.sleep(600)
+"""
+
+
+def test_16_a_timed_out_command_ignoring_sigterm_takes_its_daemon_with_it(tmp_path):
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    pid_file = tmp_path / "daemon.pid"
+    recipe = write_recipe(tmp_path / "attach.yaml", {
+        "measure": {"warmup_steps": 1, "steps": 2, "timeout_s": 1},
+        "backends": {"mine": {"command": [sys.executable, str(script), str(pid_file)], "cwd": str(tmp_path)}}})
+    result = invoke("run", recipe, "--backend", "mine", "--out", tmp_path / "out")
+    daemon = int(pid_file.read_text())
+    try:
+        assert result.exit_code == 1 and "timeout" in result.output, result.output
+        assert not alive(daemon), "a daemon of a timed-out command outlived xfw run"
+    finally:
+        if alive(daemon):
+            os.kill(daemon, signal.SIGKILL)
 
 
 def alive(pid: int) -> bool:

@@ -17,16 +17,39 @@ grace period ends both.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 
 from xfw.contract import lifeline
 
 
 END_GRACE_S = 3.0
 """How long what the command left running gets after SIGTERM before SIGKILL (under the launcher's 10 s)."""
+
+
+ESCAPED_KILL_S = 6.0
+"""After the launcher's SIGTERM (a timeout, a stop), descendants outside the group get SIGKILL this much
+later, before the launcher's SIGKILL (10 s) ends the group and this guard with it."""
+
+
+def _signal_escaped(sig: int) -> None:
+    """``sig`` to every descendant that left this process group (the launcher's signals reach only the group)."""
+    group = os.getpgrp()
+    for pid in lifeline.descendants():
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) != group:
+                os.kill(pid, sig)
+
+
+def _on_term(signum, frame) -> None:
+    _signal_escaped(signal.SIGTERM)
+    timer = threading.Timer(ESCAPED_KILL_S, _signal_escaped, (signal.SIGKILL,))
+    timer.daemon = True
+    timer.start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     lifeline.become_subreaper()  # a daemon the command forks (setsid, double fork) stays below this process
     lifeline.watch_parent()
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the command got it too; wait for it
+    signal.signal(signal.SIGTERM, _on_term)  # the command got it too (one group); wait for it
     try:
         proc = subprocess.Popen(args[1:])  # same directory, environment, stdio and process group
     except OSError as err:

@@ -30,6 +30,7 @@ import os
 import sys
 from pathlib import Path
 
+from xfw.contract.batches import INDEX_FILE
 from xfw.run.data.cache import discard, read_stats, verify
 
 PREP_VERSION = 1
@@ -146,7 +147,8 @@ def prepare(recipe, arch: dict) -> dict:
     key = hashlib.sha256(json.dumps(key_source, sort_keys=True).encode()).hexdigest()[:24]
     directory = cache_root(data) / f"{data.kind}-{key}"
     index = read_stats(directory)
-    damage = verify(directory, index) if index is not None else None
+    damage = verify(directory, index) if index is not None else \
+        f"{INDEX_FILE} is missing or unreadable" if directory.exists() else None
     if damage:  # tampered with, or half deleted, since it was prepared: never trained on, prepared again
         with contextlib.suppress(OSError):  # a closed stderr must not stop the preparation
             print(f"data.cache: {directory}: {damage}; preparing it again", file=sys.stderr)

@@ -82,9 +82,9 @@ class CacheWriter:
             np.save(self.tmp / f"{name}.shapes.npy", np.asarray(field["shapes"], np.int64).reshape(self.count,
                                                                                                 field["ndim"]))
         files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(self.tmp.iterdir())}
-        write_json_atomic(self.tmp / INDEX_FILE, {"format": FORMAT, "num_samples": self.count,
-                                                   "fields": {n: {"dtype": f["dtype"]} for n, f in self.fields.items()},
-                                                   "files": files, **index})
+        content = {"format": FORMAT, "num_samples": self.count,
+                   "fields": {n: {"dtype": f["dtype"]} for n, f in self.fields.items()}, "files": files, **index}
+        write_json_atomic(self.tmp / INDEX_FILE, {**content, INDEX_DIGEST: _index_digest(content)})
         try:
             os.rename(self.tmp, self.target)
         except OSError:
@@ -135,6 +135,14 @@ def discard(directory: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
+INDEX_DIGEST = "index_sha256"
+"""The key of index.json holding the sha256 of the rest of it (its counts and statistics are checked too)."""
+
+
+def _index_digest(content: dict) -> str:
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -159,6 +167,8 @@ def verify(directory: Path, index: dict) -> str | None:
     files = index.get("files")
     if not isinstance(files, dict) or not files or not isinstance(index.get("stats"), dict):
         return f"{INDEX_FILE} records no file digests (written by an older xfw, or not by xfw)"
+    if index.get(INDEX_DIGEST) != _index_digest({k: v for k, v in index.items() if k != INDEX_DIGEST}):
+        return f"{INDEX_FILE} differs from what its preparation wrote ({INDEX_DIGEST})"
     for name, facts in sorted(files.items()):
         path = directory / name
         if not isinstance(facts, dict) or "/" in name or name in ("", ".", ".."):

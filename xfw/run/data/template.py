@@ -8,8 +8,10 @@ internals, no mutation of the messages), and besides:
 * every render of one sample together gets :data:`TIME_S` seconds (an interval timer in the main
   thread, where xfw prepares data): ``{% for i in range(99999) %}{% for j in range(99999) %}`` ends
   as an error, not as a preparation that never finishes;
-* its output is read piece by piece and stops at :data:`MAX_CHARS`; ``*`` and ``**`` refuse results
-  larger than that before making them (a single ``"x" * 10**12`` cannot be interrupted);
+* its output is read piece by piece and stops at :data:`MAX_CHARS`; what one C call could make too
+  large to interrupt is refused before it runs: ``*`` and ``**`` beyond that size, a format width of
+  a million (``"%999999999s" % x``, ``"{:999999999}".format(x)``), an argument beyond MAX_CHARS to any
+  call, filter or test (``"x"|center(10**10)``); ``lipsum`` is gone;
 * anything it raises (an undefined name used, a sandbox refusal, a type error, a recursion without
   end) becomes the caller's error class with the template's message.
 """
@@ -17,6 +19,8 @@ internals, no mutation of the messages), and besides:
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
 import signal
 import threading
 from typing import Iterator
@@ -35,9 +39,11 @@ def _sandbox():
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class BoundedSandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset(["*", "**"])
+        intercepted_binops = frozenset(["*", "**", "%"])
 
         def call_binop(self, context, operator, left, right):
+            if operator == "%" and isinstance(left, str):
+                _check_format(left)
             if operator == "*":
                 for seq, times in ((left, right), (right, left)):
                     if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and len(seq) * times > MAX_CHARS:
@@ -47,7 +53,44 @@ def _sandbox():
                 raise OverflowError(f"{left} ** {right} is too large")
             return super().call_binop(context, operator, left, right)
 
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja2's own signature
+            _check_sizes(args, kwargs)
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def wrap_str_format(self, value):  # "...".format and format_map, checked when looked up
+            wrapped = super().wrap_str_format(value)
+            if wrapped is not None:
+                _check_format(value.__self__)
+            return wrapped
+
     return BoundedSandbox
+
+
+_WIDE = re.compile(r"\d{7,}")
+
+
+def _check_format(text: str) -> None:
+    """A format string whose width or precision alone would make millions of characters (``%999999999s``)."""
+    if _WIDE.search(text):
+        raise OverflowError("a format width of a million characters or more")
+
+
+def _check_sizes(args, kwargs) -> None:
+    """A call or filter asked for a size beyond MAX_CHARS (``"x"|center(10**10)``), refused before it runs."""
+    for value in (*args, *kwargs.values()):
+        if type(value) is int and abs(value) > MAX_CHARS:
+            raise OverflowError(f"an argument of {value} is beyond what a chat template may ask for")
+
+
+def _bounded_filter(function, name: str = ""):
+    @functools.wraps(function)  # keeps jinja2's pass_context / pass_environment marks
+    def bounded(*args, **kwargs):
+        _check_sizes(args, kwargs)
+        if name == "format":  # "%999999999s"|format(x): the value is the format string
+            _check_format(next((a for a in args if isinstance(a, str)), ""))
+        return function(*args, **kwargs)
+
+    return bounded
 
 
 _COMPILED: dict[str, object] = {}
@@ -66,6 +109,9 @@ def compile_chat_template(source, *, fail: type[Exception]):
 
         env = _sandbox()(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
+        env.globals.pop("lipsum", None)  # text by the million on request; no chat template needs it
+        env.filters = {name: _bounded_filter(f, name) for name, f in env.filters.items()}
+        env.tests = {name: _bounded_filter(f) for name, f in env.tests.items()}
         try:
             _COMPILED[source] = env.from_string(source)
         except JinjaError as err:
