@@ -681,3 +681,19 @@ def test_fuzz_any_history_file_reads_and_judges_or_is_one_line(tmp_path, changes
         return
     for night in {r["night"] for r in read}:
         evaluate(read, night, RegressionPolicy())
+
+
+def test_19_a_commands_stderr_starting_with_a_formula_is_text_in_report_csv(tmp_path):
+    import csv
+
+    script = tmp_path / "evil.py"
+    script.write_text("import sys\nprint('=HYPERLINK(\"http://evil\",\"click\")', file=sys.stderr)\nsys.exit(3)\n")
+    recipe = write_recipe(tmp_path / "attach.yaml", {
+        "measure": {"warmup_steps": 1, "steps": 2, "timeout_s": 60},
+        "backends": {"mine": {"command": [sys.executable, str(script)], "cwd": str(tmp_path)}}})
+    result = invoke("run", recipe, "--backend", "mine", "--out", tmp_path / "out")
+    assert result.exit_code == 1, result.output
+    with open(tmp_path / "out" / "report.csv", newline="") as f:
+        cells = [cell for row in csv.reader(f) for cell in row]
+    assert any("HYPERLINK" in c for c in cells)
+    assert not [c for c in cells if c.startswith(("=", "+", "@", "\t", "\r"))], cells

@@ -154,6 +154,8 @@ def prepare(recipe, arch: dict) -> dict:
             print(f"data.cache: {directory}: {damage}; preparing it again", file=sys.stderr)
         try:
             discard(directory)
+        except FileNotFoundError:
+            pass  # another command found the damage first and removed it
         except OSError as err:
             raise DataError(f"data.cache: {directory}: {damage}, and it cannot be removed "
                             f"({err.strerror or err}); remove it, or choose another data.cache") from None
