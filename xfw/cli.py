@@ -134,7 +134,7 @@ def _exit_interrupted() -> None:
     """Ctrl-C or SIGTERM outside a run (while data is prepared, a recipe is checked): one line, exit 130
     as documented, not click's "Aborted!" with 1 or SIGTERM's silent 143."""
     try:
-        click.echo("interrupted: nothing was launched or recorded", err=True)
+        click.echo("interrupted (Ctrl-C or SIGTERM)", err=True)
     except OSError:
         pass
     sys.exit(130)

@@ -131,8 +131,10 @@ def remove_abandoned(cache: Path) -> list[Path]:
 def discard(directory: Path) -> None:
     """Remove a prepared directory: renamed away first (one step, so no reader sees half of it), then deleted."""
     doomed = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}discarded-{directory.name}-", dir=directory.parent))
-    os.rename(directory, doomed / directory.name)
-    shutil.rmtree(doomed, ignore_errors=True)
+    try:
+        os.rename(directory, doomed / directory.name)
+    finally:
+        shutil.rmtree(doomed, ignore_errors=True)
 
 
 INDEX_DIGEST = "index_sha256"
