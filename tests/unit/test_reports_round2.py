@@ -250,3 +250,14 @@ def test_a_compare_says_why_first_losses_differ_when_each_side_started_from_its_
     assert "first losses differ (paddle 6, torch 0.935)" in line and "its own random weights" in line
     same = [cpu_result(b, 100.0, peak_mib=10, after_mib=5) for b in ("paddle", "torch")]
     assert starting_points(compare_runs(same, ["paddle", "torch"])) == []
+
+
+def test_docs_flops_table_is_generated_from_the_code_and_not_stale():
+    from xfw.run import flops_table
+
+    current = flops_table.DOC.read_text(encoding="utf-8")
+    assert flops_table.render(current) == current, "docs/flops.md is stale: run python -m xfw.run.flops_table"
+    row = next(line for line in current.splitlines() if line.startswith("| sd15-pretrain |"))
+    assert "| 256 px |" in row  # the recipe's resolution, said beside the figure
+    row = next(line for line in current.splitlines() if line.startswith("| llava7b-sft |"))
+    assert "tokens (mean: " in row  # a variable-length recipe says which length it assumes
