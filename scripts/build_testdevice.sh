@@ -3,7 +3,8 @@
 # and libraries: no download, no Paddle source. Output: .venv/paddle/lib/xfw-testdevice/libxfw_testcpu.so,
 # the directory CUSTOM_DEVICE_ROOT names (xfw_paddle.testdevice sets it). Skips the build when the
 # sources, this script, the wheel and the compiler are unchanged; each object is rebuilt only when
-# its own inputs changed. Prints one line on success; exit 1 with the compiler's words otherwise.
+# its own inputs changed. Prints one line (also when there is no compiler: then nothing is built and
+# exit 0); exit 1 with the compiler's words when compiling fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +15,9 @@ CXX=${CXX:-g++}
 LIB=$OUT/libxfw_testcpu.so
 
 if [ ! -x "$PY" ]; then echo "build_testdevice: $PY not found (create .venv/paddle first)" >&2; exit 1; fi
-if ! command -v "$CXX" >/dev/null 2>&1; then echo "build_testdevice: no C++ compiler ($CXX)" >&2; exit 1; fi
+if ! command -v "$CXX" >/dev/null 2>&1; then  # not an error: the test device is optional, its tests skip
+  echo "testdevice: not built: no C++ compiler ($CXX); tests/contract/test_testdevice.py will skip"; exit 0
+fi
 PADDLE=$("$PY" -c "import importlib.util as u; s=u.find_spec('paddle'); print(s.submodule_search_locations[0] if s else '')")
 if [ -z "$PADDLE" ] || [ ! -f "$PADDLE/include/paddle/phi/backends/device_ext.h" ]; then
   echo "build_testdevice: the Paddle wheel in $PY has no custom-device headers" >&2; exit 1

@@ -66,3 +66,4 @@ else
   make_env paddle adapters/paddle/requirements-gpu.txt --extra-index-url "https://www.paddlepaddle.org.cn/packages/stable/$cu/" \
     -e . -e adapters/paddle
 fi
+bash scripts/build_testdevice.sh  # the CPU test device for Paddle (docs/testdevice.md), into .venv/paddle
