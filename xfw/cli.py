@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 
 import click
+
+from xfw import terminal
 
 
 class _Lazy:
@@ -88,56 +88,14 @@ def _with_repeat(overrides: tuple[str, ...], repeat: int | None, comparison: str
     return [*overrides, *extra, *([f"comparison={comparison}"] if comparison else [])]
 
 
-def _closed(fd: int) -> None:
-    """The reader of stdout (1) or stderr (2) went away (``xfw run ... | head -n1``): what is still
-    written there goes to /dev/null, so a closed terminal or pipe never touches a run or its result."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, fd)
-    os.close(devnull)
-
-
-class _Display:
-    """A progress display that a closed stderr cannot break: its failure to write is not the run's."""
-
-    def __init__(self, inner):
-        self._inner = inner
-
-    def __getattr__(self, name):
-        method = getattr(self._inner, name)
-
-        def call(*args, **kwargs):
-            try:
-                return method(*args, **kwargs)
-            except BrokenPipeError:
-                _closed(2)
-        return call
-
-
 def _progress():
     from xfw.report.progress import make_progress  # rich loads only when something runs
 
-    return _Display(make_progress())
+    return terminal.Display(make_progress())
 
 
 def _log(line: str) -> None:
-    try:
-        click.echo(line, err=True)
-    except BrokenPipeError:
-        _closed(2)
-
-
-def _interrupted(signum, frame):
-    raise KeyboardInterrupt
-
-
-def _exit_interrupted() -> None:
-    """Ctrl-C or SIGTERM outside a run (while data is prepared, a recipe is checked): one line, exit 130
-    as documented, not click's "Aborted!" with 1 or SIGTERM's silent 143."""
-    try:
-        click.echo("interrupted (Ctrl-C or SIGTERM)", err=True)
-    except OSError:
-        pass
-    sys.exit(130)
+    terminal.echo(line, err=True)
 
 
 def _finish(call) -> None:
@@ -147,13 +105,13 @@ def _finish(call) -> None:
     except workflow.UsageError as err:
         _fail(str(err))
     except KeyboardInterrupt:
-        _exit_interrupted()
-    for text, err in [(outcome.text, False)] * bool(outcome.text) + \
-            [(f"{kind}: {path}", True) for kind, path in outcome.paths.items()] + [(n, True) for n in outcome.notes]:
-        try:
-            click.echo(text, err=err)
-        except BrokenPipeError:
-            _closed(2 if err else 1)
+        terminal.exit_interrupted()
+    if outcome.text:
+        terminal.echo(outcome.text)
+    for kind, path in outcome.paths.items():
+        terminal.echo(f"{kind}: {path}", err=True)
+    for note in outcome.notes:
+        terminal.echo(note, err=True)
     sys.exit(outcome.exit_code)
 
 
@@ -193,8 +151,7 @@ def main() -> None:
     """Compare one training recipe across frameworks: throughput, memory, settings."""
     # SIGTERM (cron's timeout, Slurm) is Ctrl-C from the start: a preparation it cuts removes its
     # temporary directory and the command says so and exits 130 (workflow.guarded keeps it during runs).
-    previous = signal.signal(signal.SIGTERM, _interrupted)
-    click.get_current_context().call_on_close(lambda: signal.signal(signal.SIGTERM, previous))
+    terminal.sigterm_is_interrupt()
 
 
 @main.command()
@@ -210,7 +167,7 @@ def validate(recipes, overrides, print_spec) -> None:
     except workflow.UsageError as err:
         _fail(str(err))
     except KeyboardInterrupt:
-        _exit_interrupted()
+        terminal.exit_interrupted()
     for path, recipe in zip(recipes, loaded):
         click.echo(f"{path}: ok ({recipe.name}: {recipe.model.preset} {recipe.stage}, "
                    f"global batch {recipe.batch.global_size} = micro {recipe.batch.micro} x "
