@@ -185,6 +185,15 @@ def after_backward(wrapped: Parallel) -> None:
         fused_allreduce_gradients(list(wrapped.layer.parameters()), None)
 
 
+def clear_grad(wrapped: Parallel) -> None:
+    """Gradients released after the step; stage 2/3 zero their own buffers (their ``clear_grad``
+    takes no argument, as the Trainer calls it)."""
+    if wrapped.group is not None:
+        wrapped.optimizer.clear_grad()
+    else:
+        wrapped.optimizer.clear_grad(set_to_zero=False)
+
+
 class NormRecorder:
     """Installed as the innermost optimizer's gradient clip (around the clip it had): sees the
     gradients exactly as the optimizer applies them — reduced, averaged, unscaled, fp32

@@ -258,7 +258,7 @@ class PaddleSession:
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.optimizer.clear_grad(set_to_zero=False)
+        parallel.clear_grad(self.wrapped)
 
     def grad_norm(self) -> float:
         """The norm the optimizer's clip saw (:class:`xfw_paddle.parallel.NormRecorder`): the gradients
