@@ -186,9 +186,11 @@ def test_every_family_stage2_bf16_o2_equals_one_process(testcpu, runs, family):
 
 
 def test_decorate_master_grad_under_sharding_diverges(testcpu, tmp_path):
-    """Why the adapter takes PaddleNLP's route: ``decorate(master_grad=True)`` under stage 2 leaves the
-    fp32 gradients uncleared by ``clear_grad()`` and drifts from the one-process run, while
-    ``MixPrecisionLayer``/``MixPrecisionOptimizer`` follows it (paddle_master_grad_routes.py)."""
+    """Why the adapter takes PaddleNLP's route: under stage 2, ``decorate(master_grad=True)`` leaves an
+    fp32 gradient that ``clear_grad()`` does not clear (seen: the first layer's weight gradient the same
+    after clear_grad, 4.6e24 one step later, NaN after), while ``MixPrecisionLayer``/
+    ``MixPrecisionOptimizer`` follows the one-process run within bf16's tolerance
+    (paddle_master_grad_routes.py). Shown on the CPU test device; unconfirmed on a GPU."""
     import json
     import os
     import subprocess
@@ -206,4 +208,5 @@ def test_decorate_master_grad_under_sharding_diverges(testcpu, tmp_path):
     losses = json.loads(out.read_text())
     reference, main_grad, decorate = losses["reference"], losses["main_grad"], losses["decorate"]
     assert all(x == pytest.approx(r, rel=BF16["loss"]) for x, r in zip(main_grad, reference)), losses
-    assert any(abs(x - r) > 0.2 * abs(r) for x, r in zip(decorate, reference)), losses
+    # It drifts away (on the test device the gradient it leaves behind blows up and the loss turns NaN).
+    assert any(not math.isfinite(x) or abs(x - r) > 0.2 * abs(r) for x, r in zip(decorate, reference)), losses
