@@ -697,3 +697,12 @@ def test_19_a_commands_stderr_starting_with_a_formula_is_text_in_report_csv(tmp_
         cells = [cell for row in csv.reader(f) for cell in row]
     assert any("HYPERLINK" in c for c in cells)
     assert not [c for c in cells if c.startswith(("=", "+", "@", "\t", "\r"))], cells
+
+
+def test_18_a_row_xfw_writes_is_always_one_it_reads_back(tmp_path):
+    from xfw.report.history import History
+
+    history = History(tmp_path)
+    history.upsert([history_row(ips=float("inf"), loss_last=float("nan"), framework_version=3.0, mfu="high")])
+    (row,) = history.rows()
+    assert row["ips"] is None and row["loss_last"] is None and row["framework_version"] == "3.0" and row["mfu"] is None

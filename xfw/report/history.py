@@ -121,6 +121,20 @@ def row_problem(row: dict, now: dt.datetime) -> str | None:
     return None
 
 
+def _readable(row: dict) -> dict:
+    """A row as :func:`row_problem` reads it back: a number that is not finite is null, a text field
+    holding something else its text (a value xfw writes must never make the next night's history unreadable)."""
+    row = dict(row)
+    for key in NUMBER_FIELDS:
+        value = row.get(key)
+        if value is not None and (type(value) not in (int, float) or not math.isfinite(value)):
+            row[key] = None
+    for key in TEXT_FIELDS:
+        if row.get(key) is not None and not isinstance(row[key], str):
+            row[key] = str(row[key])
+    return row
+
+
 class History:
     """``DIR/history.jsonl``: read, upsert atomically, query by key."""
 
@@ -171,7 +185,7 @@ class History:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         keyed = {tuple(r[k] for k in KEY): r for r in self.rows()}
-        for row in new_rows:
+        for row in map(_readable, new_rows):
             keyed[tuple(row[k] for k in KEY)] = row
         ordered = sorted(keyed.values(), key=lambda r: (r.get("night_started_utc", ""), r["night"], r["entry"],
                                                          r["backend"], r["repeat_index"]))
