@@ -126,3 +126,15 @@ def test_an_attached_sides_provenance_and_params_come_from_what_its_probe_saw():
     line = next(line for line in text.splitlines() if line.startswith("| ") and "| torch | the command" in line)
     assert "the command's own" in line and "reached UNet2DConditionModel's forward" in line
     assert "torch 2.13.0 (diffusers 0.42.1)" in line and "A command xfw attached to has no after-build" in text
+
+
+def test_the_live_record_tail_holds_no_more_than_a_record_of_a_file_without_newlines(tmp_path):
+    from xfw.contract.records import RecordTail
+
+    path = tmp_path / "steps.jsonl"
+    path.write_text("x" * (3 << 20))
+    tail = RecordTail(path)
+    assert tail.poll() == [] and len(tail._partial) == 1 << 20
+    with open(path, "a") as f:
+        f.write('\n{"kind": "end", "rank": 0}\n')
+    assert tail.poll() == [{"kind": "end", "rank": 0}]

@@ -228,9 +228,9 @@ class RecordTail:
             return []
         with open(self.path, encoding="utf-8", errors="replace") as f:
             f.seek(self._offset)
-            chunk = f.read()
+            chunk = f.read(1 << 24)  # bounded: a command may write anything into its records file
             self._offset = f.tell()
         text = self._partial + chunk
         lines = text.split("\n")
-        self._partial = lines.pop()  # incomplete until its newline arrives
+        self._partial = lines.pop()[:1 << 20]  # incomplete until its newline arrives (no record is this long)
         return parse_lines(lines)
