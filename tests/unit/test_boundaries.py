@@ -90,8 +90,9 @@ def test_cli_commands_and_options_are_frozen():
     commands = {name: sorted(p.name for p in cmd.params) for name, cmd in cli.main.commands.items()}
     assert commands == {
         "assemble": ["force", "node_dirs", "out_dir"],
-        "compare": ["backends", "comparison", "force", "master_addr", "master_port", "node_rank", "out_dir", "overrides",
-                    "parity_dirs", "pythons", "recipes", "repeat"],
+        "compare": ["backends", "comparison", "explain", "force", "master_addr", "master_port", "node_rank", "out_dir",
+                    "overrides", "parity_dirs", "pythons", "recipes", "repeat"],
+        "explain": ["backends", "force", "out_dir", "overrides", "pythons", "recipe"],
         "env": ["backends", "pythons"],
         "parity": ["backends", "force", "out_dir", "overrides", "pythons", "recipe", "steps", "weights"],
         "estimate": ["overrides", "recipe", "run_dir"],
