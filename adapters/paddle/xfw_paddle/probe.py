@@ -137,13 +137,17 @@ class PaddleFramework:
             self._input_hooks.pop(key).remove()
         paddle = self.paddle
 
-        def hook(layer, args, kwargs):
+        def hook(layer, args, kwargs=None):
             if paddle.is_grad_enabled():
-                self.probe.saw_forward(layer, args, kwargs)
+                self.probe.saw_forward(layer, args, kwargs or {})
 
         for layer in modules:
             if id(layer) not in self._input_hooks:
-                self._input_hooks[id(layer)] = layer.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
+                try:
+                    handle = layer.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
+                except TypeError:  # Paddle before 3.0: positional inputs only
+                    handle = layer.register_forward_pre_hook(hook)
+                self._input_hooks[id(layer)] = handle
 
     def _amp(self) -> dict:
         amp = self.paddle.amp
