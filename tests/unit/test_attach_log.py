@@ -138,3 +138,17 @@ def test_the_live_record_tail_holds_no_more_than_a_record_of_a_file_without_newl
     with open(path, "a") as f:
         f.write('\n{"kind": "end", "rank": 0}\n')
     assert tail.poll() == [{"kind": "end", "rank": 0}]
+
+
+def test_a_lora_recipe_of_commands_only_needs_no_lora_section(tmp_path):
+    from xfw.run.recipe import RecipeError, load_recipe
+
+    from test_attach import command_recipe
+
+    path = command_recipe(tmp_path, {"command": [PY, "train.py"]}, stage="lora")
+    assert load_recipe(path).lora is None  # the command decides its adapters
+    data = __import__("yaml").safe_load(path.read_text())
+    data["backends"]["torch"] = {}  # xfw's own adapter beside it needs to know which LoRA to build
+    path.write_text(__import__("yaml").safe_dump(data))
+    with pytest.raises(RecipeError, match="stage 'lora' needs a lora section"):
+        load_recipe(path)
