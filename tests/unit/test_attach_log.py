@@ -152,3 +152,32 @@ def test_a_lora_recipe_of_commands_only_needs_no_lora_section(tmp_path):
     path.write_text(__import__("yaml").safe_dump(data))
     with pytest.raises(RecipeError, match="stage 'lora' needs a lora section"):
         load_recipe(path)
+
+
+def test_the_matcher_process_ends_with_xfw_even_inside_a_match_that_never_returns(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from xfw.run import logparse\n"
+            "m = logparse.Matcher(logparse.LogPattern.parse({'ips': r'^(?:a+)+c|([0-9]+)'}), deadline_s=600)\n"
+            "print(m.proc.pid, flush=True); m.match(['a' * 40 + 'b'])\n")
+    xfw_like = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    worker = int(xfw_like.stdout.readline())
+    time.sleep(0.5)  # inside the match
+    os.kill(xfw_like.pid, signal.SIGKILL)
+    xfw_like.wait()
+    for _ in range(50):
+        try:
+            state = Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.1)
+    os.kill(worker, signal.SIGKILL)
+    pytest.fail(f"the matcher {worker} outlived the process that started it (state {state})")
