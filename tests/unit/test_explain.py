@@ -213,3 +213,39 @@ def test_aligned_rows_fold_peft_layers_and_sort_by_difference():
     table = report.module_table(("paddle", "torch"), rows, gap=2.0)
     assert table.cells[0][4] == "50%"
     assert report.coverage(a, 2.0) == pytest.approx(1.65)
+
+
+def _run_dir(tmp_path, name, parts):
+    run = tmp_path / name
+    run.mkdir()
+    lines = []
+    for step, (data, fb, opt) in enumerate(parts):
+        record = {"kind": "step", "rank": 0, "step": step, "phase": "measure", "step_time_s": data + fb + opt}
+        if fb is not None:
+            record.update(data_wait_s=data, fwd_bwd_s=fb, optimizer_s=opt)
+        lines.append(json.dumps(record))
+    (run / "steps.jsonl").write_text("\n".join(lines) + "\n")
+    return str(run)
+
+
+def test_the_report_shows_each_sides_mean_parts_and_says_when_a_run_has_none(tmp_path):
+    from xfw.report import breakdown
+    from xfw.report.compare import Side
+
+    split = Side(backend="paddle", status="ok", run_dirs=[_run_dir(tmp_path, "p", [(0.001, 0.05, 0.01),
+                                                                                    (0.003, 0.07, 0.01)])])
+    old = tmp_path / "old"  # a run from before the breakdown: no parts in its records
+    old.mkdir()
+    (old / "steps.jsonl").write_text(json.dumps({"kind": "step", "rank": 0, "step": 0, "phase": "measure",
+                                                 "step_time_s": 0.02}) + "\n")
+    parts = breakdown.side_breakdown(split)
+    assert parts["fwd_bwd_s"] == pytest.approx(0.06) and parts["step_time_s"] == pytest.approx(0.072)
+    assert breakdown.side_breakdown(Side(backend="torch", status="ok", run_dirs=[str(old)])) is None
+    table = breakdown.breakdown_table([("tiny", "paddle", parts), ("tiny", "torch", None)])
+    assert table.cells[0][3] == "60.00 ms (83%)" and table.cells[0][5] == "72.00 ms"
+    assert table.cells[1][-1].startswith("not recorded")
+    from xfw.report.plot import plot_breakdown
+
+    png = plot_breakdown([("tiny", "paddle", parts)], list(harness.BREAKDOWN), breakdown.PART_LABELS,
+                         tmp_path / "breakdown.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
