@@ -1,7 +1,7 @@
 """Data parallelism, ZeRO sharding and master gradients for the Paddle side, as PaddleNLP's Trainer
-applies them (``paddlenlp/trainer/trainer.py``, ``Trainer._wrap_model``, paddlenlp 3.0.0b4 as
-installed; the same code in PaddlePaddle/PaddleNLP at 318ed29 around L2100-2250), chosen from the
-neutral settings (docs/design.md §11).
+applies them (``paddlenlp/trainer/trainer.py`` of the paddlenlp 3.0.0b4 wheel the Paddle environment
+pins: ``Trainer._wrap_model`` L2070-2250, the ``dp_master_grad`` all-reduce in the training loop
+L1128-1170, ``create_optimizer`` L1834-1865), chosen from the neutral settings (docs/design.md §11).
 
 The wrappers, in the order they are applied (the session does 1, this module the rest):
 
