@@ -9,6 +9,7 @@ stderr after a weight-loading bar, as upstream scripts print.
 
 import argparse
 import importlib.util
+import logging
 
 assert importlib.util.find_spec("torch") is not None  # datasets/transformers/peft look torch up first
 import transformers  # noqa: E402  (before torch, as most real scripts)
@@ -71,7 +72,8 @@ def main() -> None:
     loader = torch.utils.data.DataLoader(Captions(args.max_steps * args.batch * args.accum), shuffle=True,
                                          batch_size=args.batch)
     unet, optimizer, loader = accelerator.prepare(unet, optimizer, loader)
-    print("***** Running training *****", flush=True)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s - %(message)s")  # to stderr, as upstream logs
+    logging.getLogger(__name__).info("***** Running training *****")
     progress = tqdm(range(args.max_steps), desc="Steps")
     step = 0
     for batch in loader:

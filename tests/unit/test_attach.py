@@ -559,4 +559,5 @@ def test_samples_are_what_reached_the_model_and_parameters_every_module_that_too
     assert (applied["num_params_total"], applied["num_params_trainable"]) == (1000 + 24 + 12, 1000 + 12 + 6)
     assert (applied["compute_dtype"], applied["amp_level"]) == ("bfloat16", "O1")
     assert "parameters over list 1000" in applied["notes"] and "reached list's forward" in applied["notes"]
+    assert applied["params_by_module"]["list"] == {"total": 1000, "trainable": 1000}
 

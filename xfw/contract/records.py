@@ -77,7 +77,10 @@ OPTIONAL: dict[str, dict[str, tuple]] = {
                 # §11: attention_kernel, optimizer_impl, grad_reduce_dtype, master_grads, tf32, checkpointing,
                 # ...); the variables the recipe set, as the process saw them; and each knob asked for but
                 # not carried out on this machine, with what ran instead and why.
-                "mechanisms": _DICT, "env": _DICT, "not_honoured": _DICT},
+                "mechanisms": _DICT, "env": _DICT, "not_honoured": _DICT,
+                # An attached run's parameters per module that took part: {"UNet2DConditionModel":
+                # {"total": n, "trainable": n}, ...} (xfw.contract.probe.applied.count_params).
+                "params_by_module": _DICT},
     # "command_log": the window was parsed from a command's log (xfw.run.logparse), not measured by xfw.
     "window": {"source": _STR, "padded_tokens": _INT},
 }

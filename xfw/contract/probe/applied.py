@@ -52,14 +52,14 @@ def _batch(probe: "Probe") -> tuple[int, int, str]:
     return spec["batch"]["micro"], spec["derived"]["grad_accum_steps"], "the recipe"
 
 
-def count_params(probe: "Probe") -> tuple[int, int, dict[str, str]]:
+def count_params(probe: "Probe") -> tuple[int, int, dict[str, dict]]:
     """(total, trainable, breakdown) over every module that took part before the first step, each
     parameter once: the breakdown names each module with what it added (largest first), so a user
     sees what was counted. Without a module seen, the optimizer's parameters."""
     fw = probe.owner
     if not probe.modules:
         total, trainable = fw.count_params(None, probe.optimizer)
-        return total, trainable, {"optimizer": f"{total} (trainable {trainable})"}
+        return total, trainable, {"optimizer": {"total": total, "trainable": trainable}}
     sized = sorted(((fw.parameters(m), m) for m in probe.modules.values()), key=lambda pm: -sum(n for _, n, _ in pm[0]))
     seen, total, trainable, breakdown = set(), 0, 0, {}
     for params, module in sized:
@@ -72,7 +72,7 @@ def count_params(probe: "Probe") -> tuple[int, int, dict[str, str]]:
         name = type(module).__name__
         while name in breakdown:
             name += "'"
-        breakdown[name] = f"{added} (trainable {added_trainable})"
+        breakdown[name] = {"total": added, "trainable": added_trainable}
     return total, trainable, breakdown
 
 
@@ -88,7 +88,8 @@ def applied_record(probe: "Probe") -> dict:
                "recipe": "samples from the recipe's batch (no forward or DataLoader showed a batch)"}
     notes = [f"attached to an unmodified command: steps end at its {boundary}", counted[probe.count_source],
              f"micro-batch and accumulation from {batch_source}",
-             "parameters over " + ", ".join(f"{k} {v}" for k, v in breakdown.items())]
+             "parameters over " + ", ".join(f"{k} {v['total']} (trainable {v['trainable']})"
+                                            for k, v in breakdown.items())]
     if trainer:
         notes.append("recompute and sharding from the Trainer's arguments")
     if probe.model is None:
@@ -103,7 +104,7 @@ def applied_record(probe: "Probe") -> dict:
         recompute=bool(trainer["recompute"] if "recompute" in trainer else facts["recompute"]),
         num_params_total=total, num_params_trainable=trainable, num_processes=fw.world_size(),
         grad_accum_steps=accum, mem_source=fw.mem_source(), notes="; ".join(notes + precision_notes),
-        micro_batch=micro, step_boundary=boundary,
+        micro_batch=micro, step_boundary=boundary, params_by_module=breakdown,
         **{f"version_{k}": v for k, v in facts["versions"].items()},
     )
     if "master_grad" in trainer:
