@@ -395,6 +395,7 @@ def test_a_forward_is_counted_from_its_first_positional_tensor_or_its_keywords()
     assert observe.forward_counts((np.zeros((4, 4, 8, 8)), 7), {"encoder_hidden_states": np.zeros((4, 2))}) == (4, 0)
     assert observe.forward_counts((), {"input_ids": np.zeros((2, 5)), "labels": np.zeros((2, 5))}) == (2, 10)
     assert observe.forward_counts((np.zeros(()),), {}) is None
+    assert observe.forward_counts(({"input_ids": np.zeros((3, 4)), "labels": np.zeros((3, 4))},), {}) == (3, 12)
 
 
 class ClockHooks:

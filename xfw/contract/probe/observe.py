@@ -72,10 +72,13 @@ def majority(counts: dict[str, int]) -> str:
 
 def forward_counts(args: tuple, kwargs: dict) -> tuple[int, int] | None:
     """(samples, tokens) of what one forward call received: the first positional tensor's leading
-    dimension (a UNet's latents), else the keyword arguments as a batch (a transformers model
-    called with ``**batch``); tokens from ``input_ids`` when ``labels`` are passed too."""
+    dimension (a UNet's latents), else a batch passed whole as the first argument (``model(batch)``),
+    else the keyword arguments as a batch (a transformers model called with ``**batch``); tokens
+    from ``input_ids`` when ``labels`` are passed too."""
     positional = _leading(list(args)) if args else None
     named = batch_counts(kwargs) if kwargs else None
+    if positional is None and args and isinstance(args[0], (Mapping, list, tuple)):
+        return batch_counts(args[0])  # the whole batch as one argument: model(batch)
     if positional is None:
         return named
     return positional, named[1] if named else 0
