@@ -37,7 +37,10 @@ class CacheWriter:
         remove_abandoned(target.parent)
         self.tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
         self._lock = os.open(self.tmp, os.O_RDONLY | os.O_DIRECTORY)
-        fcntl.flock(self._lock, fcntl.LOCK_EX)  # held until the directory is renamed or removed
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX)  # held until the directory is renamed or removed
+        except OSError:  # a file system without locks: the cleaner cannot lock it either, and leaves it
+            pass
         self.fields: dict[str, dict] = {}
         self.count = 0
 
@@ -119,7 +122,7 @@ def remove_abandoned(cache: Path) -> list[Path]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            continue  # a preparation is writing it
+            continue  # a preparation is writing it (or locks do not work here: left alone)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
             removed.append(tmp)
