@@ -3,7 +3,8 @@ probe with the real frameworks on CPU: examples/attach/torch_diffusers_lora.py (
 peft imported before torch after a spec look-up, accelerate with accumulation 2 and bf16 autocast,
 its prefetching loader, gradient checkpointing, LoRA, a tqdm bar) and paddle_ppdiffusers_lora.py
 (paddle through importlib, ppdiffusers with recompute, accumulation 2, auto_cast). One compare of
-both and two torch runs at module scope (about a minute on 2 cores).
+both and two torch runs at module scope (about a minute on 2 cores); and a plain torch loop whose
+torch is looked up, then imported from a thread (a few seconds).
 """
 
 from __future__ import annotations
@@ -98,3 +99,28 @@ def test_a_tqdm_bar_is_parsed_from_the_start_of_training_and_stops_the_command(r
     assert len(steps) == 4 and applied == {}
     assert all(0.5 < 8 * r["step_time_s"] ** -1 / 8 < 1000 for r in steps)  # a training step's it/s, not loading's
     assert "100/100" not in (out / NAME / "torch" / "stderr.log").read_text()  # stopped after 4 steps
+
+
+THREAD_IMPORT = """
+    import importlib, importlib.util, threading
+    assert importlib.util.find_spec("torch") is not None  # a look-up first, as datasets does
+    loading = threading.Thread(target=importlib.import_module, args=("torch",))  # then imported from a thread
+    loading.start()
+    loading.join()
+    torch = importlib.import_module("torch")
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(100):
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_torch_looked_up_then_imported_from_a_thread_is_measured(tmp_path):
+    from test_attach_real import run_script
+
+    result = run_script(tmp_path, "torch", THREAD_IMPORT, [])
+    assert result.status == "ok", result.reason
+    found, problem = read_records(tmp_path / "out" / "torch" / "steps.jsonl")
+    assert problem == "" and [r["samples"] for r in found if r["kind"] == "step"][1:] == [4, 4, 4]
