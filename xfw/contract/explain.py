@@ -133,8 +133,9 @@ class Timeline:
         self.events.append((self.clock(), what, None))
 
     def attribute(self) -> tuple[dict[str, dict[str, float]], float]:
-        """({row name: {"fwd_s", "bwd_s", "recompute_s"}}, step seconds) of the median step (``step``
-        to ``end`` marks): a loaded host's outlier steps do not skew it, and its rows add up to it."""
+        """({row name: {"fwd_s", "bwd_s", "recompute_s"}}, step seconds): each row's median over the
+        steps (``step`` to ``end`` marks), so a stall of the host inside one step lands in no row, and
+        the median step. Without stalls the rows add up to the step."""
         per_step: list[dict[str, dict[str, float]]] = []  # each step's rows
 
         def add(name: str, key: str, seconds: float) -> None:
@@ -200,8 +201,11 @@ class Timeline:
                 add(OPTIMIZER, "bwd_s", span)
         if not spans or len(spans) != len(per_step):
             return {}, 0.0
-        middle = sorted(range(len(spans)), key=spans.__getitem__)[(len(spans) - 1) // 2]
-        return per_step[middle], spans[middle]
+        zero = {"fwd_s": 0.0, "bwd_s": 0.0, "recompute_s": 0.0}
+        names = {name for rows in per_step for name in rows}
+        rows = {name: {key: statistics.median(step.get(name, zero)[key] for step in per_step) for key in zero}
+                for name in names}
+        return rows, statistics.median(spans)
 
 
 def trace_categories(path: str, *, op_cats: tuple[str, ...], optimizer_marks: tuple[str, ...],

@@ -176,8 +176,9 @@ def explain_page(rows: list[ComparisonRow], backends: list[str], out_dir: Path |
         blocks += [Heading("Not explained", 3), Bullets(list(notes))]
     blocks.append(Paragraph(
         "Module rows are self times under the canonical module names (a container's row is its own code: "
-        "an attention block's row holds the attention itself); `loss` is from the model's output to its first "
-        "gradient, `(autograd, outside modules)` the rest of backward outside every module, `optimizer` the "
-        "optimizer step. Recompute is the forward run again inside backward. Each row is the median over the "
-        "profiled steps, taken after the measured window in a process of its own (docs/explain.md).", muted=True))
+        "an attention block's row holds the attention itself); `loss` is the loss wrapper's own code and backward "
+        "until the model's first module gradient, `(autograd, outside modules)` the rest of backward outside "
+        "every module, `optimizer` the optimizer step. Recompute is the forward run again inside backward. Each "
+        "row is its median over 5 profiled steps, taken after the measured window in a process of its own "
+        "(docs/explain.md).", muted=True))
     return Page(title="Where the step goes", blocks=blocks)
