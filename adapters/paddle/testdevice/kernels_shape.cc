@@ -1,0 +1,170 @@
+// Masking and shape kernels the tiny decoders run in bf16 (the CPU build has no bf16 kernel for
+// them): triu/tril, where, expand, and sin/cos/erf for rotary embeddings and exact GELU pieces.
+#include "kernels.h"
+
+namespace xfw_testcpu {
+
+template <typename T>
+void Tri(const phi::Context& ctx, const phi::DenseTensor& x, int diagonal, bool lower, phi::DenseTensor* out) {
+  Dims d = x.dims();
+  int64_t rows = d.size() >= 2 ? d[d.size() - 2] : 1, cols = d.back(), mats = Numel(d) / (rows * cols);
+  const T* px = x.data<T>();
+  out->Resize(d);
+  T* p = ctx.Alloc<T>(out);
+  for (int64_t m = 0; m < mats; ++m)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        int64_t i = (m * rows + r) * cols + c;
+        bool keep = lower ? (c - r <= diagonal) : (c - r >= diagonal);
+        p[i] = keep ? px[i] : St<T>(0.f);
+      }
+}
+template <typename T>
+void TriuKernel(const phi::Context& ctx, const phi::DenseTensor& x, int diagonal, phi::DenseTensor* out) { Tri<T>(ctx, x, diagonal, false, out); }
+template <typename T>
+void TrilKernel(const phi::Context& ctx, const phi::DenseTensor& x, int diagonal, phi::DenseTensor* out) { Tri<T>(ctx, x, diagonal, true, out); }
+template <typename T>
+void TriuGradKernel(const phi::Context& ctx, const phi::DenseTensor& dout, int diagonal, phi::DenseTensor* dx) { Tri<T>(ctx, dout, diagonal, false, dx); }
+template <typename T>
+void TrilGradKernel(const phi::Context& ctx, const phi::DenseTensor& dout, int diagonal, phi::DenseTensor* dx) { Tri<T>(ctx, dout, diagonal, true, dx); }
+
+template <typename T>
+void WhereKernel(const phi::Context& ctx, const phi::DenseTensor& cond, const phi::DenseTensor& x, const phi::DenseTensor& y,
+                 phi::DenseTensor* out) {
+  Broadcast xy(x.dims(), y.dims());
+  Broadcast all(cond.dims(), xy.out);
+  Broadcast bx(x.dims(), all.out), by(y.dims(), all.out);
+  const bool* pc = cond.data<bool>();
+  const T* px = x.data<T>();
+  const T* py = y.data<T>();
+  std::vector<int64_t> ix(Numel(all.out)), iy(ix.size());
+  bx.Each([&](int64_t i, int64_t a, int64_t) { ix[i] = a; });
+  by.Each([&](int64_t i, int64_t a, int64_t) { iy[i] = a; });
+  out->Resize(all.out);
+  T* p = ctx.Alloc<T>(out);
+  all.Each([&](int64_t i, int64_t ic, int64_t) { p[i] = pc[ic] ? px[ix[i]] : py[iy[i]]; });
+}
+template <typename T>
+void WhereGradKernel(const phi::Context& ctx, const phi::DenseTensor& cond, const phi::DenseTensor& x, const phi::DenseTensor& y,
+                     const phi::DenseTensor& dout, phi::DenseTensor* dx, phi::DenseTensor* dy) {
+  PD_CHECK(cond.numel() == dout.numel() && x.numel() == dout.numel() && y.numel() == dout.numel(),
+           "xfw testcpu where_grad: broadcast operands are not implemented");
+  const bool* pc = cond.data<bool>();
+  const T* pg = dout.data<T>();
+  T zero = St<T>(0.f);
+  if (dx) { dx->Resize(x.dims()); T* p = ctx.Alloc<T>(dx); for (int64_t i = 0, n = dout.numel(); i < n; ++i) p[i] = pc[i] ? pg[i] : zero; }
+  if (dy) { dy->Resize(y.dims()); T* p = ctx.Alloc<T>(dy); for (int64_t i = 0, n = dout.numel(); i < n; ++i) p[i] = pc[i] ? zero : pg[i]; }
+}
+
+Dims ExpandDims(const Dims& x, const std::vector<int64_t>& shape) {
+  Dims out(shape.size());
+  size_t off = shape.size() - x.size();
+  for (size_t i = 0; i < shape.size(); ++i) out[i] = shape[i] == -1 ? x[i - off] : shape[i];
+  return out;
+}
+template <typename T>
+void ExpandKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::IntArray& shape, phi::DenseTensor* out) {
+  Broadcast b(x.dims(), ExpandDims(x.dims(), shape.GetData()));
+  const T* px = x.data<T>();
+  out->Resize(b.out);
+  T* p = ctx.Alloc<T>(out);
+  b.Each([&](int64_t i, int64_t ix, int64_t) { p[i] = px[ix]; });
+}
+template <typename T>
+void ExpandGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& dout, const phi::IntArray&,
+                      phi::DenseTensor* dx) {
+  Broadcast b(x.dims(), dout.dims());
+  const T* pg = dout.data<T>();
+  std::vector<float> acc(x.numel(), 0.f);
+  b.Each([&](int64_t i, int64_t ix, int64_t) { acc[ix] += static_cast<float>(Ld(pg[i])); });
+  dx->Resize(x.dims());
+  T* p = ctx.Alloc<T>(dx);
+  for (size_t i = 0; i < acc.size(); ++i) p[i] = St<T>(acc[i]);
+}
+
+#define XFW_UNARY_F(Name, f, df)                                                                                      \
+  template <typename T>                                                                                               \
+  void Name##Kernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) {                      \
+    out->Resize(x.dims());                                                                                            \
+    const T* px = x.data<T>();                                                                                        \
+    T* p = ctx.Alloc<T>(out);                                                                                         \
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) { float v = static_cast<float>(Ld(px[i])); p[i] = St<T>(f); }     \
+  }                                                                                                                   \
+  template <typename T>                                                                                               \
+  void Name##GradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& dout,            \
+                        phi::DenseTensor* dx) {                                                                       \
+    dx->Resize(x.dims());                                                                                             \
+    const T* px = x.data<T>();                                                                                        \
+    const T* pg = dout.data<T>();                                                                                     \
+    T* p = ctx.Alloc<T>(dx);                                                                                          \
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) {                                                                  \
+      float v = static_cast<float>(Ld(px[i])), g = static_cast<float>(Ld(pg[i]));                                     \
+      p[i] = St<T>(g * (df));                                                                                         \
+    }                                                                                                                 \
+  }
+XFW_UNARY_F(Sin, std::sin(v), std::cos(v))
+XFW_UNARY_F(Cos, std::cos(v), -std::sin(v))
+XFW_UNARY_F(Erf, std::erf(v), 1.1283791670955126f * std::exp(-v * v))
+
+// swiglu(x, y) = silu(x) * y; without y, x's last dimension holds [x | y].
+template <typename T>
+void SwiGLUKernel(const phi::Context& ctx, const phi::DenseTensor& x, const paddle::optional<phi::DenseTensor>& y,
+                  phi::DenseTensor* out) {
+  Dims d = x.dims();
+  int64_t n = d.back(), m = Numel(d) / n, half = y ? n : n / 2;
+  const T* px = x.data<T>();
+  const T* py = y ? y->data<T>() : nullptr;
+  Dims od = d;
+  od.back() = half;
+  out->Resize(od);
+  T* p = ctx.Alloc<T>(out);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < half; ++c) {
+      float a = static_cast<float>(Ld(y ? px[r * n + c] : px[r * n + c]));
+      float b = static_cast<float>(Ld(y ? py[r * n + c] : px[r * n + half + c]));
+      p[r * half + c] = St<T>(a / (1.f + std::exp(-a)) * b);
+    }
+}
+template <typename T>
+void SwiGLUGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const paddle::optional<phi::DenseTensor>& y,
+                      const phi::DenseTensor& dz, phi::DenseTensor* dx, phi::DenseTensor* dy) {
+  Dims d = x.dims();
+  int64_t n = d.back(), m = Numel(d) / n, half = y ? n : n / 2;
+  const T* px = x.data<T>();
+  const T* py = y ? y->data<T>() : nullptr;
+  const T* pg = dz.data<T>();
+  T* qx = nullptr;
+  T* qy = nullptr;
+  if (dx) { dx->Resize(d); qx = ctx.Alloc<T>(dx); }
+  if (dy && y) { dy->Resize(y->dims()); qy = ctx.Alloc<T>(dy); }
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < half; ++c) {
+      float a = static_cast<float>(Ld(px[r * n + c]));
+      float b = static_cast<float>(Ld(y ? py[r * n + c] : px[r * n + half + c]));
+      float g = static_cast<float>(Ld(pg[r * half + c]));
+      float s = 1.f / (1.f + std::exp(-a));
+      float da = g * b * s * (1.f + a * (1.f - s)), db = g * a * s;
+      if (qx) qx[r * n + c] = St<T>(da);
+      if (y) { if (qy) qy[r * n + c] = St<T>(db); } else if (qx) { qx[r * n + half + c] = St<T>(db); }
+    }
+}
+
+}  // namespace xfw_testcpu
+
+using namespace xfw_testcpu;  // NOLINT
+PD_BUILD_PHI_KERNEL(triu, testcpu, ALL_LAYOUT, TriuKernel, XFW_FLOATS, bool, int32_t, int64_t) {}
+PD_BUILD_PHI_KERNEL(tril, testcpu, ALL_LAYOUT, TrilKernel, XFW_FLOATS, bool, int32_t, int64_t) {}
+PD_BUILD_PHI_KERNEL(triu_grad, testcpu, ALL_LAYOUT, TriuGradKernel, XFW_FLOATS) {}
+PD_BUILD_PHI_KERNEL(tril_grad, testcpu, ALL_LAYOUT, TrilGradKernel, XFW_FLOATS) {}
+PD_BUILD_PHI_KERNEL(where, testcpu, ALL_LAYOUT, WhereKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(where_grad, testcpu, ALL_LAYOUT, WhereGradKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(expand, testcpu, ALL_LAYOUT, ExpandKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(expand_grad, testcpu, ALL_LAYOUT, ExpandGradKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(sin, testcpu, ALL_LAYOUT, SinKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(sin_grad, testcpu, ALL_LAYOUT, SinGradKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(cos, testcpu, ALL_LAYOUT, CosKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(cos_grad, testcpu, ALL_LAYOUT, CosGradKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(erf, testcpu, ALL_LAYOUT, ErfKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(swiglu, testcpu, ALL_LAYOUT, SwiGLUKernel, XFW_FLOATS) {}
+PD_BUILD_PHI_KERNEL(swiglu_grad, testcpu, ALL_LAYOUT, SwiGLUGradKernel, XFW_FLOATS) {}
+PD_BUILD_PHI_KERNEL(erf_grad, testcpu, ALL_LAYOUT, ErfGradKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
