@@ -92,7 +92,7 @@ def test_a_forward_inside_backward_is_recompute():
     assert rows["layers.0"]["bwd_s"] == pytest.approx(2 + 3)
 
 
-def test_each_row_is_its_median_over_steps():
+def test_the_rows_are_the_median_steps():
     clock = Clock()
     tl = Timeline(clock=clock)
     for seconds in (1.0, 100.0, 2.0):  # one step slowed by a loaded host

@@ -133,9 +133,10 @@ class Timeline:
         self.events.append((self.clock(), what, None))
 
     def attribute(self) -> tuple[dict[str, dict[str, float]], float]:
-        """({row name: {"fwd_s", "bwd_s", "recompute_s"}}, step seconds): each row's median over the
-        steps (``step`` to ``end`` marks), so a stall of the host inside one step lands in no row, and
-        the median step. Without stalls the rows add up to the step."""
+        """({row name: {"fwd_s", "bwd_s", "recompute_s"}}, step seconds) of the median step (``step`` to
+        ``end`` marks, by its length): an outlier step does not decide the table, and its rows add up to
+        it. (Per-row medians would not: a span that one step gives to a module's interval and another to
+        its neighbour's drops out of both, a quarter of the step on a loaded host.)"""
         per_step: list[dict[str, dict[str, float]]] = []  # each step's rows
 
         def add(name: str, key: str, seconds: float) -> None:
@@ -201,11 +202,8 @@ class Timeline:
                 add(OPTIMIZER, "bwd_s", span)
         if not spans or len(spans) != len(per_step):
             return {}, 0.0
-        zero = {"fwd_s": 0.0, "bwd_s": 0.0, "recompute_s": 0.0}
-        names = {name for rows in per_step for name in rows}
-        rows = {name: {key: statistics.median(step.get(name, zero)[key] for step in per_step) for key in zero}
-                for name in names}
-        return rows, statistics.median(spans)
+        middle = sorted(range(len(spans)), key=spans.__getitem__)[(len(spans) - 1) // 2]
+        return per_step[middle], spans[middle]
 
 
 def trace_categories(path: str, *, op_cats: tuple[str, ...], optimizer_marks: tuple[str, ...],

@@ -178,7 +178,7 @@ def explain_page(rows: list[ComparisonRow], backends: list[str], out_dir: Path |
         "Module rows are self times under the canonical module names (a container's row is its own code: "
         "an attention block's row holds the attention itself); `loss` is the loss wrapper's own code and backward "
         "until the model's first module gradient, `(autograd, outside modules)` the rest of backward outside "
-        "every module, `optimizer` the optimizer step. Recompute is the forward run again inside backward. Each "
-        "row is its median over 5 profiled steps, taken after the measured window in a process of its own "
+        "every module, `optimizer` the optimizer step. Recompute is the forward run again inside backward. The "
+        "rows are the median one of 5 profiled steps, taken after the measured window in a process of its own "
         "(docs/explain.md).", muted=True))
     return Page(title="Where the step goes", blocks=blocks)
