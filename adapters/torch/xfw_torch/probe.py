@@ -78,7 +78,10 @@ class TorchFramework:
         def before_forward(module, args):
             if self._depth == 0:
                 self._outer = module
+                first = id(module) not in self.probe.modules
                 self.probe.saw_model(self, module)
+                if first and args and self.torch.is_grad_enabled():  # its input hook starts with the next call
+                    self.probe.saw_forward(module, args, {})
             self.probe.saw_amp(self._outer, self._autocast())  # as this layer runs
             self._depth += 1
 
