@@ -148,6 +148,15 @@ def test_20_a_caption_holding_unicode_line_separators_is_one_caption(tmp_path, c
 
 # --- tokenizer configs and chat templates -------------------------------------------------------------
 
+def test_20_a_chat_template_doing_ordinary_arithmetic_and_formatting_still_renders(tmp_path, llava):
+    source = ("{% for m in messages %}{{ m.role }} {{ '%s' % m.content }} {{ '{:>3}'.format(2 ** 3) }}"
+              "{{ (2.5 ** 2) | round }} {{ 'ab' * 2 }} call 5551234567{{ eos_token }}{% endfor %}"
+              "{% if add_generation_prompt %}assistant{% endif %}")
+    paths = with_config(tmp_path, llava, {"bos_token": "<s>", "eos_token": "</s>", "chat_template": source})
+    result = llava_validate(tmp_path, paths)
+    assert result.exit_code == 0 and "template tokenizer" in result.output, result.output
+
+
 def with_config(tmp_path, llava, config: dict, name="tok") -> dict:
     words = json.loads((llava["tokenizer"] / "tokenizer.json").read_text())["model"]["vocab"]
     tokenizer = make_tokenizer(tmp_path / name, " ".join(w for w in words if not w.startswith("<")), config=config)

@@ -48,8 +48,8 @@ def _sandbox():
                 for seq, times in ((left, right), (right, left)):
                     if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and len(seq) * times > MAX_CHARS:
                         raise OverflowError(f"a repetition of {len(seq)} items {times} times is too large")
-            if operator == "**" and isinstance(right, (int, float)) and isinstance(left, (int, float)) \
-                    and abs(left) > 1 and right * max(abs(left), 2).bit_length() > 4 * MAX_CHARS:
+            if operator == "**" and type(left) is int and type(right) is int \
+                    and abs(left) > 1 and right * abs(left).bit_length() > 4 * MAX_CHARS:
                 raise OverflowError(f"{left} ** {right} is too large")
             return super().call_binop(context, operator, left, right)
 
@@ -66,7 +66,8 @@ def _sandbox():
     return BoundedSandbox
 
 
-_WIDE = re.compile(r"\d{7,}")
+_WIDE = re.compile(r"(%[^%a-zA-Z]*|\{[^{}]*:[^{}]*)\d{7,}")
+"""A width or precision of seven digits or more in a ``%`` or ``{:...}`` format specification."""
 
 
 def _check_format(text: str) -> None:
