@@ -200,6 +200,14 @@ def test_20_a_chat_template_that_fails_loops_or_escapes_is_one_line_and_leaves_n
     assert not [p for p in (tmp_path / "cache").glob(".tmp-*")] if (tmp_path / "cache").exists() else True
 
 
+def test_20_a_special_token_or_template_writing_image_marks_is_one_line(tmp_path, llava):
+    paths = with_config(tmp_path, llava, {"bos_token": "<s>", "eos_token": "<image>"})
+    assert "writes '<image>' itself" in one_line_error(llava_validate(tmp_path, paths))
+    paths = with_config(tmp_path, llava, {"eos_token": "</s>", "chat_template": "{% for m in messages %}<image>"
+                                          "{{ m.content }}{% endfor %}"}, name="tok2")
+    assert "writes '<image>' itself" in one_line_error(llava_validate(tmp_path, paths))
+
+
 @pytest.mark.parametrize("config, key", [({"eos_token": 5}, "eos_token"), ({"bos_token": ["<s>"]}, "bos_token"),
                                          ({"pad_token": {"content": 3}}, "pad_token"),
                                          ({"chat_template": 7}, "chat_template")])

@@ -188,6 +188,10 @@ def encode(tokenizer: Tokenizer, turns, template: str,
     text, spans = render(turns, template, tokenizer)
     ids, labels, start = [], [], 0
     pieces = text.split(IMAGE)
+    marks = sum(value.count(IMAGE) for _, value in turns)  # one per image, in order
+    if len(pieces) - 1 != marks:
+        raise TemplateError(f"the template renders {len(pieces) - 1} '{IMAGE}' for the conversation's {marks} "
+                            f"(a special token or the chat template writes '{IMAGE}' itself)")
     for k, piece in enumerate(pieces):
         piece_ids, offsets = tokenizer.encode(piece, first=k == 0)
         for token, (lo, hi) in zip(piece_ids, offsets):
