@@ -2,6 +2,7 @@
 // activations and their gradients, reductions, softmax, layer_norm, embedding. fp32 inside.
 #include <algorithm>
 #include <set>
+#include <string>
 
 #include "kernels.h"
 
@@ -300,6 +301,76 @@ void LayerNormGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, con
   if (dbias && bias) { dbias->Resize(bias->dims()); dbias->set_dtype(bias->dtype()); StoreF32(ctx, dbias, gb.data(), cols); }
 }
 
+// ---- group_norm (channel-first) ------------------------------------------------------------------------
+struct Groups {
+  int64_t n, c, g, per_c, per_g;  // per_c: spatial elements per channel; per_g: elements per group
+  Groups(const Dims& d, int groups) : n(d[0]), c(d[1]), g(groups) {
+    per_c = Numel(d) / (n * c);
+    per_g = per_c * (c / g);
+  }
+};
+
+template <typename T>
+void GroupNormKernel(const phi::Context& ctx, const phi::DenseTensor& x, const paddle::optional<phi::DenseTensor>& scale,
+                     const paddle::optional<phi::DenseTensor>& bias, double eps, int groups, const std::string& layout,
+                     phi::DenseTensor* y, phi::DenseTensor* mean, phi::DenseTensor* var) {
+  PD_CHECK(layout == "NCHW" || layout == "NCDHW" || layout == "NCL", "xfw testcpu group_norm: channel-first only");
+  Groups s(x.dims(), groups);
+  std::vector<float> v = ToF32(x), w, b, mu(s.n * s.g), va(s.n * s.g);
+  if (scale) w = ToF32(*scale);
+  if (bias) b = ToF32(*bias);
+  for (int64_t i = 0; i < s.n * s.g; ++i) {
+    float* p = &v[i * s.per_g];
+    double s1 = 0, s2 = 0;
+    for (int64_t k = 0; k < s.per_g; ++k) s1 += p[k];
+    float m = static_cast<float>(s1 / s.per_g);
+    for (int64_t k = 0; k < s.per_g; ++k) s2 += double(p[k] - m) * (p[k] - m);
+    float vr = static_cast<float>(s2 / s.per_g), inv = 1.f / std::sqrt(vr + static_cast<float>(eps));
+    mu[i] = m; va[i] = vr;
+    int64_t c0 = (i % s.g) * (s.c / s.g);
+    for (int64_t k = 0; k < s.per_g; ++k) {
+      int64_t c = c0 + k / s.per_c;
+      float o = (p[k] - m) * inv;
+      if (!w.empty()) o *= w[c];
+      if (!b.empty()) o += b[c];
+      p[k] = o;
+    }
+  }
+  y->Resize(x.dims()); y->set_dtype(x.dtype());
+  StoreF32(ctx, y, v.data(), static_cast<int64_t>(v.size()));
+  if (mean) { mean->Resize({s.n, s.g}); StoreF32(ctx, mean, mu.data(), s.n * s.g); }
+  if (var) { var->Resize({s.n, s.g}); StoreF32(ctx, var, va.data(), s.n * s.g); }
+}
+
+template <typename T>
+void GroupNormGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const paddle::optional<phi::DenseTensor>& scale,
+                         const paddle::optional<phi::DenseTensor>& bias, const phi::DenseTensor&, const phi::DenseTensor& mean,
+                         const phi::DenseTensor& var, const phi::DenseTensor& dy, double eps, int groups, const std::string&,
+                         phi::DenseTensor* dx, phi::DenseTensor* dscale, phi::DenseTensor* dbias) {
+  Groups s(x.dims(), groups);
+  std::vector<float> v = ToF32(x), g = ToF32(dy), mu = ToF32(mean), va = ToF32(var), w, gx(v.size());
+  if (scale) w = ToF32(*scale);
+  std::vector<float> gw(s.c, 0.f), gb(s.c, 0.f);
+  for (int64_t i = 0; i < s.n * s.g; ++i) {
+    float inv = 1.f / std::sqrt(va[i] + static_cast<float>(eps));
+    int64_t c0 = (i % s.g) * (s.c / s.g), base = i * s.per_g;
+    double sg = 0, sgx = 0;
+    for (int64_t k = 0; k < s.per_g; ++k) {
+      int64_t c = c0 + k / s.per_c;
+      float xh = (v[base + k] - mu[i]) * inv, gy = g[base + k], gh = w.empty() ? gy : gy * w[c];
+      gw[c] += gy * xh; gb[c] += gy; sg += gh; sgx += gh * xh;
+    }
+    for (int64_t k = 0; k < s.per_g; ++k) {
+      int64_t c = c0 + k / s.per_c;
+      float xh = (v[base + k] - mu[i]) * inv, gy = g[base + k], gh = w.empty() ? gy : gy * w[c];
+      gx[base + k] = inv * (gh - static_cast<float>(sg / s.per_g) - xh * static_cast<float>(sgx / s.per_g));
+    }
+  }
+  if (dx) { dx->Resize(x.dims()); dx->set_dtype(x.dtype()); StoreF32(ctx, dx, gx.data(), static_cast<int64_t>(gx.size())); }
+  if (dscale && scale) { dscale->Resize(scale->dims()); dscale->set_dtype(scale->dtype()); StoreF32(ctx, dscale, gw.data(), s.c); }
+  if (dbias && bias) { dbias->Resize(bias->dims()); dbias->set_dtype(bias->dtype()); StoreF32(ctx, dbias, gb.data(), s.c); }
+}
+
 // ---- embedding -------------------------------------------------------------------------------------
 template <typename T>
 void EmbeddingKernel(const phi::Context& ctx, const phi::DenseTensor& ids, const phi::DenseTensor& weight, int64_t padding_idx,
@@ -362,3 +433,5 @@ PD_BUILD_PHI_KERNEL(layer_norm, testcpu, ALL_LAYOUT, LayerNormKernel, XFW_FLOATS
 PD_BUILD_PHI_KERNEL(layer_norm_grad, testcpu, ALL_LAYOUT, LayerNormGradKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(embedding, testcpu, ALL_LAYOUT, EmbeddingKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(embedding_grad, testcpu, ALL_LAYOUT, EmbeddingGradKernel, XFW_FLOATS) {}
+PD_BUILD_PHI_KERNEL(group_norm, testcpu, ALL_LAYOUT, GroupNormKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(group_norm_grad, testcpu, ALL_LAYOUT, GroupNormGradKernel, phi::dtype::float16, phi::dtype::bfloat16) {}

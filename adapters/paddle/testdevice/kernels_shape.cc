@@ -149,6 +149,30 @@ void SwiGLUGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const 
     }
 }
 
+// concat's gradient: each input's slice of out_grad along the axis (x may come without buffers).
+template <typename T>
+void ConcatGradKernel(const phi::Context& ctx, const std::vector<const phi::DenseTensor*>& xs, const phi::DenseTensor& dout,
+                      const phi::Scalar& axis_scalar, std::vector<phi::DenseTensor*> dxs) {
+  Dims d = dout.dims();
+  int64_t axis = static_cast<int64_t>(axis_scalar.to<double>());
+  if (axis < 0) axis += static_cast<int64_t>(d.size());
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= d[i];
+  for (size_t i = axis + 1; i < d.size(); ++i) inner *= d[i];
+  const T* pg = dout.data<T>();
+  int64_t start = 0;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    int64_t len = xs[k]->dims()[axis];
+    if (k < dxs.size() && dxs[k]) {
+      dxs[k]->Resize(xs[k]->dims());
+      T* p = ctx.Alloc<T>(dxs[k]);
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(p + o * len * inner, pg + (o * d[axis] + start) * inner, sizeof(T) * len * inner);
+    }
+    start += len;
+  }
+}
+
 }  // namespace xfw_testcpu
 
 using namespace xfw_testcpu;  // NOLINT
@@ -168,3 +192,4 @@ PD_BUILD_PHI_KERNEL(erf, testcpu, ALL_LAYOUT, ErfKernel, phi::dtype::float16, ph
 PD_BUILD_PHI_KERNEL(swiglu, testcpu, ALL_LAYOUT, SwiGLUKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(swiglu_grad, testcpu, ALL_LAYOUT, SwiGLUGradKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(erf_grad, testcpu, ALL_LAYOUT, ErfGradKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(concat_grad, testcpu, ALL_LAYOUT, ConcatGradKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
