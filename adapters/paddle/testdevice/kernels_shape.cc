@@ -1,5 +1,8 @@
 // Masking and shape kernels the tiny decoders run in bf16 (the CPU build has no bf16 kernel for
 // them): triu/tril, where, expand, and sin/cos/erf for rotary embeddings and exact GELU pieces.
+#include <algorithm>
+#include <string>
+
 #include "kernels.h"
 
 namespace xfw_testcpu {
@@ -173,6 +176,90 @@ void ConcatGradKernel(const phi::Context& ctx, const std::vector<const phi::Dens
   }
 }
 
+// pad3d (NCDHW; paddings [left, right, top, bottom, front, back]): constant and replicate modes.
+struct Pad3 {
+  int64_t n, c, d, h, w, od, oh, ow, pl, pt, pf;
+  Pad3(const Dims& x, const std::vector<int64_t>& p, const std::string& layout) {
+    PD_CHECK(layout == "NCDHW" && x.size() == 5 && p.size() == 6, "xfw testcpu pad3d: NCDHW with 6 paddings only");
+    n = x[0]; c = x[1]; d = x[2]; h = x[3]; w = x[4];
+    pl = p[0]; pt = p[2]; pf = p[4];
+    ow = w + p[0] + p[1]; oh = h + p[2] + p[3]; od = d + p[4] + p[5];
+  }
+  // input index feeding output (z, y, x) of plane nc, or -1 for the constant
+  int64_t Source(int64_t nc, int64_t z, int64_t y, int64_t x, bool replicate) const {
+    int64_t iz = z - pf, iy = y - pt, ix = x - pl;
+    if (replicate) {
+      iz = std::min(std::max<int64_t>(iz, 0), d - 1); iy = std::min(std::max<int64_t>(iy, 0), h - 1);
+      ix = std::min(std::max<int64_t>(ix, 0), w - 1);
+    } else if (iz < 0 || iz >= d || iy < 0 || iy >= h || ix < 0 || ix >= w) {
+      return -1;
+    }
+    return ((nc * d + iz) * h + iy) * w + ix;
+  }
+};
+
+template <typename T>
+void Pad3dKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::IntArray& paddings, const std::string& mode,
+                 double pad_value, const std::string& layout, phi::DenseTensor* out) {
+  PD_CHECK(mode == "constant" || mode == "replicate", "xfw testcpu pad3d: mode %s is not implemented", mode.c_str());
+  Pad3 s(x.dims(), paddings.GetData(), layout);
+  const T* px = x.data<T>();
+  out->Resize({s.n, s.c, s.od, s.oh, s.ow});
+  T* p = ctx.Alloc<T>(out);
+  T fill = St<T>(static_cast<float>(pad_value));
+  int64_t o = 0;
+  for (int64_t nc = 0; nc < s.n * s.c; ++nc)
+    for (int64_t z = 0; z < s.od; ++z)
+      for (int64_t y = 0; y < s.oh; ++y)
+        for (int64_t xx = 0; xx < s.ow; ++xx, ++o) {
+          int64_t i = s.Source(nc, z, y, xx, mode == "replicate");
+          p[o] = i < 0 ? fill : px[i];
+        }
+}
+
+template <typename T>
+void Pad3dGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& dout, const phi::IntArray& paddings,
+                     const std::string& mode, double, const std::string& layout, phi::DenseTensor* dx) {
+  PD_CHECK(mode == "constant" || mode == "replicate", "xfw testcpu pad3d_grad: mode %s is not implemented", mode.c_str());
+  Pad3 s(x.dims(), paddings.GetData(), layout);
+  const T* pg = dout.data<T>();
+  std::vector<float> acc(x.numel(), 0.f);
+  int64_t o = 0;
+  for (int64_t nc = 0; nc < s.n * s.c; ++nc)
+    for (int64_t z = 0; z < s.od; ++z)
+      for (int64_t y = 0; y < s.oh; ++y)
+        for (int64_t xx = 0; xx < s.ow; ++xx, ++o) {
+          int64_t i = s.Source(nc, z, y, xx, mode == "replicate");
+          if (i >= 0) acc[i] += static_cast<float>(Ld(pg[o]));
+        }
+  dx->Resize(x.dims());
+  T* p = ctx.Alloc<T>(dx);
+  for (size_t i = 0; i < acc.size(); ++i) p[i] = St<T>(acc[i]);
+}
+
+template <typename T>
+void ClipKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::Scalar& lo, const phi::Scalar& hi,
+                phi::DenseTensor* out) {
+  float a = static_cast<float>(lo.to<double>()), b = static_cast<float>(hi.to<double>());
+  out->Resize(x.dims());
+  const T* px = x.data<T>();
+  T* p = ctx.Alloc<T>(out);
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] = St<T>(std::min(std::max(static_cast<float>(Ld(px[i])), a), b));
+}
+template <typename T>
+void ClipGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& dout, const phi::Scalar& lo,
+                    const phi::Scalar& hi, phi::DenseTensor* dx) {
+  float a = static_cast<float>(lo.to<double>()), b = static_cast<float>(hi.to<double>());
+  dx->Resize(x.dims());
+  const T* px = x.data<T>();
+  const T* pg = dout.data<T>();
+  T* p = ctx.Alloc<T>(dx);
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+    float v = static_cast<float>(Ld(px[i]));
+    p[i] = (v > a && v < b) ? pg[i] : St<T>(0.f);
+  }
+}
+
 }  // namespace xfw_testcpu
 
 using namespace xfw_testcpu;  // NOLINT
@@ -193,3 +280,7 @@ PD_BUILD_PHI_KERNEL(swiglu, testcpu, ALL_LAYOUT, SwiGLUKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(swiglu_grad, testcpu, ALL_LAYOUT, SwiGLUGradKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(erf_grad, testcpu, ALL_LAYOUT, ErfGradKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
 PD_BUILD_PHI_KERNEL(concat_grad, testcpu, ALL_LAYOUT, ConcatGradKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(pad3d, testcpu, ALL_LAYOUT, Pad3dKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(pad3d_grad, testcpu, ALL_LAYOUT, Pad3dGradKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(clip, testcpu, ALL_LAYOUT, ClipKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
+PD_BUILD_PHI_KERNEL(clip_grad, testcpu, ALL_LAYOUT, ClipGradKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
