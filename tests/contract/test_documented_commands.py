@@ -1,0 +1,167 @@
+"""Every CPU command written in README.md and docs/*.md works as written (issue 24).
+
+The fenced ``bash`` blocks are read, continuation lines joined and comments dropped; each ``xfw``
+command is run in a scratch directory that links the repository's files (so ``runs/...`` and the
+commands' default output directories land there, shared by the commands in document order: ``xfw
+report runs/sweep-demo`` reads what the sweep before it wrote). Commands that train get
+``--set measure.warmup_steps=1 --set measure.steps=2`` appended (how long the window is does not
+change what the command does). A command that cannot run here is skipped with the reason, and the
+skipped list is printed: a GPU-sized model, a dataset or checkpoint path that does not exist, a
+placeholder, several nodes, a file that is the user's own, or ``make`` (its compare is run as the
+README says it runs it). Each must exit 0, or the code its document gives. Most of the time is the
+frameworks starting (about 30 of them train; 5-10 minutes on 2 busy cores).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, require_interpreter
+
+pytestmark = pytest.mark.contract
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TRAINING = {"compare", "run", "sweep", "nightly"}
+CHEAP = ["--set", "measure.warmup_steps=1", "--set", "measure.steps=2"]
+SELFCHECK_WHY = ("the full selfcheck trains 64 runs (about 9 minutes on 2 cores); tests/contract/test_selfcheck.py "
+                 "runs its paths")
+PRELUDE = [("README.md (make demo)", "xfw compare recipes/tiny/llava_sft.yaml --backends paddle,torch --out runs/demo")]
+"""What ``make demo`` runs (README: "runs `xfw compare recipes/tiny/llava_sft.yaml --backends paddle,torch`",
+writing runs/demo), before the commands that read runs/demo."""
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(document, command line) for every line of every fenced bash block, in order."""
+    out = []
+    for doc in DOCS:
+        for block in re.findall(r"```bash\n(.*?)```", doc.read_text(encoding="utf-8"), re.S):
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    out.append((doc.name, line))
+    return out
+
+
+def words(line: str) -> list[str]:
+    return shlex.split(line, comments=True)
+
+
+def _recipes(argv: list[str]) -> list[Path]:
+    return [ROOT / a for a in argv if a.endswith(".yaml") and not a.startswith("-")]
+
+
+def skip_reason(argv: list[str]) -> str | None:
+    """Why a documented command cannot run on this CPU machine, or None."""
+    if not argv:
+        return "not a command"
+    program = argv[0].rsplit("/", 1)[-1]
+    if argv[0].endswith("$") or program not in ("xfw",):
+        return {"make": "sets up environments / runs the whole suite; make demo's compare runs as written below",
+                "source": "activates the environment this test already runs in"}.get(program, "not an xfw command")
+    text = " ".join(argv)
+    if "--master-addr" in argv or "nnodes=2" in text:
+        return "several nodes"
+    if re.search(r"\b(RECIPE|HOST|DIR|PATH)\b", text):
+        return "a placeholder for the reader's own value"
+    if re.search(r"(^|[ =,])/(data|ckpt|opt|shared)/", text):
+        return "needs a dataset, checkpoint or interpreter path that does not exist here"
+    sub = argv[1] if len(argv) > 1 else ""
+    if sub == "selfcheck" and "--families" not in argv:
+        return SELFCHECK_WHY
+    full_size = [p for p in _recipes(argv) if "tiny" not in p.parts and p.parent.name in ("recipes",)]
+    if full_size and sub in ("compare", "run", "sweep", "maxbatch", "parity"):
+        return f"{full_size[0].name}: a full-size model, for GPUs"
+    missing = [p for p in _recipes(argv) if not p.exists()]
+    if missing:
+        return f"{missing[0].name}: the reader's own file, not in this repository"
+    if sub == "nightly" and "h800" in text and "--report-only" not in argv:
+        return "the seed's 12 full-size rows, for an 8-GPU node"
+    if sub == "nightly" and "--report-only" in argv and "h800" in text:
+        return "no h800 history here"
+    return None
+
+
+def unwritten_input(argv: list[str], scratch: Path) -> str | None:
+    """A report or an assembly of run directories that a skipped command would have written."""
+    if len(argv) > 1 and argv[1] in ("report", "assemble"):
+        absent = [a for a in argv[2:] if a.startswith("runs/") and not (scratch / a).exists()]
+        if absent:
+            return f"reads {absent[0]}, which only a skipped command writes"
+    return None
+
+
+def expected_code(argv: list[str]) -> int:
+    return 0  # every runnable documented command is documented to succeed here
+
+
+def runnable(argv: list[str]) -> list[str]:
+    argv = [sys.executable, "-m", "xfw.cli", *argv[1:]]
+    sub = argv[3]
+    if sub in TRAINING and "--print-command" not in argv and "--report-only" not in argv:
+        argv += CHEAP
+    if sub == "parity":
+        argv += ["--steps", "2"]  # the last --steps counts: two steps already compare losses and gradients
+    if sub == "parity" and "--out" not in argv:  # its default, runs/parity-<name>, is what compare --parity reads
+        name = yaml.safe_load(_recipes(argv)[0].read_text())["name"]
+        argv += ["--out", f"runs/parity-{name}"]
+    return argv
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    """A directory that looks like the repository (its files linked) with an empty runs/."""
+    require_interpreter("torch")
+    require_interpreter("paddle")
+    where = tmp_path_factory.mktemp("documented")
+    for entry in ROOT.iterdir():
+        if entry.name not in ("runs", ".git"):
+            (where / entry.name).symlink_to(entry)
+    return where
+
+
+def test_every_documented_cpu_command_exits_as_documented(scratch, capsys):
+    commands = PRELUDE + documented_commands()
+    seen, ran, skipped, failures = set(), [], [], []
+    started = time.monotonic()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for doc, line in commands:
+        argv = words(line)
+        same = " ".join(a for i, a in enumerate(argv) if a != "--out" and (i == 0 or argv[i - 1] != "--out"))
+        if same in seen:
+            continue  # the same command in two documents (or make demo's, elsewhere) runs once
+        seen.add(same)
+        reason = skip_reason(argv) or unwritten_input(argv, scratch)
+        if reason:
+            skipped.append(f"{doc}: {line[:100]} -- {reason}")
+            continue
+        t0 = time.monotonic()
+        done = subprocess.run(runnable(argv), cwd=scratch, capture_output=True, text=True, timeout=600, env=env)
+        ran.append(f"{doc}: {line[:100]} -> {done.returncode} in {time.monotonic() - t0:.0f} s")
+        if done.returncode != expected_code(argv):
+            failures.append(f"{doc}: {line}\n  exit {done.returncode}: {(done.stderr or done.stdout)[-1500:]}")
+    with capsys.disabled():
+        print(f"\n{len(ran)} documented commands ran in {time.monotonic() - started:.0f} s:", *ran,
+              f"{len(skipped)} skipped:", *skipped, sep="\n  ")
+    assert len(ran) >= 20, ran  # the extraction found the documents' commands
+    assert not failures, "\n".join(failures)
+
+
+def test_the_extraction_classifies_what_cannot_run_here():
+    assert skip_reason(words("xfw compare recipes/llava7b_sft.yaml --set data.path=/data/x.json")).startswith(
+        "needs a dataset")
+    assert skip_reason(words("xfw compare recipes/llava7b_sft.yaml")) == "llava7b_sft.yaml: a full-size model, for GPUs"
+    assert skip_reason(words("xfw run RECIPE --backend torch")) == "a placeholder for the reader's own value"
+    assert skip_reason(words("xfw estimate recipes/llava7b_lora.yaml")) is None  # no framework: runs
+    assert skip_reason(words("xfw sweep recipes/tiny/llava_sft.yaml --set parallel.nproc_per_node=1,2")) is None
+    lines = [line for _, line in documented_commands()]
+    assert any(line.startswith("xfw sweep recipes/tiny/llava_sft.yaml") for line in lines)
+    assert any("--parallel" not in line and line.startswith("xfw parity") for line in lines)
