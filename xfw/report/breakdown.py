@@ -22,7 +22,8 @@ from xfw.report.table import Heading, Image, Paragraph, Table
 
 PART_LABELS = {"data_wait_s": "data wait", "fwd_bwd_s": "forward + backward", "optimizer_s": "optimizer step"}
 REST = "rest of step"
-"""What the step time holds beyond the recorded parts (only where a session offers no split)."""
+"""What the step time holds beyond the recorded parts (where a session offers no split, and in a command
+xfw attached to, whose probe sees only where the optimizer step begins)."""
 
 
 def side_breakdown(side: Side) -> dict[str, float] | None:
@@ -32,7 +33,7 @@ def side_breakdown(side: Side) -> dict[str, float] | None:
     for run_dir in side.run_dirs:
         steps += [r for r in rec.load_records(Path(run_dir) / "steps.jsonl")
                   if r.get("kind") == "step" and r.get("phase") == "measure"]
-    steps = [r for r in steps if BREAKDOWN[0] in r]
+    steps = [r for r in steps if any(key in r for key in BREAKDOWN)]
     if not steps:
         return None
     mean = {key: sum(r.get(key, 0.0) for r in steps) / len(steps) for key in BREAKDOWN if any(key in r for r in steps)}
@@ -70,9 +71,11 @@ def breakdown_table(entries: list[tuple[str, str, dict | None]]) -> Table:
             records.append({"row": label, "backend": backend})
             continue
         step = parts_s["step_time_s"]
-        split = "fwd_bwd_s" in parts_s
+        note = ("" if "fwd_bwd_s" in parts_s else "an attached command: the probe sees where the optimizer step "
+                "begins; the rest is data, forward and backward" if "optimizer_s" in parts_s
+                else "forward, backward and optimizer not split")
         cells.append([label, backend, *(_cell(parts_s.get(p), step) if p in parts_s else "–" for p in parts),
-                      f"{step * 1e3:.2f} ms", "" if split else "forward, backward and optimizer not split"])
+                      f"{step * 1e3:.2f} ms", note])
         records.append({"row": label, "backend": backend, "step_time_s": step,
                         **{p if p != REST else "rest_s": parts_s.get(p) for p in parts}})
     header = ["Row", "Backend", *(PART_LABELS.get(p, p) for p in parts), "Step (mean)", "Note"]

@@ -115,6 +115,7 @@ class PaddleFramework:
                 if self._stepping:
                     return _original(optimizer, *args, **kwargs)
                 self._stepping = True
+                self.probe.optimizer_began(self)
                 try:
                     result = _original(optimizer, *args, **kwargs)
                 finally:

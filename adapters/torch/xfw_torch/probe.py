@@ -57,6 +57,7 @@ class TorchFramework:
         def before_step(opt, args, kwargs):
             if self._stepping is None:
                 self._stepping = opt
+                self.probe.optimizer_began(self)
 
         def after_step(opt, args, kwargs):
             if self._stepping is opt:

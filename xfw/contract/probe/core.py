@@ -199,6 +199,12 @@ class Probe:
         self.trainer_model = model
 
     @_safe
+    def optimizer_began(self, framework: Framework) -> None:
+        """An outermost optimizer step begins (the step breakdown's split the probe can see)."""
+        if self.window is not None and framework is self.owner and not self.done:
+            self.window.optimizer_began()
+
+    @_safe
     def boundary(self, framework: Framework, source: str, optimizer: Any = None) -> None:
         """One optimizer step ended. ``source``: "optimizer" (its step) or "trainer" (a callback)."""
         if optimizer is not None:

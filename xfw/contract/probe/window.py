@@ -52,19 +52,30 @@ class Window:
         self._stamps: list[Any] = []
         self._counts: list[tuple[int, int]] = []
         self._written = 0
+        self._opt_stamp: Any = None
+        self._opt_stamps: list[Any] = []  # per measured step: its optimizer step's start, or None
 
-    def _write_step(self, step: int, phase: str, time_s: float, samples: int, tokens: int) -> None:
+    def _write_step(self, step: int, phase: str, time_s: float, samples: int, tokens: int, **parts: float) -> None:
         alloc, reserved = self.device.memory_peaks()
         self.writer.write("step", step=step, phase=phase, step_time_s=max(time_s, 0.0), samples=samples,
-                          tokens=tokens, loss=None, mem_alloc_peak_bytes=alloc, mem_reserved_peak_bytes=reserved)
+                          tokens=tokens, loss=None, mem_alloc_peak_bytes=alloc, mem_reserved_peak_bytes=reserved,
+                          **parts)
+
+    def optimizer_began(self) -> None:
+        """The outermost optimizer step of the current step begins: a timestamp (no sync), so the
+        measured step record carries ``optimizer_s`` (the step breakdown's part the probe can see:
+        from there to the step's end)."""
+        self._opt_stamp = self.device.timestamp()
 
     def _drain(self, upto: int) -> None:
         """Write every measured step whose end timestamp the device has passed (``upto``: all)."""
         while self._written < upto and self.device.is_done(self._stamps[self._written + 1]):
             samples, tokens = self._counts[self._written]
+            opt = self._opt_stamps[self._written]
+            parts = {} if opt is None else {"optimizer_s": self.device.elapsed_s(opt, self._stamps[self._written + 1])}
             self._write_step(self.warmup_steps + self._written, "measure",
                              self.device.elapsed_s(self._stamps[self._written], self._stamps[self._written + 1]),
-                             samples, tokens)
+                             samples, tokens, **parts)
             self._written += 1
 
     def flush(self) -> None:
@@ -86,6 +97,8 @@ class Window:
             return False
         self._stamps.append(self.device.timestamp())
         self._counts.append((samples, tokens))
+        self._opt_stamps.append(self._opt_stamp)
+        self._opt_stamp = None
         if index < self.warmup_steps + self.steps - 1:
             if time.perf_counter() - self._t_drain >= DRAIN_INTERVAL_S:
                 self._t_drain = time.perf_counter()
