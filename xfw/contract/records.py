@@ -16,7 +16,7 @@ and the window record's ``padded_tokens``; ``rss_peak_bytes`` on every step and
 ``rss_after_build_bytes`` / ``rss_peak_since_build`` on ``start``, the process's resident memory
 (``xfw.contract.rss``), the one memory measure both backends share on a CPU; the step breakdown,
 ``data_wait_s``, ``fwd_bwd_s`` and ``optimizer_s`` (``xfw.contract.harness.BREAKDOWN``; the last two
-only from a session that offers the split). A run xfw attached to
+only from a session that offers the split; a probed command's steps carry ``optimizer_s`` alone). A run xfw attached to
 (``xfw.contract.probe``) adds a few ``applied`` fields, and a window parsed from a command's log
 says so (``"source": "command_log"``).
 
