@@ -89,7 +89,7 @@ def plot_comparison(rows: list[ComparisonRow], backends: list[str], path: str | 
     ax.set_ylabel("Training speed (ips, samples/s)")
     subtitle = f"contrast = ({backends[0]} − {backends[1]}) / {backends[1]}" if len(backends) > 1 else ""
     if any(s.ok and s.num_repeats > 1 for r in rows for s in r.sides.values()):
-        subtitle += ("; " if subtitle else "") + "bars: median of the repeats, whiskers: lowest to highest"
+        subtitle += ("\n" if subtitle else "") + "bars: median of the repeats, whiskers: lowest to highest"
     if len({(r.model, r.stage) for r in rows}) == 1 and any(strip_common([r.variant for r in rows])):
         title += f": {rows[0].model} {rows[0].stage}"  # the labels then show only the sweep point
     ax.set_title(f"{title}\n{subtitle}".strip(), fontsize=11)
