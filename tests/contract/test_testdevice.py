@@ -39,7 +39,8 @@ def device_env():
     plugin_dir = ROOT / ".venv" / "paddle" / "lib" / "xfw-testdevice"
     assert (plugin_dir / "libxfw_testcpu.so").is_file()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_selected"))}
-    env.update(CUSTOM_DEVICE_ROOT=str(plugin_dir), XFW_TESTDEVICE="1", OMP_NUM_THREADS="1")
+    # Fresh device memory filled with NaN: a run that reads memory nothing wrote cannot pass.
+    env.update(CUSTOM_DEVICE_ROOT=str(plugin_dir), XFW_TESTDEVICE="1", OMP_NUM_THREADS="1", XFW_TESTCPU_FILL="nan")
     return python, env
 
 
@@ -112,6 +113,7 @@ def test_in_place_ops_on_a_view_change_the_buffer(device_env, tmp_path):
         np.testing.assert_allclose(buffer, [0.0] * 4 + [value] * 4 + [0.0] * 4, rtol=1e-6, err_msg=op)
     # Negative control: an op without a native kernel falls back to Paddle's CPU kernel on a copy;
     # the view shows the result and the buffer does not. This is the failure the checks above catch.
+    assert got["fresh_memory"] == [1.0], got["fresh_memory"]  # XFW_TESTCPU_FILL=nan: all of it NaN
     control = got["control_int16_scale_"]
     assert control["view"] == [1.0] * 4 and control["buffer"] == [0.0] * 12, control
 

@@ -67,9 +67,23 @@ C_Status AsyncCopyP2P(const C_Device, const C_Device d, C_Stream, void* dst, con
   return Copy(d, dst, src, size);
 }
 
+// XFW_TESTCPU_FILL=zero|nan fills every fresh device allocation (nan: 0xff bytes, a NaN in every
+// floating type): a debugging aid that shows whether a computation reads memory nothing wrote.
+int FillByte() {
+  static int fill = [] {
+    const char* v = std::getenv("XFW_TESTCPU_FILL");
+    if (!v) return -1;
+    if (!std::strcmp(v, "zero")) return 0;
+    if (!std::strcmp(v, "nan")) return 0xff;
+    return -1;
+  }();
+  return fill;
+}
+
 C_Status Allocate(const C_Device, void** ptr, size_t size) {
   size_t rounded = ((size ? size : 1) + 63) / 64 * 64;
   *ptr = std::aligned_alloc(64, rounded);
+  if (*ptr && FillByte() >= 0) std::memset(*ptr, FillByte(), rounded);
   return *ptr ? C_SUCCESS : C_FAILED;
 }
 C_Status Deallocate(const C_Device, void* ptr, size_t) { std::free(ptr); return C_SUCCESS; }
