@@ -18,6 +18,9 @@ Paddle loads custom devices once, when ``paddle`` is first imported, from the di
   already set): it sets the environment when paddle is not imported yet, imports paddle, checks that
   ``testcpu`` is registered, enables bf16 AMP for it, and selects the device (``paddle.set_device``).
 
+``XFW_TESTCPU_FILL=nan`` (or ``zero``) in a process's environment fills memory fresh from the device, so
+a run that reads memory nothing wrote shows it (docs/testdevice.md); ``env()`` does not set it.
+
 Nothing here runs at import time; importing this module does not import paddle.
 """
 
