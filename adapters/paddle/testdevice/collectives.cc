@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "dtype.h"
@@ -36,14 +37,35 @@ struct Header {
 
 namespace {
 
-void Pause(unsigned& spins) {
-  if (++spins < 200) {
-    sched_yield();
-  } else {
-    timespec ts{0, 50000};  // 50 us: a waiting rank must not starve the one it waits for
+// Waiting for the other ranks: yield first, then sleep 50 us a round (a waiting rank must not starve
+// the one it waits for on a 2-core host); after XFW_TESTCPU_TIMEOUT_S (default 600) seconds a peer is
+// taken to be gone and the process aborts with a message instead of hanging a CI job.
+struct Waiter {
+  const char* what;
+  const Comm* comm;
+  unsigned spins = 0;
+  timespec start{};
+  Waiter(const char* w, const Comm* c) : what(w), comm(c) { clock_gettime(CLOCK_MONOTONIC, &start); }
+  void Pause() {
+    if (++spins < 200) { sched_yield(); return; }
+    timespec ts{0, 50000};
     nanosleep(&ts, nullptr);
+    if (spins % 4096 == 0) {
+      static const double limit = [] {
+        const char* v = std::getenv("XFW_TESTCPU_TIMEOUT_S");
+        return v ? std::atof(v) : 600.0;
+      }();
+      timespec now{};
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      double waited = double(now.tv_sec - start.tv_sec) + 1e-9 * double(now.tv_nsec - start.tv_nsec);
+      if (waited > limit) {
+        std::fprintf(stderr, "xfw testcpu: rank %d of %d waited %.0f s in %s on %s: a peer is gone; aborting\n",
+                     comm->rank, comm->nranks, waited, what, comm->name.c_str());
+        std::abort();
+      }
+    }
   }
-}
+};
 
 size_t HeaderBytes() { return (sizeof(Header) + 4095) / 4096 * 4096; }
 
@@ -147,8 +169,8 @@ void Barrier(Comm* c) {
     h->generation.fetch_add(1, std::memory_order_acq_rel);
     return;
   }
-  unsigned spins = 0;
-  while (h->generation.load(std::memory_order_acquire) == gen) Pause(spins);
+  Waiter w("a barrier", c);
+  while (h->generation.load(std::memory_order_acquire) == gen) w.Pause();
 }
 
 bool AllReduce(Comm* c, const void* send, void* recv, size_t count, C_DataType t, C_CCLReduceOp op, int root) {
@@ -232,10 +254,10 @@ bool Send(Comm* c, const void* buf, size_t count, C_DataType t, int peer) {
   Header* h = c->hdr;
   size_t done = 0;
   do {
-    unsigned spins = 0;
+    Waiter w("send", c);
     while (h->posted[c->rank][peer].load(std::memory_order_acquire) !=
            h->taken[c->rank][peer].load(std::memory_order_acquire))
-      Pause(spins);
+      w.Pause();
     size_t n = std::min(kMailBytes, bytes - done);
     std::memcpy(box, static_cast<const char*>(buf) + done, n);
     h->sizes[c->rank][peer].store(n, std::memory_order_relaxed);
@@ -252,10 +274,10 @@ bool Recv(Comm* c, void* buf, size_t count, C_DataType t, int peer) {
   Header* h = c->hdr;
   size_t done = 0;
   do {
-    unsigned spins = 0;
+    Waiter w("recv", c);
     while (h->posted[peer][c->rank].load(std::memory_order_acquire) ==
            h->taken[peer][c->rank].load(std::memory_order_acquire))
-      Pause(spins);
+      w.Pause();
     size_t n = h->sizes[peer][c->rank].load(std::memory_order_relaxed);
     std::memcpy(static_cast<char*>(buf) + done, box, n);
     h->taken[peer][c->rank].fetch_add(1, std::memory_order_acq_rel);
