@@ -14,7 +14,8 @@ compared, not just run (xfw_paddle.parallel; issues 22 and 27).
 Tolerances: fp32, relative 1e-5 on the loss and 1e-4 on the gradient norm (reduction order only;
 measured ~1e-7); Paddle against PyTorch 1e-4 / 1e-3 (the parity bounds); bf16 O2 2e-2 on the loss and
 5e-2 on the norm (8 significand bits: the two runs sum the same bf16 products in another order).
-Every run: 1 warm-up + 2 measured steps on the recipe's shipped shapes, global batch 4 in micro-batches of 2.
+Every run: 1 warm-up + 2 measured steps (1 for SD1.5 and SD3) on the recipe's shipped shapes, global batch 4
+in micro-batches of 2. The plain-CPU refusal of stage 2/3 is test_paddle_parallel.py's.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def steps_of(result) -> list[tuple[float, float | None]]:
 
 def assert_same_steps(run, reference, tol: dict, *, norms: bool = True) -> None:
     got, want = steps_of(run), steps_of(reference)
-    assert len(got) == len(want) == 3
+    assert len(got) == len(want) >= 2
     for step, ((loss, norm), (ref_loss, ref_norm)) in enumerate(zip(got, want)):
         assert loss == pytest.approx(ref_loss, rel=tol["loss"]), f"step {step}: loss {loss} vs {ref_loss}"
         if norms:
@@ -104,39 +105,34 @@ def assert_same_steps(run, reference, tol: dict, *, norms: bool = True) -> None:
 def test_data_parallel_with_fp32_main_grad_equals_one_process_and_pytorch(runs, llava_start):
     norm = "backends.paddle.grad_norm=true"
     one = runs.get("cpu-one", LLAVA, "paddle", [llava_start, norm])
-    dp = runs.get("cpu-dp-main-grad", LLAVA, "paddle", [llava_start, norm, "parallel.nproc_per_node=2", *BF16_O2])
+    # find_unused_parameters (a knob the published settings set: PaddleNLP's Trainer passes True for a
+    # plain nn.Layer such as SD1.5's) taken here too: it must not change a step.
+    dp = runs.get("cpu-dp-main-grad", LLAVA, "paddle", [llava_start, norm, "parallel.nproc_per_node=2", *BF16_O2,
+                                                        "backends.paddle.find_unused_parameters=true"])
     mech = dp.applied["mechanisms"]
     assert dp.applied["amp_level"] == "O0" and "requested bf16 O2, ran fp32 O0" in dp.applied["notes"]
     assert mech["master_grads"] == "fp32 main_grad (MixPrecisionLayer); held: float32 main_grad"
     assert mech["sharding_impl"] == "data_parallel" and mech["grad_reduce_dtype"] == "float32"
+    assert mech["sharding_detail"] == "paddle.DataParallel(find_unused_parameters=True)"
+    assert "find_unused_parameters=True" in dp.applied["notes"]
     assert one.applied["mechanisms"]["master_grads"] == "none; held: float32 grad"
     assert_same_steps(dp, one, FP32)
     torch_dp = runs.get("cpu-torch-ddp", LLAVA, "torch", [llava_start, "parallel.nproc_per_node=2"])
     assert_same_steps(dp, torch_dp, {"loss": 1e-4}, norms=False)
 
 
-def test_find_unused_parameters_is_a_knob_and_reported(runs):
-    run = runs.get("cpu-dp-unused", LLAVA, "paddle", ["parallel.nproc_per_node=2",
-                                                      "backends.paddle.find_unused_parameters=true"])
-    assert run.status == "ok", run.reason
-    assert run.applied["mechanisms"]["sharding_detail"] == "paddle.DataParallel(find_unused_parameters=True)"
-    assert "find_unused_parameters=True" in run.applied["notes"]
-
-
-def test_group_sharded_stages_on_a_plain_cpu_are_unsupported_and_name_the_test_device(runs):
-    run = runs.get("cpu-stage2", LLAVA, "paddle", ["parallel.nproc_per_node=2", "parallel.sharding=stage2"])
-    assert run.status == "unsupported" and "backends.paddle.device=testcpu" in run.reason
-
-
 # -- the CPU test device: group_sharded_parallel stage 2/3, fp32 and bf16 O2 -----------------------
 
 TESTCPU = "backends.paddle.device=testcpu"
 NORM = "backends.paddle.grad_norm=true"
-# Which family gets which check (the file's budget: ~4 minutes on 2 busy cores). LLaVA every stage and
-# precision, and PyTorch's stage 2; every other family stage 2 in bf16 O2 (the seed rows' path).
+# Which family gets which check (the whole file took about 5 minutes on 2 busy cores, where the brief asked ~4):
+# LLaVA every stage and precision, and PyTorch's stage 2; every other family stage 2 in bf16 O2 (the seed
+# rows' path), one warm-up and one measured step for the slower diffusion families.
 FAMILY_RECIPES = {"llava_next": "recipes/tiny/llava_next_sft.yaml", "qwen2vl": "recipes/tiny/qwen2vl_sft.yaml",
                   "sd15": "recipes/tiny/sd15_pretrain.yaml", "sd3": "recipes/tiny/sd3_dreambooth.yaml"}
+FAMILY_STEPS = {"sd15": ["measure.steps=1"], "sd3": ["measure.steps=1"]}
 PRECISIONS = {"fp32": ([], FP32), "bf16-o2": (BF16_O2, BF16)}
+SEGMENT = 1024  # stage 3 slices every parameter of at least this many elements (LLaVA's matrices, embeddings)
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +144,8 @@ def testcpu():
 def sharded(runs, start, recipe, name, stage, precision):
     overrides, _ = PRECISIONS[precision]
     parallel = ["parallel.nproc_per_node=2", f"parallel.sharding={stage}"] if stage != "one" else []
+    if stage == "stage3":  # below Paddle's default segment_size (2**20) nothing of a tiny model is sliced
+        parallel.append(f"backends.paddle.sharding_segment_size={SEGMENT}")
     return runs.get(f"testcpu-{name}-{stage}-{precision}", recipe, "paddle",
                     [*start, TESTCPU, NORM, *overrides, *parallel])
 
@@ -160,7 +158,8 @@ def test_llava_stages_on_two_processes_equal_one_process(testcpu, runs, llava_st
     applied, mech = run.applied, run.applied["mechanisms"]
     assert applied["device"].startswith("testcpu (CPU test device") and mech["device"] == "testcpu"
     assert mech["sharding_impl"] == {"stage2": "zero2", "stage3": "zero3"}[stage]
-    assert mech["sharding_detail"] == f"group_sharded_parallel {'os_g' if stage == 'stage2' else 'p_g_os'}"
+    assert mech["sharding_detail"] == ("group_sharded_parallel os_g" if stage == "stage2" else
+                                       f"group_sharded_parallel p_g_os segment_size={SEGMENT}")
     assert "timings and memory are a CPU's" in applied["notes"]
     if precision == "bf16-o2":  # AMP ran bf16 on the device, master gradients in fp32 main_grad
         assert applied["amp_level"] == "O2" and applied["compute_dtype"] == "bfloat16"
@@ -179,8 +178,9 @@ def test_llava_stage2_equals_pytorch_stage2_at_fp32(testcpu, runs, llava_start):
 
 @pytest.mark.parametrize("family", FAMILY_RECIPES)
 def test_every_family_stage2_bf16_o2_equals_one_process(testcpu, runs, family):
-    one = sharded(runs, [], FAMILY_RECIPES[family], family, "one", "bf16-o2")
-    run = sharded(runs, [], FAMILY_RECIPES[family], family, "stage2", "bf16-o2")
+    steps = FAMILY_STEPS.get(family, [])
+    one = sharded(runs, steps, FAMILY_RECIPES[family], family, "one", "bf16-o2")
+    run = sharded(runs, steps, FAMILY_RECIPES[family], family, "stage2", "bf16-o2")
     assert run.applied["amp_level"] == "O2" and run.applied["mechanisms"]["master_grads"].endswith("held: float32 main_grad")
     assert_same_steps(run, one, BF16)
 

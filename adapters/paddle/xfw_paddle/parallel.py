@@ -115,7 +115,7 @@ def _master_scaler(scaler):
 
 
 def apply_parallel(layer: LossLayer, optimizer, *, spec: dict, sharding_device: bool, find_unused: bool,
-                   master_dtype: str | None, scaler=None) -> Parallel:
+                   master_dtype: str | None, scaler=None, segment_size: int | None = None) -> Parallel:
     """Wrap for the spec's world size and sharding. ``sharding_device``: group_sharded_parallel can
     run here (GPU or the CPU test device); ``master_dtype``: the AMP dtype when master gradients
     are asked for (O2), else None."""
@@ -158,14 +158,16 @@ def apply_parallel(layer: LossLayer, optimizer, *, spec: dict, sharding_device: 
     from paddle.distributed.sharding import group_sharded_parallel
 
     group = hcg.get_sharding_parallel_group()
+    extra = {"segment_size": segment_size} if segment_size else {}  # the Trainer passes none: Paddle's default
     layer, optimizer, _ = group_sharded_parallel(layer, optimizer, level=LEVELS[sharding], scaler=None, group=group,
                                                  offload=False, dp_group=hcg.get_data_parallel_group(),
-                                                 exclude_layer=list(EXCLUDE_LAYER))
+                                                 exclude_layer=list(EXCLUDE_LAYER), **extra)
     if scaler is not None:
         from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import GroupShardedScaler
 
         scaler = GroupShardedScaler(scaler)
-    return Parallel(layer, optimizer, scaler, impl, f"group_sharded_parallel {LEVELS[sharding]}", master, group=group)
+    detail = f"group_sharded_parallel {LEVELS[sharding]}" + (f" segment_size={segment_size}" if extra else "")
+    return Parallel(layer, optimizer, scaler, impl, detail, master, group=group)
 
 
 def gradient_sync(wrapped: Parallel, enabled: bool):

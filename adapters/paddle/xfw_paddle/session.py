@@ -13,7 +13,9 @@ Neutral settings map to Paddle's native mechanisms:
 * ``backends.paddle.device``: ``auto`` (a GPU if Paddle sees one, else the CPU) or ``testcpu``:
   xfw's CPU test device, a Paddle custom device (``xfw_paddle.testdevice``) on which AMP runs bf16
   and ``group_sharded_parallel`` runs stage 2/3. Its timings are a CPU's, never GPU-like figures.
-* ``backends.paddle.find_unused_parameters``: DataParallel's (default: the family's choice).
+* ``backends.paddle.find_unused_parameters``: DataParallel's (default: the family's choice);
+  ``backends.paddle.sharding_segment_size``: stage 3's ``segment_size`` (default Paddle's, 2**20, as the
+  Trainer leaves it: a tiny model's parameters are all below it, so the tests lower it to slice them).
 * recompute: ``fleet.utils.recompute`` per decoder block (paddlenlp's for LLaVA's Llama, the
   family's own for Qwen2-VL).
 * what trains: the stage's parts (or the recipe's ``model.trainable``), selected per parameter by
@@ -111,10 +113,14 @@ def check_spec(spec: dict) -> None:
     for knob, value in knobs.items():
         if knob in FREE_KNOBS:
             continue
+        if knob == "sharding_segment_size":  # group_sharded_parallel's segment_size (stage 3): a positive int
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidSpec(f"backends.paddle.sharding_segment_size: {value!r} is not a positive integer")
+            continue
         if knob not in KNOBS:
-            raise InvalidSpec(f"backends.paddle.{knob}: unknown knob (known: {', '.join(sorted({*KNOBS, *FREE_KNOBS}))})")
+            raise InvalidSpec(f"backends.paddle.{knob}: unknown knob (known: {', '.join(sorted({*KNOBS, *FREE_KNOBS, 'sharding_segment_size'}))})")
         if value not in KNOBS[knob]:
-            raise InvalidSpec(f"backends.paddle.{knob}: {value!r} is not one of {', '.join(KNOBS[knob])}")
+            raise InvalidSpec(f"backends.paddle.{knob}: {value!r} is not one of {', '.join(map(str, KNOBS[knob]))}")
 
 
 def device_batch(family, arch: dict, batch: dict, *, gpu: bool) -> dict:
@@ -204,7 +210,8 @@ class PaddleSession:
         self.find_unused = spec["backend_knobs"].get("find_unused_parameters", getattr(family, "DDP_FIND_UNUSED", False))
         self.wrapped = parallel.apply_parallel(
             parallel.LossLayer(model, family.loss_fn, self._autocast), adamw, spec=spec,
-            sharding_device=self.on_device, find_unused=self.find_unused, master_dtype=master, scaler=scaler)
+            sharding_device=self.on_device, find_unused=self.find_unused, master_dtype=master, scaler=scaler,
+            segment_size=spec["backend_knobs"].get("sharding_segment_size"))
         self.layer, self.optimizer, self.scaler = self.wrapped.layer, self.wrapped.optimizer, self.wrapped.scaler
         self.impl = self.wrapped.impl
         self._norm = parallel.record_grad_norm(adamw, self.wrapped) if self.record_grad_norm else None
