@@ -172,7 +172,7 @@ void AddNKernel(const phi::Context& ctx, const std::vector<const phi::DenseTenso
 // parameter is the master weight rounded once.
 template <typename T>
 void AdamCommon(const phi::Context& ctx, const phi::DenseTensor& param, const phi::DenseTensor& grad,
-                const phi::DenseTensor& learning_rate, const phi::DenseTensor& moment1,
+                float lr, const phi::DenseTensor& moment1,
                 const phi::DenseTensor& moment2, const paddle::optional<phi::DenseTensor>& moment2_max,
                 const phi::DenseTensor& beta1_pow, const phi::DenseTensor& beta2_pow,
                 const paddle::optional<phi::DenseTensor>& master_param,
@@ -189,7 +189,6 @@ void AdamCommon(const phi::Context& ctx, const phi::DenseTensor& param, const ph
   std::vector<float> g = ToF32(grad);
   std::vector<float> m1 = ToF32(moment1), m2 = ToF32(moment2);
   std::vector<float> m2m = (amsgrad && moment2_max) ? ToF32(*moment2_max) : std::vector<float>();
-  float lr = ToF32(learning_rate)[0];
   float b1p = ToF32(beta1_pow)[0], b2p = ToF32(beta2_pow)[0];
   float b1 = float(beta1), b2 = float(beta2), eps = float(epsilon);
   if (!skip) {
@@ -231,14 +230,9 @@ void AdamwKernel(const phi::Context& ctx, const phi::DenseTensor& param, const p
                  phi::DenseTensor* param_out, phi::DenseTensor* m1_out, phi::DenseTensor* m2_out,
                  phi::DenseTensor* m2max_out, phi::DenseTensor* b1p_out, phi::DenseTensor* b2p_out,
                  phi::DenseTensor* master_out) {
-  // lr_ratio scales the step; Paddle's kernel multiplies the learning rate by it before both uses.
-  phi::DenseTensor scaled;
-  std::vector<float> lrv = ToF32(lr);
-  float lr_eff = lrv[0] * lr_ratio;
-  scaled.Resize({1});
-  scaled.set_dtype(PD_DataType::FLOAT32);
-  StoreF32(ctx, &scaled, &lr_eff, 1);
-  AdamCommon<T>(ctx, param, grad, scaled, m1, m2, m2max, b1p, b2p, master, skip, beta1.to<double>(),
+  // lr_ratio scales the learning rate before both its uses (decay and step), as Paddle's kernel does.
+  float lr_eff = ToF32(lr)[0] * lr_ratio;
+  AdamCommon<T>(ctx, param, grad, lr_eff, m1, m2, m2max, b1p, b2p, master, skip, beta1.to<double>(),
                 beta2.to<double>(), epsilon.to<double>(), with_decay ? coeff : 0.f, multi_precision,
                 use_global_beta_pow, amsgrad, param_out, m1_out, m2_out, m2max_out, b1p_out, b2p_out,
                 master_out);
@@ -254,7 +248,7 @@ void AdamKernel(const phi::Context& ctx, const phi::DenseTensor& param, const ph
                 bool use_global_beta_pow, bool amsgrad, phi::DenseTensor* param_out, phi::DenseTensor* m1_out,
                 phi::DenseTensor* m2_out, phi::DenseTensor* m2max_out, phi::DenseTensor* b1p_out,
                 phi::DenseTensor* b2p_out, phi::DenseTensor* master_out) {
-  AdamCommon<T>(ctx, param, grad, lr, m1, m2, m2max, b1p, b2p, master, skip, beta1.to<double>(),
+  AdamCommon<T>(ctx, param, grad, ToF32(lr)[0], m1, m2, m2max, b1p, b2p, master, skip, beta1.to<double>(),
                 beta2.to<double>(), epsilon.to<double>(), 0.f, multi_precision, use_global_beta_pow, amsgrad,
                 param_out, m1_out, m2_out, m2max_out, b1p_out, b2p_out, master_out);
 }
