@@ -137,6 +137,13 @@ def test_bf16_matmul_agrees_with_numpy_within_bf16_rounding(device_env, tmp_path
     np.testing.assert_allclose(out, bf16(exact), rtol=2**-7, atol=1e-2)
 
 
+def test_native_fp32_kernels_train_like_paddles_own_cpu_kernels(device_env, tmp_path):
+    """The one-process reference below runs on the device's kernels; this ties them to Paddle's."""
+    [got] = run_worker(device_env, tmp_path, "against_cpu")
+    np.testing.assert_allclose(got["testcpu"]["losses"], got["cpu"]["losses"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["testcpu"]["weight"], got["cpu"]["weight"], rtol=1e-4, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def one_process(device_env, tmp_path_factory):
     [got] = run_worker(device_env, tmp_path_factory.mktemp("mlp1"), "mlp", "none")

@@ -4,6 +4,7 @@ environment has no pytest). Each mode writes ``<out>/<mode>.<rank>.json``; the t
     python testdevice_worker.py OUT collectives          (under paddle.distributed.launch, 2 ranks)
     python testdevice_worker.py OUT views                (one process)
     python testdevice_worker.py OUT bf16                 (one process)
+    python testdevice_worker.py OUT against_cpu          (one process)
     python testdevice_worker.py OUT mlp LEVEL            (LEVEL none: one process; os_g / p_g_os: 2 ranks)
 """
 
@@ -116,6 +117,31 @@ def bf16() -> dict:
             "ties": halves.astype("float32").numpy().tolist()}
 
 
+def against_cpu() -> dict:
+    """The same fp32 training (matmul, GELU, LayerNorm, softmax, AdamW, global-norm clip) on Paddle's own
+    CPU kernels and on the device's native ones, in one process: losses and final weights."""
+    out = {}
+    for device in ("cpu", "testcpu:0"):
+        paddle.set_device(device)
+        paddle.seed(7)
+        model = paddle.nn.Sequential(paddle.nn.Linear(16, 32), paddle.nn.GELU(), paddle.nn.LayerNorm(32),
+                                     paddle.nn.Linear(32, 4))
+        opt = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters(), weight_decay=0.01,
+                                     grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
+        rng = np.random.RandomState(1)
+        losses = []
+        for _ in range(6):
+            x, y = rng.randn(8, 16).astype("float32"), rng.randn(8, 4).astype("float32")
+            probs = paddle.nn.functional.softmax(model(paddle.to_tensor(x)), -1)
+            loss = (probs - paddle.to_tensor(y)).square().mean()
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            losses.append(float(loss))
+        out[device.split(":")[0]] = {"losses": losses, "weight": model[3].weight.numpy().ravel().tolist()}
+    return out
+
+
 def mlp(level: str) -> dict:
     """A 2-layer MLP, AdamW with global-norm clipping, 6 steps of a global batch of 8 (split by rank)."""
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
@@ -148,7 +174,7 @@ def mlp(level: str) -> dict:
 
 def main(argv: list[str]) -> int:
     out, mode, *rest = argv
-    result = {"collectives": collectives, "views": views, "bf16": bf16}.get(mode)
+    result = {"collectives": collectives, "views": views, "bf16": bf16, "against_cpu": against_cpu}.get(mode)
     data = result() if result else mlp(*rest)
     rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
     Path(out, f"{mode}.{rank}.json").write_text(json.dumps(data))
