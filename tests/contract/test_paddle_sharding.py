@@ -121,6 +121,18 @@ def test_data_parallel_with_fp32_main_grad_equals_one_process_and_pytorch(runs, 
     assert_same_steps(dp, torch_dp, {"loss": 1e-4}, norms=False)
 
 
+def test_fleet_stage1_with_fp32_main_grad_equals_one_process(runs, llava_start):
+    """Stage 1 (fleet's DygraphShardingOptimizer, gloo) with master gradients: each rank applies its own
+    share, so the gradient norm is summed over the sharding group."""
+    norm = "backends.paddle.grad_norm=true"
+    one = runs.get("cpu-one", LLAVA, "paddle", [llava_start, norm])
+    run = runs.get("cpu-stage1-main-grad", LLAVA, "paddle", [llava_start, norm, "parallel.nproc_per_node=2",
+                                                             "parallel.sharding=stage1", *BF16_O2])
+    assert run.applied["mechanisms"]["sharding_impl"] == "zero1"
+    assert run.applied["mechanisms"]["master_grads"] == "fp32 main_grad (MixPrecisionLayer); held: float32 main_grad"
+    assert_same_steps(run, one, FP32)
+
+
 # -- the CPU test device: group_sharded_parallel stage 2/3, fp32 and bf16 O2 -----------------------
 
 TESTCPU = "backends.paddle.device=testcpu"

@@ -90,7 +90,7 @@ class Parallel:
     find_unused: bool | None = None
     """DataParallel's ``find_unused_parameters`` (None: no DataParallel)."""
     group: object | None = None
-    """The group a sharded gradient norm is summed over (stage 2/3)."""
+    """The group a sharded gradient norm is summed over (stage 1/2/3: each rank applies its own share)."""
 
     @property
     def neutral(self) -> str:
@@ -154,7 +154,7 @@ def apply_parallel(layer: LossLayer, optimizer, *, spec: dict, sharding_device: 
         if scaler is not None:
             scaler = fleet.distributed_scaler(scaler)
         return Parallel(fleet.distributed_model(layer), fleet.distributed_optimizer(optimizer), scaler, impl,
-                        "fleet DygraphShardingOptimizer", master)
+                        "fleet DygraphShardingOptimizer", master, group=hcg.get_sharding_parallel_group())
     from paddle.distributed.sharding import group_sharded_parallel
 
     group = hcg.get_sharding_parallel_group()
@@ -190,7 +190,7 @@ def after_backward(wrapped: Parallel) -> None:
 def clear_grad(wrapped: Parallel) -> None:
     """Gradients released after the step; stage 2/3 zero their own buffers (their ``clear_grad``
     takes no argument, as the Trainer calls it)."""
-    if wrapped.group is not None:
+    if wrapped.impl in (IMPLS["stage2"], IMPLS["stage3"]):
         wrapped.optimizer.clear_grad()
     else:
         wrapped.optimizer.clear_grad(set_to_zero=False)
@@ -200,7 +200,7 @@ class NormRecorder:
     """Installed as the innermost optimizer's gradient clip (around the clip it had): sees the
     gradients exactly as the optimizer applies them — reduced, averaged, unscaled, fp32
     ``main_grad`` where master gradients are on — and keeps their global L2 norm (float64 sums;
-    under stage 2/3 each rank sums the slices it owns, summed over the group; parameters stage 3
+    under stage 1/2/3 each rank sums the share it applies, summed over the group; parameters stage 3
     leaves unsliced are held whole by every rank and counted once)."""
 
     def __init__(self, clip, group=None):
