@@ -87,7 +87,7 @@ def reports(sweep_dir, tmp_path_factory):
         extra = ["--price-per-gpu-hour", PRICE] if layout == "cost" else []
         result = invoke("report", sweep_dir, "--layout", layout, "--out", out, *extra)
         assert result.exit_code == 0, result.output  # the unsupported points: shown as not applicable
-        assert "8 of 16 runs did not succeed" in result.output
+        assert "8 of 16 sweep points are not applicable here" in result.output
         rendered[layout] = result.output[:result.output.index("markdown: ")]
     return rendered, out
 
