@@ -222,3 +222,14 @@ def test_decorate_master_grad_under_sharding_diverges(testcpu, tmp_path):
     assert all(x == pytest.approx(r, rel=BF16["loss"]) for x, r in zip(main_grad, reference)), losses
     # It drifts away (on the test device the gradient it leaves behind blows up and the loss turns NaN).
     assert any(not math.isfinite(x) or abs(x - r) > 0.2 * abs(r) for x, r in zip(decorate, reference)), losses
+
+
+def test_sd3_fp16_o2_with_a_loss_scaler_data_parallel_equals_one_process(testcpu, runs):
+    """fp16 O2 (SD3's seed rows): the GradScaler patched by MixPrecisionScaler unscales the fp32 main_grad;
+    DataParallel over two processes equals one process (gradient norms unscaled on both)."""
+    fp16 = [TESTCPU, NORM, "precision.dtype=fp16", "precision.amp_level=O2", "measure.steps=1"]
+    one = runs.get("testcpu-sd3-one-fp16", FAMILY_RECIPES["sd3"], "paddle", fp16)
+    dp = runs.get("testcpu-sd3-dp-fp16", FAMILY_RECIPES["sd3"], "paddle", [*fp16, "parallel.nproc_per_node=2"])
+    assert dp.applied["compute_dtype"] == "float16" and "GradScaler" in dp.applied["notes"]
+    assert dp.applied["mechanisms"]["master_grads"].endswith("held: float32 main_grad")
+    assert_same_steps(dp, one, {"loss": 1e-2, "norm": 2e-2})

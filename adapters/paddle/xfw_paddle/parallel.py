@@ -106,11 +106,17 @@ def add_master_grads(layer: nn.Layer, optimizer, dtype: str):
     return mp.MixPrecisionOptimizer(optimizer)
 
 
-def _master_scaler(scaler):
+def _master_scaler(scaler, *, fleet_ready: bool = True):
+    """``MixPrecisionScaler`` patches the scaler in place to unscale ``main_grad``; its unscale asks
+    fleet for the hybrid group, so fleet is initialised first where nothing else did (one process,
+    DataParallel: a data-parallel group of every rank)."""
     if scaler is not None:
+        from paddle.distributed import fleet
         from paddle.distributed.fleet.utils import mix_precision_utils as mp
 
-        mp.MixPrecisionScaler(scaler)  # patches the scaler in place (unscale main_grad)
+        if not fleet_ready:
+            fleet.init(is_collective=True)
+        mp.MixPrecisionScaler(scaler)
     return scaler
 
 
@@ -129,7 +135,7 @@ def apply_parallel(layer: LossLayer, optimizer, *, spec: dict, sharding_device: 
         if sharding != "none":
             raise Unsupported(f"sharding {sharding} needs more than one process")
         if master:
-            optimizer, scaler = add_master_grads(layer, optimizer, master_dtype), _master_scaler(scaler)
+            optimizer, scaler = add_master_grads(layer, optimizer, master_dtype), _master_scaler(scaler, fleet_ready=False)
         return Parallel(layer, optimizer, scaler, "none", "one process", master)
     impl = IMPLS[sharding]
     if sharding in LEVELS and not sharding_device:
@@ -139,7 +145,7 @@ def apply_parallel(layer: LossLayer, optimizer, *, spec: dict, sharding_device: 
         dist.init_parallel_env()
         layer = paddle.DataParallel(layer, find_unused_parameters=find_unused)
         if master:
-            optimizer, scaler = add_master_grads(layer, optimizer, master_dtype), _master_scaler(scaler)
+            optimizer, scaler = add_master_grads(layer, optimizer, master_dtype), _master_scaler(scaler, fleet_ready=False)
         detail = f"paddle.DataParallel(find_unused_parameters={find_unused})"
         return Parallel(layer, optimizer, scaler, impl, detail, master, find_unused=find_unused)
     from paddle.distributed import fleet
