@@ -95,7 +95,7 @@ void Conv2dKernel(const phi::Context& ctx, const phi::DenseTensor& input, const 
                   const std::vector<int>& strides, const std::vector<int>& paddings, const std::string& algo,
                   const std::vector<int>& dilations, int groups, const std::string& layout, phi::DenseTensor* out) {
   ConvShape s = Shape(input.dims(), filter.dims(), strides, paddings, algo, dilations, groups, layout);
-  std::vector<float> in = ToF32(input), w = ToF32(filter), o(s.n * s.oc * s.oh * s.ow, 0.f);
+  std::vector<float> in = ToF32(input), w = ToF32(filter), o(s.n * s.oc * s.od * s.oh * s.ow, 0.f);
   Each(s, [&](int64_t oi, int64_t ii, int64_t wi) { o[oi] += in[ii] * w[wi]; });
   out->Resize(OutDims(s, input.dims().size() == 5));
   out->set_dtype(input.dtype());
