@@ -46,9 +46,10 @@ def launch_commands(recipes: list[Recipe], backends: jobs.Backends, out_dir: Pat
         if job.repeat_index:
             continue
         backend, description = backends[job.backend]
-        job.run_dir.mkdir(parents=True, exist_ok=True)
         spec_path = job.run_dir / "spec.json"
-        write_json_atomic(spec_path, launcher.spec_for(job.recipe, job.backend, job.run_dir))
+        if write:
+            job.run_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(spec_path, launcher.spec_for(job.recipe, job.backend, job.run_dir))
         run = launcher.invocation(backend, description, job.recipe, spec_path, job.run_dir / "steps.jsonl",
                                   rendezvous)
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**launcher.run_env(job.recipe), **run.env}.items())
