@@ -137,6 +137,17 @@ def test_bf16_matmul_agrees_with_numpy_within_bf16_rounding(device_env, tmp_path
     np.testing.assert_allclose(out, bf16(exact), rtol=2**-7, atol=1e-2)
 
 
+def test_each_bf16_kernel_forward_and_backward_agrees_with_fp32(device_env, tmp_path):
+    """Each bf16 op the tiny models run (matmul, activations, norms, conv2d/3d, masks, ...), its output
+    and every input gradient, against fp32 on the same bf16 inputs: within a few bf16 roundings."""
+    [got] = run_worker(device_env, tmp_path, "bf16_ops")
+    ops = [k for k in got if not k.endswith(":dtype")]
+    assert len(ops) >= 19
+    for op in ops:
+        assert got[op + ":dtype"] == "paddle.bfloat16", op
+        assert max(got[op]) < 2e-2, (op, got[op])  # relative to the largest fp32 magnitude; bf16 eps 2**-8
+
+
 def test_native_fp32_kernels_train_like_paddles_own_cpu_kernels(device_env, tmp_path):
     """The one-process reference below runs on the device's kernels; this ties them to Paddle's."""
     [got] = run_worker(device_env, tmp_path, "against_cpu")

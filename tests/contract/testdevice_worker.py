@@ -117,6 +117,55 @@ def bf16() -> dict:
             "ties": halves.astype("float32").numpy().tolist()}
 
 
+def bf16_ops() -> dict:
+    """Each bf16 kernel the tiny models need, forward and backward, against the same op in fp32 on the
+    same bf16-valued inputs (fp32 runs the device's fp32 kernel or Paddle's CPU one): largest error
+    relative to the largest fp32 magnitude, per op and output."""
+    F = paddle.nn.functional
+    rng = np.random.RandomState(3)
+
+    def arr(*shape):
+        return rng.randn(*shape).astype("float32")
+
+    ids = paddle.to_tensor(rng.randint(0, 10, (2, 5)).astype("int64"))
+    cases = {
+        "matmul": ([arr(3, 4, 8), arr(8, 5)], lambda a, b: paddle.matmul(a, b)),
+        "matmul_t": ([arr(3, 4, 8), arr(3, 6, 8)], lambda a, b: paddle.matmul(a, b, transpose_y=True)),
+        "gelu": ([arr(4, 8)], lambda a: F.gelu(a)),
+        "gelu_tanh": ([arr(4, 8)], lambda a: F.gelu(a, approximate=True)),
+        "silu": ([arr(4, 8)], lambda a: F.silu(a)),
+        "swiglu": ([arr(4, 8), arr(4, 8)], lambda a, b: paddle.incubate.nn.functional.swiglu(a, b)),
+        "softmax": ([arr(4, 8)], lambda a: F.softmax(a, -1)),
+        "layer_norm": ([arr(4, 8), arr(8), arr(8)], lambda a, w, b: F.layer_norm(a, [8], w, b)),
+        "group_norm": ([arr(2, 4, 3, 3), arr(4), arr(4)], lambda a, w, b: F.group_norm(a, 2, weight=w, bias=b)),
+        "conv2d": ([arr(2, 3, 6, 6), arr(4, 3, 3, 3)], lambda a, w: F.conv2d(a, w, stride=2, padding=1)),
+        "conv3d": ([arr(1, 2, 4, 4, 4), arr(3, 2, 2, 2, 2)], lambda a, w: F.conv3d(a, w, stride=2)),
+        "pad": ([arr(1, 2, 3, 3)], lambda a: F.pad(a, [0, 1, 0, 1])),
+        "mean_sum": ([arr(3, 4, 5)], lambda a: a.mean(axis=1) * 2.0 + a.sum(axis=1)),
+        "mul_add_bcast": ([arr(3, 4), arr(4)], lambda a, b: a * b + b - a / (b * b + 1.0)),
+        "tril_where": ([arr(4, 4)], lambda a: paddle.where(paddle.tril(paddle.ones([4, 4])) > 0, a, -a)),
+        "sin_cos_exp": ([arr(3, 4)], lambda a: paddle.sin(a) * paddle.cos(a) + paddle.exp(a * 0.1)),
+        "embedding": ([arr(10, 6)], lambda w: F.embedding(ids, w)),
+        "expand_concat": ([arr(1, 4), arr(3, 2)], lambda a, b: paddle.concat([a.expand([3, 4]), b], axis=-1)),
+        "clip_rsqrt": ([arr(3, 4)], lambda a: paddle.rsqrt(a.clip(0.5, 2.0) + 1.0)),
+    }
+    out = {}
+    for name, (inputs, fn) in cases.items():
+        got = {}
+        for dtype in ("float32", "bfloat16"):
+            xs = [paddle.to_tensor(x).astype("bfloat16").astype(dtype) for x in inputs]
+            for x in xs:
+                x.stop_gradient = False
+            y = fn(*xs)
+            weights = np.random.RandomState(11).randn(*y.shape).astype("float32")  # the same for both dtypes
+            (y.astype("float32") * paddle.to_tensor(weights)).sum().backward()
+            got[dtype] = [y.astype("float32").numpy()] + [x.grad.astype("float32").numpy() for x in xs]
+        out[name] = [float(np.abs(a - b).max() / max(np.abs(a).max(), 1e-6))
+                     for a, b in zip(got["float32"], got["bfloat16"])]
+        out[name + ":dtype"] = str(y.dtype)
+    return out
+
+
 def against_cpu() -> dict:
     """The same fp32 training (matmul, GELU, LayerNorm, softmax, AdamW, global-norm clip) on Paddle's own
     CPU kernels and on the device's native ones, in one process: losses and final weights."""
@@ -174,7 +223,8 @@ def mlp(level: str) -> dict:
 
 def main(argv: list[str]) -> int:
     out, mode, *rest = argv
-    result = {"collectives": collectives, "views": views, "bf16": bf16, "against_cpu": against_cpu}.get(mode)
+    result = {"collectives": collectives, "views": views, "bf16": bf16, "against_cpu": against_cpu,
+              "bf16_ops": bf16_ops}.get(mode)
     data = result() if result else mlp(*rest)
     rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
     Path(out, f"{mode}.{rank}.json").write_text(json.dumps(data))

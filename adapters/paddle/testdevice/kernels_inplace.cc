@@ -154,6 +154,14 @@ void MultiplyGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, cons
 }
 
 template <typename T>
+void DivideGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& y,
+                      const phi::DenseTensor&, const phi::DenseTensor& dout, int, phi::DenseTensor* dx,
+                      phi::DenseTensor* dy) {
+  ReduceGrad<T>(ctx, x, y, dout, true, dx, [](C<T> g, C<T>, C<T> b) { return g / b; }, true);
+  ReduceGrad<T>(ctx, x, y, dout, false, dy, [](C<T> g, C<T> a, C<T> b) { return -g * a / (b * b); }, true);
+}
+
+template <typename T>
 void AddNKernel(const phi::Context& ctx, const std::vector<const phi::DenseTensor*>& xs, phi::DenseTensor* out) {
   PD_CHECK(!xs.empty(), "xfw testcpu: add_n of nothing");
   int64_t n = xs[0]->numel();
@@ -272,6 +280,7 @@ PD_BUILD_PHI_KERNEL(minimum, testcpu, ALL_LAYOUT, MinimumKernel, XFW_NUMBERS) {}
 PD_BUILD_PHI_KERNEL(add_grad, testcpu, ALL_LAYOUT, AddGradKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(subtract_grad, testcpu, ALL_LAYOUT, SubtractGradKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(multiply_grad, testcpu, ALL_LAYOUT, MultiplyGradKernel, XFW_FLOATS) {}
+PD_BUILD_PHI_KERNEL(divide_grad, testcpu, ALL_LAYOUT, DivideGradKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(add_n, testcpu, ALL_LAYOUT, AddNKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(adamw, testcpu, ALL_LAYOUT, AdamwKernel, float, phi::dtype::float16, phi::dtype::bfloat16) {}
 PD_BUILD_PHI_KERNEL(adam, testcpu, ALL_LAYOUT, AdamKernel, float, phi::dtype::float16, phi::dtype::bfloat16) {}

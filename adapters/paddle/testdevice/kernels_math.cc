@@ -88,6 +88,14 @@ void ExpKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTen
   Unary<T>(ctx, x, out, [](float v) { return std::exp(v); });
 }
 template <typename T>
+void ExpGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, phi::DenseTensor* dx) {
+  UnaryGrad<T>(ctx, out, dout, dx, [](float o, float g) { return g * o; });
+}
+template <typename T>
+void SqrtGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, phi::DenseTensor* dx) {
+  UnaryGrad<T>(ctx, out, dout, dx, [](float o, float g) { return 0.5f * g / o; });
+}
+template <typename T>
 void SqrtKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) {
   Unary<T>(ctx, x, out, [](float v) { return std::sqrt(v); });
 }
@@ -281,6 +289,8 @@ PD_BUILD_PHI_KERNEL(tanh_grad, testcpu, ALL_LAYOUT, TanhGradKernel, XFW_FLOATS) 
 PD_BUILD_PHI_KERNEL(sigmoid, testcpu, ALL_LAYOUT, SigmoidKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(sigmoid_grad, testcpu, ALL_LAYOUT, SigmoidGradKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(exp, testcpu, ALL_LAYOUT, ExpKernel, XFW_FLOATS) {}
+PD_BUILD_PHI_KERNEL(exp_grad, testcpu, ALL_LAYOUT, ExpGradKernel, XFW_FLOATS) {}
+PD_BUILD_PHI_KERNEL(sqrt_grad, testcpu, ALL_LAYOUT, SqrtGradKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(sqrt, testcpu, ALL_LAYOUT, SqrtKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(rsqrt, testcpu, ALL_LAYOUT, RsqrtKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(rsqrt_grad, testcpu, ALL_LAYOUT, RsqrtGradKernel, XFW_FLOATS) {}
