@@ -148,18 +148,22 @@ def invoke(*args):
     ("backends.torch.loader_worker=2", "backends.torch.loader_worker: unknown knob (accepted: "),
     ("backends.torch.bogus_knob=1", "backends.torch.bogus_knob: unknown knob"),
     ("backends.paddle.attn_implementation=flash", "backends.paddle.attn_implementation: 'flash' is not one of"),
+    # the loader knobs' values, checked by the harness's own rule before anything starts
+    ("backends.paddle.loader_workers=-3", "backends.paddle.loader_workers: must be an integer in [0, 256], got -3"),
+    ("backends.torch.loader_prefetch=abc", "backends.torch.loader_prefetch: must be an integer in [1, 256], got 'abc'"),
 ])
 def test_validate_refuses_a_knob_the_adapter_does_not_accept_in_one_line(override, expected):
     result = invoke("validate", ROOT / "recipes/tiny/llava_sft.yaml", "--set", override)
     assert result.exit_code == 2
     (line,) = [x for x in result.output.splitlines() if x.strip()]
     assert expected in line and "llava_sft.yaml" in line
-    assert "loader_workers" in line or "paddle" in line  # the accepted names are given
+    assert "loader_workers" in line or "paddle" in line or "loader_prefetch" in line  # the accepted names are given
 
 
 def test_validate_accepts_declared_knobs_and_env():
     result = invoke("validate", ROOT / "recipes/tiny/llava_sft.yaml", "--set", "backends.torch.loader_workers=2",
-                    "--set", "backends.paddle.env={OMP_NUM_THREADS: '1'}")
+                    "--set", "backends.paddle.env={OMP_NUM_THREADS: '1'}",
+                    "--set", "backends.paddle.sharding_segment_size=1024")  # stage 3's knob (test_paddle_sharding)
     assert result.exit_code == 0, result.output
 
 

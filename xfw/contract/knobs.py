@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from xfw.contract import harness
+
 KNOBS_FILE = "knobs.json"
 COMMON_KEYS = ("env",)
 """Keys of ``backends.<name>`` every backend accepts besides its knobs."""
@@ -44,4 +46,9 @@ def check(backend: str, knobs: dict, declared: dict[str, tuple | None]) -> str |
         allowed = declared[name]
         if allowed is not None and not any(value == a and type(value) is type(a) for a in allowed):
             return f"backends.{backend}.{name}: {value!r} is not one of {', '.join(map(repr, allowed))}"
+    if any(name in knobs for name in harness.LOADER_KNOBS):  # declared null: the harness's own check
+        try:
+            harness.loader_settings({"backend_knobs": knobs, "backend": backend})
+        except harness.InvalidSpec as err:
+            return str(err)
     return None

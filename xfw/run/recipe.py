@@ -350,7 +350,8 @@ def published_table(recipe: Recipe) -> dict | None:
     if recipe.published is None:
         return None
     try:
-        return published_settings.load(Path(recipe.published))
+        # load_recipe made it a path; a Recipe built from a dict may still hold a row's name
+        return published_settings.load(published_settings.locate(recipe.published, Path.cwd()))
     except published_settings.PublishedError as err:
         raise RecipeError(f"{recipe.name}: {err}") from None
 

@@ -111,14 +111,14 @@ def check_spec(spec: dict) -> None:
     """Everything this adapter rejects, before anything heavy is imported or built."""
     knobs = spec["backend_knobs"]
     for knob, value in knobs.items():
-        if knob in FREE_KNOBS:
-            continue
         if knob == "sharding_segment_size":  # group_sharded_parallel's segment_size (stage 3): a positive int
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidSpec(f"backends.paddle.sharding_segment_size: {value!r} is not a positive integer")
             continue
+        if knob in FREE_KNOBS:
+            continue
         if knob not in KNOBS:
-            raise InvalidSpec(f"backends.paddle.{knob}: unknown knob (known: {', '.join(sorted({*KNOBS, *FREE_KNOBS, 'sharding_segment_size'}))})")
+            raise InvalidSpec(f"backends.paddle.{knob}: unknown knob (known: {', '.join(sorted({*KNOBS, *FREE_KNOBS}))})")
         if value not in KNOBS[knob]:
             raise InvalidSpec(f"backends.paddle.{knob}: {value!r} is not one of {', '.join(map(str, KNOBS[knob]))}")
 
