@@ -25,7 +25,8 @@ from xfw.report import contrast, layouts
 from xfw.report.compare import compare_runs
 from xfw.report.results import RunResult
 from xfw.run import launcher
-from xfw.run.recipe import RecipeError, load_recipe, recipe_from_dict, resolve_spec
+from xfw.run.recipe import RecipeError, load_recipe, recipe_from_dict
+from xfw.run.spec import resolve_spec
 from xfw.workflow import UsageError, prepare_backends
 
 from conftest import ROOT, TINY_RECIPE

@@ -12,7 +12,8 @@ from xfw.report import comparison
 from xfw.report.compare import Side
 from xfw.report.measure import script_throughput, summarize
 from xfw.run import published
-from xfw.run.recipe import RecipeError, load_recipe, resolve_spec
+from xfw.run.recipe import RecipeError, load_recipe
+from xfw.run.spec import resolve_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

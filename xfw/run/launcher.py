@@ -33,7 +33,8 @@ from xfw.contract import lifeline
 from xfw.contract import records as rec
 from xfw.report.measure import summarize
 from xfw.run import command, logparse
-from xfw.run.recipe import Recipe, resolve_spec
+from xfw.run.recipe import Recipe
+from xfw.run.spec import resolve_spec
 from xfw.report.results import RunResult, mfu_fields, setup_from_spec
 from xfw.contract.atomic import write_json_atomic
 

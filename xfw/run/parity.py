@@ -30,7 +30,9 @@ from xfw.contract.harness import GRAD_NORM_KNOB
 from xfw.contract.module_outputs import read_probe
 from xfw.report.parity import PARITY_FILE, ParityReport, Probe, Tolerances, compare_losses
 from xfw.run import jobs, launcher
-from xfw.run.recipe import Recipe, RecipeError, load_recipe, resolve_spec, to_dict
+from xfw.run.recipe import Recipe, RecipeError, load_recipe
+from xfw.run.schema import to_dict
+from xfw.run.spec import resolve_spec
 
 # An interpreter's description does not change while this process lives; asking once per
 # backend saves a framework import (~2 s) per parity run after the first.

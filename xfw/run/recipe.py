@@ -7,29 +7,25 @@ dotted key::
     recipes/tiny/llava_sft.yaml: batch.global: 6 is not divisible by micro (4) x processes (1)
 
 ``load_recipe(path, overrides=["batch.micro=2"])`` returns a validated :class:`Recipe`;
-``resolve_spec(recipe)`` turns it into the JSON-ready ``spec.json`` an adapter reads, with every
-default filled in and the preset expanded into the neutral architecture. The sections are built
+``xfw.run.spec.resolve_spec(recipe)`` turns it into the JSON-ready ``spec.json`` an adapter reads. The sections are built
 and checked by :mod:`xfw.run.schema`; the data section lives with the data (:mod:`xfw.run.data.section`).
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from xfw.contract import presets
-from xfw.contract import weights as neutral_weights
 from xfw.contract.families import family_module
 from xfw.run import command
 from xfw.run import published as published_settings
 from xfw.run.data.section import DATA_FAMILIES, DATA_PATHS, DataSpec
-from xfw.run.schema import FieldError, bounded, build, to_dict
+from xfw.run.schema import FieldError, bounded, build
 from xfw.run.yamlfile import YamlError, load_file, load_text
 
-SPEC_SCHEMA = 1
 
 STAGES = ("pretrain", "sft", "lora", "dreambooth")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -345,17 +341,6 @@ def _apply_published(data: dict, overrides, recipe_dir: Path, source: str) -> No
         published_settings.apply(data, table, given)
 
 
-def published_table(recipe: Recipe) -> dict | None:
-    """The recipe's published-settings file, loaded (None when it names none)."""
-    if recipe.published is None:
-        return None
-    try:
-        # load_recipe made it a path; a Recipe built from a dict may still hold a row's name
-        return published_settings.load(published_settings.locate(recipe.published, Path.cwd()))
-    except published_settings.PublishedError as err:
-        raise RecipeError(f"{recipe.name}: {err}") from None
-
-
 def check_data(recipe: Recipe, arch: dict, source: str) -> None:
     """What the data section asks of the architecture, and real data prepared (``xfw.run.data``):
     every problem a one-line RecipeError naming the file and the key or sample."""
@@ -409,11 +394,6 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     return recipe
 
 
-@functools.lru_cache(maxsize=64)
-def _weights_fingerprint(directory: str) -> str:
-    return neutral_weights.fingerprint(directory)
-
-
 def _check_weights_dir(weights: str, source: str) -> None:
     """``model.weights`` names a directory holding a checkpoint (a single file or Hugging Face shards)."""
     if weights == "random":
@@ -425,56 +405,3 @@ def _check_weights_dir(weights: str, source: str) -> None:
     if not any((path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
         raise RecipeError(f"{source}: model.weights: {weights} holds no model.safetensors "
                           "(nor model.safetensors.index.json)")
-
-
-def longest_sample(recipe: Recipe, arch: dict, prepared: dict | None) -> int | None:
-    """The longest sequence a run can train (image tokens included): synthetic data's fixed length
-    or fixed part + the most text tokens, real data's longest prepared sample; None without a sequence."""
-    from xfw.contract import families
-
-    if arch["data"].get("seq_len") is None:
-        return None
-    if prepared is not None:
-        return prepared["stats"]["max_seq_len"] or None
-    tokens = recipe.data.text_tokens
-    return arch["data"]["seq_len"] if tokens is None else families.fixed_tokens(arch) + tokens.max
-
-
-def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
-    """The fully resolved spec.json an adapter reads: every default filled, preset expanded, real
-    data's prepared directory in ``data.prepared`` (prepared here if it was not yet)."""
-    arch = presets.resolve_arch(recipe.model.preset, recipe.model.arch, recipe.data.image_size, recipe.data.seq_len)
-    spec = to_dict(recipe)
-    spec["model"]["family"] = arch["family"]
-    spec["model"]["arch"] = arch
-    # Provenance: which checkpoint a run started from, by content (reports show it; parity matches on it).
-    spec["model"]["weights_fingerprint"] = None if recipe.model.weights == "random" else \
-        _weights_fingerprint(recipe.model.weights)
-    spec["data"]["image_size"] = arch["data"]["image_size"]
-    spec["data"]["seq_len"] = arch["data"]["seq_len"]
-    prepared = None
-    if recipe.data.kind != "synthetic":
-        from xfw.run import data as real
-
-        try:
-            prepared = real.prepare(recipe, arch)
-        except real.DataError as err:
-            raise RecipeError(f"{recipe.name}: {err}") from None
-        spec["data"]["prepared"] = prepared["directory"]
-        spec["data"]["stats"] = prepared["stats"]
-        # Provenance (the compare report's data line): the preparation's content key and size.
-        spec["data"]["fingerprint"] = prepared["fingerprint"]
-        spec["data"]["num_samples"] = prepared["stats"]["num_samples"]
-    spec["data"]["longest"] = longest_sample(recipe, arch, prepared)
-    spec["derived"] = {"num_processes": recipe.num_processes, "grad_accum_steps": recipe.grad_accum_steps}
-    spec["backend"] = backend
-    knobs = dict(recipe.backends.get(backend, {}))
-    attached = "command" in knobs
-    # An adapter's variables reach its processes through the launcher; the adapter sees its knobs only.
-    spec["backend_env"] = dict(knobs.get("env", {}))
-    spec["backend_knobs"] = knobs if attached else {k: v for k, v in knobs.items() if k != "env"}
-    spec["comparison"] = published_settings.described(recipe.comparison, published_table(recipe), backend,
-                                                      attached=attached)
-    spec["run_id"] = run_id
-    spec["schema"] = SPEC_SCHEMA
-    return spec

@@ -22,7 +22,8 @@ from xfw.report import breakdown
 from xfw.report.results import RunResult
 from xfw.report.table import Page
 from xfw.run import command, jobs, launcher, lock
-from xfw.run.recipe import Recipe, RecipeError, load_recipe, resolve_spec
+from xfw.run.recipe import Recipe, RecipeError, load_recipe
+from xfw.run.spec import resolve_spec
 
 
 Log = Callable[[str], None]
