@@ -16,10 +16,11 @@ demo: setup
 	$(XFW) compare recipes/tiny/llava_sft.yaml --backends paddle,torch --out runs/demo
 
 # Everything: unit tests (no framework) and contract tests (real adapters, tiny models, CPU), in
-# two workers (a test file stays in one, so its module fixtures are built once); WORKERS=0: serial.
+# two workers (a test file's functions stay in one, so its module fixtures are built once; a class
+# is a scope of its own, tests/conftest.py); WORKERS=0: serial.
 WORKERS ?= 2
 test: setup browser
-	$(PYTEST) tests $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadfile)
+	$(PYTEST) tests $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadscope)
 
 unit: setup
 	$(PYTEST) tests/unit

@@ -1,8 +1,9 @@
 """Shared fixtures: paths to the project, the backends' interpreters, and a tiny recipe.
 
-``make test`` runs the suite in two pytest-xdist workers with ``--dist loadfile``: every test of a
-file runs in one worker, so a module-scoped fixture (a sweep, a night, the FLOP counts) is built
-once; each worker is its own session with its own prepared-data directory (below). Tests never
+``make test`` runs the suite in two pytest-xdist workers with ``--dist loadscope``: every test
+function of a file runs in one worker, so a module-scoped fixture (a sweep, a night, the FLOP
+counts) is built once (a class is a scope of its own: test_documented_commands.py splits its long
+run into classes that go to both workers); each worker is its own session with its own prepared-data directory (below). Tests never
 share a fixed path or port: their output goes under ``tmp_path`` and a rendezvous takes a free port.
 """
 
