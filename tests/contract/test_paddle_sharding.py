@@ -7,7 +7,8 @@ compared, not just run (xfw_paddle.parallel; issues 22 and 27).
   on the same global batch and the PyTorch side's DDP from the same exported weights (fp32).
 * The CPU test device (``backends.paddle.device: testcpu``; skipped where it is not built): stage 2 and
   stage 3 through ``group_sharded_parallel`` over two processes equal one process on the same global batch,
-  fp32 and bf16 O2 with fp32 ``main_grad``; stage 2 equals the PyTorch side's FSDP2 stage 2 at fp32; and
+  fp32 and bf16 O2 with fp32 ``main_grad``, for every tiny family; stage 2 equals the PyTorch side's FSDP2
+  stage 2 at fp32 for every tiny family; and
   ``paddle.amp.decorate(master_grad=True)`` under stage 2 — the route the adapter no longer takes —
   diverges where ``MixPrecisionLayer`` does not (:func:`test_decorate_master_grad_under_sharding_diverges`).
 
@@ -137,9 +138,9 @@ def test_fleet_stage1_with_fp32_main_grad_equals_one_process(runs, llava_start):
 
 TESTCPU = "backends.paddle.device=testcpu"
 NORM = "backends.paddle.grad_norm=true"
-# Which family gets which check (the whole file: 3 min 13 s on 2 cores at load ~3, its budget ~4 minutes):
-# LLaVA every stage and precision, and PyTorch's stage 2; every other family stage 2 in bf16 O2 (the seed
-# rows' path), one warm-up and one measured step for the slower diffusion families.
+# Which family gets which check: LLaVA every stage and precision, and PyTorch's stage 2; every other family
+# stage 2 and 3 in bf16 O2 (the seed rows' path) and stage 2 in fp32 against PyTorch's (TestEveryFamily),
+# one warm-up and one measured step for the slower diffusion families.
 FAMILY_RECIPES = {"llava_next": "recipes/tiny/llava_next_sft.yaml", "qwen2vl": "recipes/tiny/qwen2vl_sft.yaml",
                   "sd15": "recipes/tiny/sd15_pretrain.yaml", "sd3": "recipes/tiny/sd3_dreambooth.yaml"}
 FAMILY_STEPS = {"sd15": ["measure.steps=1"], "sd3": ["measure.steps=1"]}
@@ -188,13 +189,44 @@ def test_llava_stage2_equals_pytorch_stage2_at_fp32(testcpu, runs, llava_start):
     assert_same_steps(paddle_run, torch_run, {"loss": 1e-4}, norms=False)
 
 
-@pytest.mark.parametrize("family", FAMILY_RECIPES)
-def test_every_family_stage2_bf16_o2_equals_one_process(testcpu, runs, family):
-    steps = FAMILY_STEPS.get(family, [])
-    one = sharded(runs, steps, FAMILY_RECIPES[family], family, "one", "bf16-o2")
-    run = sharded(runs, steps, FAMILY_RECIPES[family], family, "stage2", "bf16-o2")
-    assert run.applied["amp_level"] == "O2" and run.applied["mechanisms"]["master_grads"].endswith("held: float32 main_grad")
-    assert_same_steps(run, one, BF16)
+@pytest.fixture(scope="module")
+def starts(tmp_path_factory):
+    """Each family's initial weights, exported by the torch side once (a cache by family)."""
+    done = {}
+
+    def start(family: str) -> str:
+        if family not in done:
+            directory = tmp_path_factory.mktemp(f"{family}-start")
+            export_initial_weights(str(ROOT / FAMILY_RECIPES[family]), [*SHORT, *FAMILY_STEPS.get(family, [])],
+                                   launcher.Backend("torch", str(require_interpreter("torch"))), directory, 300)
+            done[family] = f"model.weights={directory}"
+        return done[family]
+    return start
+
+
+class TestEveryFamily:
+    """Every other tiny family: stage 2 and stage 3 at bf16 O2 (the seed rows' path) equal one process,
+    and stage 2 at fp32 equals the PyTorch side's FSDP2 stage 2 from the same exported start. A class:
+    ``make test``'s ``--dist loadscope`` runs it in the other worker than the LLaVA tests above."""
+
+    @pytest.mark.parametrize("stage", ["stage2", "stage3"])
+    @pytest.mark.parametrize("family", FAMILY_RECIPES)
+    def test_stages_at_bf16_o2_equal_one_process(self, testcpu, runs, family, stage):
+        steps = FAMILY_STEPS.get(family, [])
+        one = sharded(runs, steps, FAMILY_RECIPES[family], family, "one", "bf16-o2")
+        run = sharded(runs, steps, FAMILY_RECIPES[family], family, stage, "bf16-o2")
+        assert run.applied["amp_level"] == "O2" and run.applied["mechanisms"]["master_grads"].endswith("held: float32 main_grad")
+        assert run.applied["mechanisms"]["sharding_impl"] == {"stage2": "zero2", "stage3": "zero3"}[stage]
+        assert_same_steps(run, one, BF16)
+
+    @pytest.mark.parametrize("family", FAMILY_RECIPES)
+    def test_stage2_at_fp32_equals_pytorch_stage2(self, testcpu, runs, starts, family):
+        start = [starts(family), *FAMILY_STEPS.get(family, [])]
+        paddle_run = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", "stage2", "fp32")
+        torch_run = runs.get(f"torch-fsdp2-stage2-{family}", FAMILY_RECIPES[family], "torch",
+                             [*start, "parallel.nproc_per_node=2", "parallel.sharding=stage2"])
+        assert torch_run.applied["sharding_impl"] == "fsdp2"
+        assert_same_steps(paddle_run, torch_run, {"loss": 1e-4}, norms=False)
 
 
 def test_decorate_master_grad_under_sharding_diverges(testcpu, tmp_path):

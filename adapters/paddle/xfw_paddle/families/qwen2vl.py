@@ -288,10 +288,21 @@ class Qwen2VLDecoderLayer(nn.Layer):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class TiedEmbedding(nn.Embedding):
+    """The token embedding that, with tied word embeddings, also gives the logits: ``embed(hidden,
+    logits=True)`` is ``hidden @ weight.T`` called through the layer, as PaddleNLP's LM head holds the
+    embedding's weight, so stage 3 (``group_sharded_parallel p_g_os``, whose hooks gather a layer's
+    parameters around its own calls) gathers the sliced weight for this use too. Read outside a call,
+    the weight is a released slice ("Tensor holds no memory")."""
+
+    def forward(self, x, logits: bool = False):
+        return paddle.matmul(x, self.weight, transpose_y=True) if logits else super().forward(x)
+
+
 class Qwen2VLTextModel(nn.Layer):
     def __init__(self, t: dict, *, use_sdpa: bool, recompute: bool):
         super().__init__()
-        self.embed_tokens = nn.Embedding(t["vocab_size"], t["hidden_size"], weight_attr=_W)
+        self.embed_tokens = TiedEmbedding(t["vocab_size"], t["hidden_size"], weight_attr=_W)
         self.layers = nn.LayerList([Qwen2VLDecoderLayer(t, use_sdpa) for _ in range(t["num_layers"])])
         self.norm = Qwen2VLRMSNorm(t["hidden_size"], t["rms_norm_eps"])
         self.mrope_section, self.recompute = list(t["mrope_section"]), recompute
@@ -335,7 +346,7 @@ class Qwen2VLForConditionalGeneration(nn.Layer):
                                                    self.visual(pixel_values, vision_positions, list(vision_lengths)))
         hidden = self.language_model(inputs_embeds, position_ids)
         if self.tied:
-            return paddle.matmul(hidden, embed.weight, transpose_y=True)
+            return embed(hidden, logits=True)
         return self.lm_head(hidden)
 
 
