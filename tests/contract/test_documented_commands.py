@@ -123,12 +123,23 @@ PARTS = 2
 RUNS = re.compile(r"(?<![\w/.])runs/[^/\s,]+")
 
 
+DEFAULTS = {"--backends": "paddle,torch"}
+"""Options given their default value, which do not make a command another command."""
+
+
 def unique_commands() -> list[tuple[str, str]]:
-    """(document, line) in document order, the same command (but for its --out) kept once."""
+    """(document, line) in document order, the same command (but for its --out, or an option given
+    its default) kept once."""
     seen, out = set(), []
     for doc, line in PRELUDE + documented_commands():
-        argv = words(line)
-        same = " ".join(a for i, a in enumerate(argv) if a != "--out" and (i == 0 or argv[i - 1] != "--out"))
+        argv, kept = words(line), []
+        for i, a in enumerate(argv):
+            before = argv[i - 1] if i else None
+            default_option = a in DEFAULTS and i + 1 < len(argv) and argv[i + 1] == DEFAULTS[a]
+            if a == "--out" or before == "--out" or default_option or (before in DEFAULTS and a == DEFAULTS[before]):
+                continue
+            kept.append(a)
+        same = " ".join(kept)
         if same not in seen:
             seen.add(same)
             out.append((doc, line))
@@ -221,6 +232,8 @@ def test_the_parts_share_no_run_directory_and_keep_every_command():
     with_nightly = [p for p in split if any("runs/nightly" in line for _, line in p)]
     assert len(with_nightly) == 1  # the night and the report of it (another document) stay together
     assert unique_commands().count(PRELUDE[0]) == 1
+    explains = [line for _, line in commands if line.startswith("xfw compare recipes/tiny/llava_sft.yaml") and "--explain" in line]
+    assert len(explains) == 1  # README's and docs/explain.md's differ only by the default --backends
 
 
 def test_the_extraction_classifies_what_cannot_run_here():
