@@ -124,3 +124,49 @@ def test_torch_looked_up_then_imported_from_a_thread_is_measured(tmp_path):
     assert result.status == "ok", result.reason
     found, problem = read_records(tmp_path / "out" / "torch" / "steps.jsonl")
     assert problem == "" and [r["samples"] for r in found if r["kind"] == "step"][1:] == [4, 4, 4]
+
+
+UPSTREAM_MAKER = ROOT / "examples" / "attach" / "upstream" / "make_tiny_sd15.py"
+LOAD_CHECK = {
+    # each library's own loaders read what the maker wrote, as the upstream example scripts load it
+    "torch": """
+import sys, torch
+from diffusers import StableDiffusionPipeline
+pipe = StableDiffusionPipeline.from_pretrained(sys.argv[1])
+ids = pipe.tokenizer(["a picture number 3"], max_length=pipe.tokenizer.model_max_length, padding="max_length",
+                     truncation=True, return_tensors="pt").input_ids
+states = pipe.text_encoder(ids)[0]
+latents = pipe.vae.encode(torch.zeros(1, 3, 32, 32)).latent_dist.sample()
+out = pipe.unet(latents, torch.tensor([10]), states).sample
+print(tuple(ids.shape), tuple(out.shape))
+""",
+    "paddle": """
+import sys, paddle
+from paddlenlp.transformers import CLIPTextModel, CLIPTokenizer
+from ppdiffusers import AutoencoderKL, UNet2DConditionModel
+root = sys.argv[1]
+tok = CLIPTokenizer.from_pretrained(root + "/tokenizer")
+ids = paddle.to_tensor([tok("a picture number 3", max_length=tok.model_max_length, padding="max_length",
+                            truncation=True)["input_ids"]])
+states = CLIPTextModel.from_pretrained(root + "/text_encoder")(ids)[0]
+latents = AutoencoderKL.from_pretrained(root, subfolder="vae").encode(paddle.zeros([1, 3, 32, 32])).latent_dist.sample()
+out = UNet2DConditionModel.from_pretrained(root, subfolder="unet")(latents, paddle.to_tensor([10]), states).sample
+print(tuple(ids.shape), tuple(out.shape))
+""",
+}
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_the_upstream_examples_tiny_pipeline_loads_with_each_librarys_own_loaders(tmp_path, framework):
+    """examples/attach/upstream/make_tiny_sd15.py (docs/attach.md, "The upstream scripts themselves")
+    writes what diffusers' and ppdiffusers' own loaders read; a text-to-UNet pass runs on it."""
+    python = str(require_interpreter(framework))
+    made = subprocess.run([python, str(UPSTREAM_MAKER), framework, str(tmp_path / "pipe"), str(tmp_path / "images")],
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert len(list((tmp_path / "images").glob("*.png"))) == 32
+    assert (tmp_path / "images" / "metadata.jsonl").read_text().count("\n") == 32
+    loaded = subprocess.run([python, "-c", LOAD_CHECK[framework], str(tmp_path / "pipe")], capture_output=True,
+                            text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.strip().splitlines()[-1] == "(1, 16) (1, 4, 16, 16)"  # ids, the UNet's output

@@ -73,17 +73,19 @@ def ppdiffusers_pipeline(out: Path) -> None:
 
 
 def image_folder(data: Path) -> None:
-    data.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    with open(data / "metadata.jsonl", "w", encoding="utf-8") as f:
-        for i in range(32):
-            Image.fromarray(rng.integers(0, 255, (48, 48, 3), dtype=np.uint8)).save(data / f"{i}.png")
-            f.write(json.dumps({"file_name": f"{i}.png", "text": f"a picture number {i}"}) + "\n")
+    if not (data / "metadata.jsonl").exists():
+        data.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(0)
+        with open(data / "metadata.jsonl", "w", encoding="utf-8") as f:
+            for i in range(32):
+                Image.fromarray(rng.integers(0, 255, (48, 48, 3), dtype=np.uint8)).save(data / f"{i}.png")
+                f.write(json.dumps({"file_name": f"{i}.png", "text": f"a picture number {i}"}) + "\n")
     try:
         from datasets import load_dataset
     except ImportError:
         return
-    load_dataset("imagefolder", data_dir=str(data)).save_to_disk(f"{data}-dict")
+    if not Path(f"{data}-dict").exists():
+        load_dataset("imagefolder", data_dir=str(data)).save_to_disk(f"{data}-dict")
 
 
 def main() -> None:
@@ -91,8 +93,7 @@ def main() -> None:
         sys.exit(__doc__.split("\n\n")[1])
     out, data = Path(sys.argv[2]), Path(sys.argv[3])
     (diffusers_pipeline if sys.argv[1] == "torch" else ppdiffusers_pipeline)(out)
-    if not (data / "metadata.jsonl").exists():
-        image_folder(data)
+    image_folder(data)
     print(f"{sys.argv[1]} pipeline in {out}, captioned images in {data}")
 
 
