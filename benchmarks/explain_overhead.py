@@ -27,10 +27,11 @@ sys.path[:0] = [str(ROOT)]
 BACKENDS = ("paddle", "torch")
 
 
-def leg(recipe: str, explain: bool, work: Path, index: int) -> dict:
+def leg(recipe: str, explain: bool, work: Path, index: int, overrides: list[str]) -> dict:
     out = work / f"leg{index}"
     cmd = [str(ROOT / ".venv" / "torch" / "bin" / "python"), "-m", "xfw.cli", "compare", recipe,
            "--backends", ",".join(BACKENDS), "--out", str(out)] + (["--explain"] if explain else [])
+    cmd += [a for o in overrides for a in ("--set", o)]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
     wall = time.perf_counter() - t0
@@ -46,6 +47,8 @@ def main() -> None:
     parser.add_argument("--recipe", default="recipes/tiny/llava_sft.yaml")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "cpu" / "explain-overhead")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="passed to every compare (a longer window: --set measure.steps=150)")
     args = parser.parse_args()
     from xfw.contract.atomic import write_json_atomic, write_text_atomic
     from xfw.contract.env import host_env
@@ -55,7 +58,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for p in range(args.pairs):
             order = (False, True) if p % 2 == 0 else (True, False)
-            pair = [leg(args.recipe, explain, Path(tmp), 2 * p + k) for k, explain in enumerate(order)]
+            pair = [leg(args.recipe, explain, Path(tmp), 2 * p + k, args.overrides) for k, explain in enumerate(order)]
             legs += [{**x, "pair": p} for x in pair]
             print(f"pair {p}: " + ", ".join(f"{'explain' if x['explain'] else 'plain'} "
                                             f"{x['ips']}" for x in pair), flush=True)
@@ -64,20 +67,23 @@ def main() -> None:
     for b in BACKENDS:
         ratios = [next(x for x in legs if x["pair"] == p and x["explain"])["ips"][b]
                   / next(x for x in legs if x["pair"] == p and not x["explain"])["ips"][b] for p in range(args.pairs)]
-        summary[b] = {"ratios": ratios, "median_ratio": statistics.median(ratios),
+        summary[b] = {"ratios": ratios, "median_ratio": statistics.median(ratios), "min_ratio": min(ratios),
+                      "max_ratio": max(ratios),
                       "plain_ips": [x["ips"][b] for x in legs if not x["explain"]],
                       "explain_ips": [x["ips"][b] for x in legs if x["explain"]]}
     args.out.mkdir(parents=True, exist_ok=True)
-    command = f"python benchmarks/explain_overhead.py --recipe {args.recipe} --pairs {args.pairs}"
+    command = f"python benchmarks/explain_overhead.py --recipe {args.recipe} --pairs {args.pairs}" + \
+        "".join(f" --set {o}" for o in args.overrides)
     write_json_atomic(args.out / "explain_overhead.json", {"command": command, "env": env, "legs": legs,
                                                            "summary": summary})
     lines = ["# Measured throughput with and without `--explain`", "",
              f"`{command}` — {args.recipe}, {args.pairs} pairs alternated (ABBA), both backends each leg.", "",
-             "| Backend | ips without explain | ips with explain | median ratio (with / without) |",
-             "|---|---|---|---:|"]
+             "| Backend | ips without explain | ips with explain | median ratio (with / without) | ratio range |",
+             "|---|---|---|---:|---:|"]
     for b, s in summary.items():
         lines.append(f"| {b} | {', '.join(f'{v:.1f}' for v in s['plain_ips'])} | "
-                     f"{', '.join(f'{v:.1f}' for v in s['explain_ips'])} | {s['median_ratio']:.3f} |")
+                     f"{', '.join(f'{v:.1f}' for v in s['explain_ips'])} | {s['median_ratio']:.3f} | "
+                     f"{s['min_ratio']:.3f}–{s['max_ratio']:.3f} |")
     walls = [x["wall_s"] for x in legs]
     lines += ["", f"Wall time per leg: {', '.join(f'{w:.0f} s' for w in walls)} (explain legs add the profiling "
               "after both runs).", "",
