@@ -1,7 +1,8 @@
 """``xfw compare --explain`` end to end on the real adapters: the step breakdown in every step record and
 report, the aligned explain tables, the waterfall and both traces; and explain attributing a real
 difference between the sides (PyTorch's own activation checkpointing, ``backends.torch.recompute``:
-the forward run again inside backward) to the modules that hold it."""
+the forward run again inside backward) to the modules that hold it; and explain on SD1.5, SD3 LoRA and
+Qwen2-VL (TestOtherFamilies), whose rows must cover the step and meet under one name on both sides."""
 
 import json
 import subprocess
@@ -111,3 +112,35 @@ def test_recompute_on_one_side_is_attributed_to_the_decoder_layers_that_recomput
         # Nothing outside the checkpointed layers recomputes, and without recompute nothing did.
         assert not any(name.startswith("model.vision_tower") for name in recompute)
         assert all(r["recompute_s"] == 0 for r in before[backend]["modules"].values())
+
+
+class TestOtherFamilies:
+    """Explain on the families whose step differs most from LLaVA's (a diffusion loss calling the
+    model's parts, SD3 with LoRA adapters, Qwen2-VL's own vision tower and tied head): both sides'
+    rows add up to their hooked step, name the family's parts, and meet under one name for most of
+    each side's time. A class: ``--dist loadscope`` can run it beside the LLaVA tests above."""
+
+    FAMILIES = {"sd15_pretrain": ("tiny-sd15-pretrain", "unet."), "sd3_lora": ("tiny-sd3-lora", "transformer."),
+                "qwen2vl_sft": ("tiny-qwen2vl-sft", "model.visual.")}
+
+    @pytest.mark.parametrize("recipe", FAMILIES)
+    def test_both_sides_rows_cover_the_step_and_align(self, tmp_path, recipe):
+        from xfw.report import explain as report
+
+        name, part = self.FAMILIES[recipe]
+        out = tmp_path / "out"
+        result = xfw("explain", f"recipes/tiny/{recipe}.yaml", "--out", out, "--set", "measure.warmup_steps=1",
+                     "--set", "measure.steps=2")
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        explains = {b: json.loads((out / name / b / "explain.json").read_text()) for b in BACKENDS}
+        for backend, e in explains.items():
+            rows = sum(r["fwd_s"] + r["bwd_s"] for r in e["modules"].values())
+            assert rows == pytest.approx(e["hooked_step_s"], rel=0.02), backend
+            assert any(n.startswith(part) for n in e["modules"]), (backend, sorted(e["modules"])[:10])
+            assert e["categories"]["matmul"] > 0 and (out / name / backend / "trace.json").stat().st_size > 0
+        shared = set(report.module_rows(explains["paddle"])) & set(report.module_rows(explains["torch"]))
+        for backend, e in explains.items():
+            rows = report.module_rows(e)
+            total = sum(r["fwd_s"] + r["bwd_s"] for r in rows.values())
+            aligned = sum(r["fwd_s"] + r["bwd_s"] for n, r in rows.items() if n in shared)
+            assert aligned > 0.85 * total, (backend, sorted(set(rows) - shared))
