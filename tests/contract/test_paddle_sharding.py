@@ -139,7 +139,8 @@ def test_fleet_stage1_with_fp32_main_grad_equals_one_process(runs, llava_start):
 TESTCPU = "backends.paddle.device=testcpu"
 NORM = "backends.paddle.grad_norm=true"
 # Which family gets which check: LLaVA every stage and precision, and PyTorch's stage 2; every other family
-# stage 2 and 3 in bf16 O2 (the seed rows' path) and stage 2 in fp32 against PyTorch's (TestEveryFamily),
+# stage 2 and 3 in bf16 O2 (the seed rows' path), stage 2 in fp32 against PyTorch's and stage 3 in fp32
+# against that stage 2 (TestEveryFamily),
 # one warm-up and one measured step for the slower diffusion families.
 FAMILY_RECIPES = {"llava_next": "recipes/tiny/llava_next_sft.yaml", "qwen2vl": "recipes/tiny/qwen2vl_sft.yaml",
                   "sd15": "recipes/tiny/sd15_pretrain.yaml", "sd3": "recipes/tiny/sd3_dreambooth.yaml"}
@@ -206,7 +207,8 @@ def starts(tmp_path_factory):
 
 class TestEveryFamily:
     """Every other tiny family: stage 2 and stage 3 at bf16 O2 (the seed rows' path) equal one process,
-    and stage 2 at fp32 equals the PyTorch side's FSDP2 stage 2 from the same exported start. A class:
+    stage 2 at fp32 equals the PyTorch side's FSDP2 stage 2 from the same exported start, and stage 3 at
+    fp32 equals that stage 2. A class:
     ``make test``'s ``--dist loadscope`` runs it in the other worker than the LLaVA tests above."""
 
     @pytest.mark.parametrize("stage", ["stage2", "stage3"])
@@ -227,6 +229,16 @@ class TestEveryFamily:
                              [*start, "parallel.nproc_per_node=2", "parallel.sharding=stage2"])
         assert torch_run.applied["sharding_impl"] == "fsdp2"
         assert_same_steps(paddle_run, torch_run, {"loss": 1e-4}, norms=False)
+
+    @pytest.mark.parametrize("family", FAMILY_RECIPES)
+    def test_stage3_at_fp32_equals_stage2(self, testcpu, runs, starts, family):
+        """fp32 stage 3 (parameters sliced) against stage 2 from the same start, which the test above
+        holds to PyTorch's: with the bf16 tests, every family runs stage 2 and 3 in fp32 and bf16 O2."""
+        start = [starts(family), *FAMILY_STEPS.get(family, [])]
+        stage2 = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", "stage2", "fp32")
+        stage3 = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", "stage3", "fp32")
+        assert stage3.applied["mechanisms"]["sharding_detail"] == f"group_sharded_parallel p_g_os segment_size={SEGMENT}"
+        assert_same_steps(stage3, stage2, FP32)
 
 
 def test_decorate_master_grad_under_sharding_diverges(testcpu, tmp_path):
