@@ -71,12 +71,24 @@ def runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def llava_start(tmp_path_factory, runs):
-    """The torch side's initial LLaVA weights: every comparison with PyTorch starts from them."""
-    directory = tmp_path_factory.mktemp("llava-start")
-    python = require_interpreter("torch")
-    export_initial_weights(str(ROOT / LLAVA), list(SHORT), launcher.Backend("torch", str(python)), directory, 300)
-    return f"model.weights={directory}"
+def starts(tmp_path_factory):
+    """The torch side's initial weights of a recipe (with its step overrides), exported once each:
+    every comparison with PyTorch starts from them."""
+    done = {}
+
+    def start(recipe: str, overrides: tuple = ()) -> str:
+        if (recipe, overrides) not in done:
+            directory = tmp_path_factory.mktemp(f"{Path(recipe).stem}-start")
+            export_initial_weights(str(ROOT / recipe), [*SHORT, *overrides],
+                                   launcher.Backend("torch", str(require_interpreter("torch"))), directory, 300)
+            done[recipe, overrides] = f"model.weights={directory}"
+        return done[recipe, overrides]
+    return start
+
+
+@pytest.fixture(scope="module")
+def llava_start(starts):
+    return starts(LLAVA)
 
 
 def steps_of(result) -> list[tuple[float, float | None]]:
@@ -190,21 +202,6 @@ def test_llava_stage2_equals_pytorch_stage2_at_fp32(testcpu, runs, llava_start):
     assert_same_steps(paddle_run, torch_run, {"loss": 1e-4}, norms=False)
 
 
-@pytest.fixture(scope="module")
-def starts(tmp_path_factory):
-    """Each family's initial weights, exported by the torch side once (a cache by family)."""
-    done = {}
-
-    def start(family: str) -> str:
-        if family not in done:
-            directory = tmp_path_factory.mktemp(f"{family}-start")
-            export_initial_weights(str(ROOT / FAMILY_RECIPES[family]), [*SHORT, *FAMILY_STEPS.get(family, [])],
-                                   launcher.Backend("torch", str(require_interpreter("torch"))), directory, 300)
-            done[family] = f"model.weights={directory}"
-        return done[family]
-    return start
-
-
 class TestEveryFamily:
     """Every other tiny family: stage 2 and stage 3 at bf16 O2 (the seed rows' path) equal one process,
     stage 2 at fp32 equals the PyTorch side's FSDP2 stage 2 from the same exported start, and stage 3 at
@@ -223,7 +220,8 @@ class TestEveryFamily:
 
     @pytest.mark.parametrize("family", FAMILY_RECIPES)
     def test_stage2_at_fp32_equals_pytorch_stage2(self, testcpu, runs, starts, family):
-        start = [starts(family), *FAMILY_STEPS.get(family, [])]
+        steps = tuple(FAMILY_STEPS.get(family, []))
+        start = [starts(FAMILY_RECIPES[family], steps), *steps]
         paddle_run = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", "stage2", "fp32")
         torch_run = runs.get(f"torch-fsdp2-stage2-{family}", FAMILY_RECIPES[family], "torch",
                              [*start, "parallel.nproc_per_node=2", "parallel.sharding=stage2"])
@@ -234,7 +232,8 @@ class TestEveryFamily:
     def test_stage3_at_fp32_equals_stage2(self, testcpu, runs, starts, family):
         """fp32 stage 3 (parameters sliced) against stage 2 from the same start, which the test above
         holds to PyTorch's: with the bf16 tests, every family runs stage 2 and 3 in fp32 and bf16 O2."""
-        start = [starts(family), *FAMILY_STEPS.get(family, [])]
+        steps = tuple(FAMILY_STEPS.get(family, []))
+        start = [starts(FAMILY_RECIPES[family], steps), *steps]
         stage2 = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", "stage2", "fp32")
         stage3 = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", "stage3", "fp32")
         assert stage3.applied["mechanisms"]["sharding_detail"] == f"group_sharded_parallel p_g_os segment_size={SEGMENT}"
