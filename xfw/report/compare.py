@@ -133,6 +133,11 @@ class ComparisonRow:
     """This recipe's parity status (``xfw.run.parity.find_parity``); None when nobody looked."""
     data_line: str = ""
     """Whether both sides trained on identical batches (their micro-batch hashes); "" when unknown."""
+    deliberate: list[str] = field(default_factory=list)
+    """One line per key a backend overrode (``backends.<name>.override``, xfw.run.overrides): a
+    deliberate difference, shown in every report (:func:`deliberate_differences`)."""
+    deliberate_by: dict[str, list[str]] = field(default_factory=dict)
+    """Settings key (``override.<key>``) -> the backends whose override set it."""
 
 
 def device_of(r: RunResult) -> str:
@@ -244,6 +249,50 @@ def compare_data(row: ComparisonRow) -> None:
                             + ", ".join(f"{k} {v[:12]}… over {counts[k]}" for k, v in digests.items()) + ")")
 
 
+def fmt_value(value) -> str:
+    """A recipe value as a report shows it: text as itself, anything else as YAML flow writes it (0.0001, true)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def fmt_deliberate(by: list[str], key: str, values: dict) -> str:
+    """``Deliberate difference (backends.paddle.override): optimizer.lr = 0.0001 on paddle, 0.001 on torch``;
+    ``values``: where -> value, in the order shown."""
+    where = ", ".join(f"backends.{name}.override" for name in by)
+    return (f"Deliberate difference ({where}): {key} = "
+            + ", ".join(f"{fmt_value(v)} on {name}" for name, v in values.items()))
+
+
+def deliberate_differences(row: ComparisonRow) -> None:
+    """Each key a side's spec records as overridden (``overrides``, with the recipe's own value in
+    ``overridden``): a line in ``row.deliberate`` and an ``override.<key>`` row first in the settings
+    (each side's value: its override, else the recipe's). Never a warning: it was asked for."""
+    sides = {name: s for name, s in row.sides.items() if s.setup}
+    keys = sorted({k for s in sides.values() for k in (s.setup.get("overrides") or {})})
+    rows = {}
+    for key in keys:
+        by = [name for name, s in sides.items() if key in (s.setup.get("overrides") or {})]
+        recipe_value = sides[by[0]].setup.get("overridden", {}).get(key)
+        values = {name: (s.setup.get("overrides") or {}).get(key, recipe_value) for name, s in sides.items()}
+        row.deliberate.append(fmt_deliberate(by, key, values))
+        rows[f"override.{key}"] = {name: fmt_value(v) for name, v in values.items()}
+        row.deliberate_by[f"override.{key}"] = by
+    if rows:
+        row.settings = {**rows, **row.settings}
+    by = sorted({name for names in row.deliberate_by.values() for name in names})
+    for i, warning in enumerate(row.warnings):  # a difference the overrides explain: said so beside the warning
+        setting = warning.split(" differs: ")[0].removeprefix("mechanism ")
+        if " differs: " in warning and any(k.startswith(_FOLLOWS.get(setting, ())) for k in keys):
+            row.warnings[i] = f"{warning} (deliberate: " + ", ".join(f"backends.{n}.override" for n in by) + ")"
+
+
+_FOLLOWS = {"optimizer": ("optimizer.",), "max_grad_norm": ("optimizer.max_grad_norm",),
+            "cpu_threads": ("measure.cpu_threads",), "warmup_and_measured_steps": ("measure.warmup_steps", "measure.steps"),
+            "compute_dtype": ("precision.",), "weight_dtype": ("precision.",), "amp_level": ("precision.",),
+            "master_weights": ("precision.",), "recompute": ("recompute",), "num_processes": ("parallel.",),
+            "grad_accum_steps": ("batch.", "parallel."), "sharding_impl": ("parallel.",)}
+"""Settings (the warnings' names) an override of these recipe keys changes on its side."""
+
+
 def collapse(results: list[RunResult]) -> list[Side]:
     """One :class:`Side` per (recipe, variant, backend), in first-seen order; repeats share one."""
     groups: dict[tuple, list[RunResult]] = {}
@@ -331,6 +380,7 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
     add_recipe_settings(row)
     comparison.add_mechanisms(row)
     compare_data(row)
+    deliberate_differences(row)
     sources = {s.memory_source for s in sides.values() if s.ok and s.memory_source}  # a parsed log has none
     if len(sources) > 1:
         row.warnings.append("memory is measured from different sources (" + ", ".join(sorted(sources))

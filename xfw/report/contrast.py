@@ -215,6 +215,8 @@ def settings_blocks(rows: list[ComparisonRow], backends: list[str]) -> list:
             blocks.append(Paragraph(row.data_line))
         if row.settings:
             cells = [[key, *(str(values.get(b, "–")) for b in backends), "⚠ differs" if key in row.differing else
+                      "deliberate (" + ", ".join(f"backends.{b}.override" for b in row.deliberate_by[key]) + ")"
+                      if key in row.deliberate_by else
                       _SETTING_NOTES.get(key, "") if len({repr(v) for v in values.values()}) > 1 else ""]
                      for key, values in row.settings.items()]
             blocks.append(Table(header=["Setting", *backends, ""], cells=cells, name="settings", csv=False))
@@ -293,7 +295,13 @@ def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str 
                   chart: Path | None = None, warnings: list[str] = ()) -> Page:
     """The whole compare report: which comparison it is, table, chart, how to read it, failed runs,
     warnings, settings, what each side ran differently and its source (xfw.report.comparison)."""
-    blocks: list = [Paragraph(f"**{comparison.title(rows)}.**"), contrast_table(rows, backends)]
+    deliberate = deliberate_lines(rows)
+    blocks: list = [Paragraph(f"**{comparison.title(rows)}.**" + (
+        f" **With {len(deliberate)} deliberate difference{'s' if len(deliberate) > 1 else ''} between the sides "
+        "(per-backend overrides, listed under the table).**" if deliberate else "")), contrast_table(rows, backends)]
+    if deliberate:
+        blocks.append(Bullets(deliberate, name="deliberate", title="Deliberate differences (per-backend overrides): "
+                              "each side ran these recipe keys as listed, on purpose"))
     if chart is not None:
         blocks.append(Image(chart, "bar chart of throughput per backend"))
     if len(backends) > 1:
@@ -334,13 +342,19 @@ def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str 
     return Page(title=title, blocks=blocks)
 
 
+def deliberate_lines(rows: list[ComparisonRow]) -> list[str]:
+    """Every row's deliberate differences (per-backend overrides), named by row when there are several."""
+    return [f"{row_name(row)}: {line}" if len(rows) > 1 else line for row in rows for line in row.deliberate]
+
+
 def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict]:
     """One flat dict per row with raw numbers (bytes, samples/s): for CSV and pandas."""
     out = []
     for row in rows:
         rec = {"recipe": row.recipe, "model": row.model, "stage": row.stage, "variant": variant_label(row.variant),
                "comparison": comparison.kind_of(row),
-               "contrast": row.contrast, "within_noise": row.within_noise, "params_match": row.params_match}
+               "contrast": row.contrast, "within_noise": row.within_noise, "params_match": row.params_match,
+               **({"deliberate_differences": "; ".join(row.deliberate)} if row.deliberate else {})}
         for name in backends:
             s = row.sides[name]
             rec.update({

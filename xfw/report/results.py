@@ -184,7 +184,10 @@ def setup_from_spec(spec: dict) -> dict:
             if isinstance(spec.get("data"), dict) else {},
             "knobs": dict(spec.get("backend_knobs") or {}) if isinstance(spec.get("backend_knobs") or {}, dict) else {},
             # Which comparison the run belongs to (xfw.run.published); runs from before there were two: like-for-like.
-            "comparison": spec["comparison"] if isinstance(spec.get("comparison"), dict) else {"kind": "like-for-like"}}
+            "comparison": spec["comparison"] if isinstance(spec.get("comparison"), dict) else {"kind": "like-for-like"},
+            # This backend's deliberate difference (xfw.run.overrides) and the recipe's values it replaced; only with one.
+            **({"overrides": dict(spec["overrides"]), "overridden": dict(spec.get("overridden") or {})}
+               if isinstance(spec.get("overrides"), dict) and spec["overrides"] else {})}
 
 
 def mfu_fields(spec: dict, measurement: Measurement, applied: dict) -> dict:
@@ -242,13 +245,31 @@ def distinguish_configurations(results: list[RunResult]) -> list[RunResult]:
     ``{"parallel.sharding": "stage3", "backends.torch.sharding_impl": "deepspeed"}``; a backend knob
     only where it separates runs of the same backend, so the two sides of a contrast still pair."""
     for runs in _group(results, lambda r: (r.recipe, r.variant)):
-        differing = [k for k in _SETUP_LABELS if len({json.dumps(r.setup.get(k)) for r in runs if r.setup}) > 1]
+        differing = [k for k in _SETUP_LABELS if len({json.dumps(_recipe_setup(r).get(k)) for r in runs if r.setup}) > 1]
         for r in runs:
-            r.variant = {**r.variant, **{_SETUP_LABELS[k]: r.setup.get(k) for k in differing if r.setup}}
+            r.variant = {**r.variant, **{_SETUP_LABELS[k]: _recipe_setup(r).get(k) for k in differing if r.setup}}
     for runs in _group(results, lambda r: (r.recipe, r.variant, r.backend)):
         knobs = sorted({k for r in runs for k in r.setup.get("knobs", {})})
         differing = [k for k in knobs if len({json.dumps(r.setup.get("knobs", {}).get(k)) for r in runs}) > 1]
+        overridden = sorted({k for r in runs for k in r.setup.get("overrides", {})})
+        separating = [k for k in overridden if len({json.dumps(r.setup.get("overrides", {}).get(k)) for r in runs}) > 1]
         for r in runs:
             r.variant = {**r.variant, **{f"backends.{r.backend}.{k}": r.setup.get("knobs", {}).get(k, "default")
-                                         for k in differing}}
+                                         for k in differing},
+                         **{f"backends.{r.backend}.override.{k}": r.setup.get("overrides", {}).get(k, "none")
+                            for k in separating}}
     return results
+
+
+def _recipe_setup(r: RunResult) -> dict:
+    """A run's setup as its recipe had it, before its backend's override (``overridden``): a side that
+    deliberately ran another precision is still the same configuration as the other side."""
+    replaced = r.setup.get("overridden") or {}
+    if not replaced:
+        return r.setup
+    setup = {**r.setup, **{k: replaced[label] for k, label in _SETUP_LABELS.items() if label in replaced}}
+    for key in ("parallel.nproc_per_node", "parallel.nnodes"):  # processes = nproc_per_node x nnodes
+        new, old = r.setup.get("overrides", {}).get(key), replaced.get(key)
+        if isinstance(new, int) and isinstance(old, int) and new > 0 and isinstance(setup.get("num_processes"), int):
+            setup["num_processes"] = setup["num_processes"] // new * old
+    return setup

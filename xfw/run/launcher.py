@@ -34,6 +34,7 @@ from xfw.contract import records as rec
 from xfw.report.measure import summarize
 from xfw.run import command, logparse
 from xfw.run.recipe import Recipe
+from xfw.run.overrides import backend_recipe
 from xfw.run.spec import resolve_spec
 from xfw.report.results import RunResult, mfu_fields, setup_from_spec
 from xfw.contract.atomic import write_json_atomic
@@ -260,6 +261,7 @@ def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict
     exception: the other runs go on. Ctrl-C or SIGTERM stops the adapter, records the run as cut
     off and raises :class:`Interrupted`."""
     spec = spec_for(recipe, backend.name, run_dir)
+    recipe = backend_recipe(recipe, backend.name)  # this backend's own (its override applied: xfw.run.overrides)
     ranks = local_ranks(recipe, rendezvous)
     node = {} if recipe.parallel.nnodes == 1 else {"rank": rendezvous.node_rank, "count": recipe.parallel.nnodes,
                                                    "ranks": [ranks.start, ranks.stop - 1]}

@@ -30,6 +30,7 @@ from xfw.contract.harness import GRAD_NORM_KNOB
 from xfw.contract.module_outputs import read_probe
 from xfw.report.parity import PARITY_FILE, ParityReport, Probe, Tolerances, compare_losses
 from xfw.run import jobs, launcher
+from xfw.run.overrides import backend_overrides
 from xfw.run.recipe import Recipe, RecipeError, load_recipe
 from xfw.run.schema import to_dict
 from xfw.run.spec import resolve_spec
@@ -159,8 +160,13 @@ def recipe_fingerprint(recipe: Recipe) -> str:
     checkpoint's content fingerprint (``random`` for a seeded start). A compare run and a parity run
     of one recipe from the same start, with the same ``--set`` on anything else, share it; a parity
     run from a checkpoint never vouches for a compare from random weights, nor the other way round.
-    Parity computes it before it points both sides at its own export of that start."""
+    Parity computes it before it points both sides at its own export of that start. Per-backend
+    overrides (``backends.<name>.override``, any key) are part of it: a run where one side deliberately
+    differs is not the recipe a parity run without that difference vouched for (absent without any,
+    so a recipe's fingerprint is what it was before overrides existed)."""
     data = {k: v for k, v in to_dict(recipe).items() if k not in _NOT_FINGERPRINTED}
+    if backend_overrides(recipe):
+        data["overrides"] = backend_overrides(recipe)
     weights = data["model"].get("weights", "random")
     data["model"] = {**data["model"], "weights": "random" if weights == "random" else neutral.fingerprint(weights)}
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from xfw.contract import presets
 from xfw.contract import weights as neutral_weights
+from xfw.run import overrides as per_backend
 from xfw.run import published as published_settings
 from xfw.run.recipe import Recipe, RecipeError
 from xfw.run.schema import to_dict
@@ -47,7 +48,15 @@ def longest_sample(recipe: Recipe, arch: dict, prepared: dict | None) -> int | N
 
 def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
     """The fully resolved spec.json an adapter reads: every default filled, preset expanded, real
-    data's prepared directory in ``data.prepared`` (prepared here if it was not yet)."""
+    data's prepared directory in ``data.prepared`` (prepared here if it was not yet).
+
+    ``recipe`` is the recipe as loaded: the spec is resolved from ``backend``'s effective recipe
+    (its ``backends.<backend>.override`` applied: :func:`xfw.run.overrides.backend_recipe`), and records
+    that override as ``overrides`` (dotted keys, plain values) with the recipe's own values at those
+    keys as ``overridden``; both are absent without one. No ``override`` reaches the adapter's knobs."""
+    own = per_backend.backend_overrides(recipe).get(backend, {})
+    replaced = per_backend.recipe_values(recipe, list(own))
+    recipe = per_backend.backend_recipe(recipe, backend)
     arch = presets.resolve_arch(recipe.model.preset, recipe.model.arch, recipe.data.image_size, recipe.data.seq_len)
     spec = to_dict(recipe)
     spec["model"]["family"] = arch["family"]
@@ -73,13 +82,17 @@ def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
     spec["data"]["longest"] = longest_sample(recipe, arch, prepared)
     spec["derived"] = {"num_processes": recipe.num_processes, "grad_accum_steps": recipe.grad_accum_steps}
     spec["backend"] = backend
-    knobs = dict(recipe.backends.get(backend, {}))
+    spec["backends"] = {name: {k: v for k, v in knobs.items() if k != per_backend.OVERRIDE}
+                        for name, knobs in spec["backends"].items() if set(knobs) != {per_backend.OVERRIDE}}
+    knobs = dict(spec["backends"].get(backend, {}))
     attached = "command" in knobs
     # An adapter's variables reach its processes through the launcher; the adapter sees its knobs only.
     spec["backend_env"] = dict(knobs.get("env", {}))
     spec["backend_knobs"] = knobs if attached else {k: v for k, v in knobs.items() if k != "env"}
     spec["comparison"] = published_settings.described(recipe.comparison, published_table(recipe), backend,
                                                       attached=attached)
+    if own:  # a deliberate difference: every report shows it (xfw.report.compare.deliberate_differences)
+        spec["overrides"], spec["overridden"] = dict(own), replaced
     spec["run_id"] = run_id
     spec["schema"] = SPEC_SCHEMA
     return spec

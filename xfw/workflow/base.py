@@ -22,6 +22,7 @@ from xfw.report import breakdown
 from xfw.report.results import RunResult
 from xfw.report.table import Page
 from xfw.run import command, jobs, launcher, lock
+from xfw.run.overrides import OVERRIDE
 from xfw.run.recipe import Recipe, RecipeError, load_recipe
 from xfw.run.spec import resolve_spec
 
@@ -73,6 +74,7 @@ def knob_problems(recipe: Recipe, root: Path = launcher.PROJECT_ROOT) -> list[st
         found = sorted(root.glob(f"adapters/*/xfw_{name}/{knob_declaration.KNOBS_FILE}"))
         if "command" in knobs or not found:
             continue
+        knobs = {k: v for k, v in knobs.items() if k != OVERRIDE}  # not a knob: checked as the recipe (xfw.run.overrides)
         problem = knob_declaration.check(name, knobs, knob_declaration.read_declaration(found[0]))
         if problem:
             problems.append(problem)
