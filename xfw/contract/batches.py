@@ -176,14 +176,36 @@ def modality_order(lengths: np.ndarray, has_image: np.ndarray, group: int, seed:
     return np.concatenate(ordered) if ordered else np.arange(0)
 
 
+EVAL_SPLIT_SEED = 0x5E1EC7
+"""Seeds which samples are held out (:func:`held_out`): fixed, so every run seed shares one split."""
+EVAL_DRAW_SEED = 0xE7A1
+"""Seeds the held-out samples' random draws (diffusion noise, timesteps): the same at every evaluation
+and for every run seed, so eval losses differ only by what the model learned."""
+
+
+def held_out(num_samples: int, eval_samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training sample indices, held-out sample indices), both sorted: ``eval_samples`` drawn once
+    from a fixed seed (:data:`EVAL_SPLIT_SEED`), never from a run's seed; (all, none) for 0."""
+    if not 0 <= eval_samples < num_samples:
+        raise ValueError(f"data.eval_samples: {eval_samples} must be at least 0 and below the data set's "
+                         f"{num_samples} samples")
+    if eval_samples == 0:
+        return np.arange(num_samples), np.arange(0)
+    chosen = np.random.default_rng(EVAL_SPLIT_SEED).permutation(num_samples)
+    return np.sort(chosen[eval_samples:]), np.sort(chosen[:eval_samples])
+
+
 class MicroBatches:
     """One rank's micro-batches of a prepared data set, in training order (module docstring).
-    ``len()`` = (warm-up + measured steps) x accumulation; item ``k`` -> (batch, :func:`describe`)."""
+    ``len()`` = (warm-up + measured steps) x accumulation; item ``k`` -> (batch, :func:`describe`).
+    With ``data.eval_samples`` the held-out samples (:func:`held_out`) are never trained on: epochs
+    walk the rest."""
 
     def __init__(self, spec: dict, rank: int):
         self.arch = spec["model"]["arch"]
         self.data = PreparedData(spec["data"]["prepared"])
         self.family = family_module(self.arch["family"])
+        self.train_ids, _ = held_out(len(self.data), int(spec["data"].get("eval_samples") or 0))
         self.seed, self.shuffle = spec["data"]["seed"], bool(spec["data"].get("shuffle", True))
         self.by_modality = bool(spec["data"].get("group_by_modality", False))
         self.micro, self.accum = spec["batch"]["micro"], spec["derived"]["grad_accum_steps"]
@@ -201,15 +223,16 @@ class MicroBatches:
         return range(first, first + self.micro)
 
     def sample_index(self, position: int) -> int:
-        epoch, j = divmod(position, len(self.data))
+        epoch, j = divmod(position, len(self.train_ids))
         if epoch not in self._orders:
             if self.by_modality:
                 lengths, has_image = self.data.modalities()
                 group = self.micro * (self.global_size // (self.micro * self.accum))  # micro x processes
-                self._orders = {epoch: modality_order(lengths, has_image, group, self.seed, epoch)}
+                order = modality_order(lengths[self.train_ids], has_image[self.train_ids], group, self.seed, epoch)
             else:
-                self._orders = {epoch: epoch_order(len(self.data), self.seed, epoch, self.shuffle)}
-        return int(self._orders[epoch][j])
+                order = epoch_order(len(self.train_ids), self.seed, epoch, self.shuffle)
+            self._orders = {epoch: order}
+        return int(self.train_ids[self._orders[epoch][j]])
 
     def sample(self, position: int) -> dict[str, np.ndarray]:
         """The prepared sample at ``position`` as a batch of one, with every random draw of its step
@@ -222,6 +245,33 @@ class MicroBatches:
         if not 0 <= k < len(self):
             raise IndexError(k)
         batch = collate(self.arch, [self.sample(p) for p in self.positions(k)])
+        return batch, describe(batch)
+
+
+class EvalBatches:
+    """The held-out samples (:func:`held_out`) as micro-batches of ``batch.micro``, in index order, the
+    last one possibly smaller; every rank reads all of them (an evaluation is the whole split, the same
+    on every rank, so sharded models run the same collectives). Item ``k`` -> (batch, :func:`describe`);
+    ``sizes[k]`` is its number of samples."""
+
+    def __init__(self, spec: dict):
+        self.arch = spec["model"]["arch"]
+        self.data = PreparedData(spec["data"]["prepared"])
+        self.family = family_module(self.arch["family"])
+        _, self.ids = held_out(len(self.data), int(spec["data"].get("eval_samples") or 0))
+        micro = spec["batch"]["micro"]
+        self.chunks = [self.ids[i:i + micro] for i in range(0, len(self.ids), micro)]
+        self.sizes = [len(c) for c in self.chunks]
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def __getitem__(self, k: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        samples = [self.family.from_prepared(self.arch, self.data.sample(int(i)),
+                                             np.random.default_rng([EVAL_DRAW_SEED, int(i)])) for i in self.chunks[k]]
+        batch = collate(self.arch, samples)
         return batch, describe(batch)
 
 

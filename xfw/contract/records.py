@@ -2,7 +2,9 @@
 
 One flat, versioned JSON object per line, appended and flushed as it happens, units in the
 keys. Each rank writes, in order: ``start``, ``step`` x (warm-up + measured), ``window``,
-``applied``, ``end`` (or ``error`` instead of the rest when it cannot go on)::
+``applied``, ``end`` (or ``error`` instead of the rest when it cannot go on). A run with
+``measure.eval_every`` (xfw converge) also writes an ``eval`` record before its first step, after
+every K-th and after its last (rank 0 only)::
 
     {"schema": 1, "kind": "step", "rank": 0, "step": 12, "phase": "measure", "step_time_s": 0.412,
      "samples": 16, "tokens": 65536, "loss": 3.218, "mem_alloc_peak_bytes": 1048576,
@@ -54,6 +56,11 @@ FIELDS: dict[str, dict[str, tuple]] = {
         "recompute": _BOOL, "num_params_total": _INT, "num_params_trainable": _INT,
         "num_processes": _INT, "grad_accum_steps": _INT, "mem_source": _STR, "notes": _STR,
     },
+    # An evaluation of the held-out split (xfw converge; the harness with ``measure.eval_every``): after
+    # ``step`` optimizer steps (0: before any), the loss over every held-out sample without gradients,
+    # weighted by trained tokens (by samples for a family without them), and how long it took.
+    "eval": {"step": _INT, "samples_seen": _INT, "eval_loss": _NUM + _NONE, "eval_samples": _INT,
+             "eval_tokens": _INT, "eval_time_s": _NUM},
     "error": {"status": _STR, "message": _STR},
     "end": {},
 }
@@ -85,7 +92,7 @@ OPTIONAL: dict[str, dict[str, tuple]] = {
     "window": {"source": _STR, "padded_tokens": _INT},
 }
 PHASES = ("warmup", "measure")
-_MAY_DIVERGE = ("loss", "grad_norm_l2")
+_MAY_DIVERGE = ("loss", "grad_norm_l2", "eval_loss")
 ERROR_STATUSES = ("unsupported", "invalid", "oom", "crashed")
 MEM_SOURCES = ("cuda_allocator", "host_allocator", "peak_rss")
 WINDOW_SOURCES = ("xfw", "command_log")

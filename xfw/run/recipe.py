@@ -76,8 +76,15 @@ class PrecisionSpec:
     """fp32 | bf16 | fp16: the low-precision type used for compute."""
     amp_level: str = "O0"
     """O0 = no AMP (fp32 only); O1 = autocast over fp32 weights; O2 = low-precision weights + fp32 master weights."""
+    master_weights: bool = True
+    """O2 only: the optimizer keeps fp32 master weights (and gradients) and copies them to the
+    low-precision model; false: it updates the low-precision weights in place (pure bf16/fp16
+    training, no fp32 copies: less memory, updates smaller than the dtype's step round away)."""
 
     def __post_init__(self):
+        if not self.master_weights and self.amp_level != "O2":
+            raise FieldError("master_weights", f"false applies only to amp_level O2 (O0 and O1 train fp32 weights, "
+                             f"not {self.amp_level})")
         if self.dtype not in DTYPES:
             raise FieldError("dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.amp_level not in AMP_LEVELS:
@@ -165,6 +172,10 @@ class MeasureSpec:
     """Wall-clock limit for one backend's run, start-up included."""
     seed: int = bounded(0, 2**32 - 1, default=0)
     """Seeds weight init and synthetic data, identically for every backend."""
+    eval_every: int = bounded(0, 1_000_000, default=0)
+    """Evaluate the held-out split (``data.eval_samples``) before the first step, every K optimizer steps
+    and after the last, without gradients (``eval`` records; xfw converge sets it). Every step is then
+    synchronised: such a run is a learning curve, not a speed measurement. 0: never."""
     cpu_threads: int | None = bounded(1, 4096, default=None)
     """Host threads per process (OMP_NUM_THREADS / MKL_NUM_THREADS for both frameworks); None leaves
     each framework's default. On a shared CPU, 1 thread per process removes most of the run-to-run
@@ -175,6 +186,8 @@ class MeasureSpec:
             raise FieldError("cpu_threads", f"must be at least 1 (or null for the framework default), got {self.cpu_threads}")
         if self.warmup_steps < 0:
             raise FieldError("warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        if self.eval_every < 0:
+            raise FieldError("eval_every", f"must be >= 0 (0: no evaluation), got {self.eval_every}")
         for name in ("steps", "repeat"):
             if getattr(self, name) < 1:
                 raise FieldError(name, f"must be at least 1, got {getattr(self, name)}")
@@ -199,7 +212,8 @@ class Recipe:
     backends: dict = field(default_factory=dict)
     """Backend-specific knobs only, e.g. {torch: {sharding_impl: fsdp2}}; checked by each adapter; ``env``:
     variables for that backend's processes. Or a command xfw runs instead of its adapter
-    (``{torch: {command: [...], cwd: DIR}}``, xfw.run.command)."""
+    (``{torch: {command: [...], cwd: DIR}}``, xfw.run.command). ``override``: recipe keys that backend alone
+    runs differently, on purpose (``{paddle: {override: {optimizer.lr: 1.0e-4}}}``, xfw.run.overrides)."""
     comparison: str = "like-for-like"
     """``like-for-like`` (one algorithm on both sides) or ``published`` (each side as its own benchmark
     script ran it, from the ``published`` file): :mod:`xfw.run.published`."""
@@ -268,11 +282,19 @@ def _lora_targets(family: str) -> tuple[str, ...] | None:
 
 
 def recipe_from_dict(data: Any, source: str = "<recipe>") -> Recipe:
-    """Validate plain data into a Recipe; errors read ``source: key.path: message``."""
+    """Validate plain data into a Recipe; errors read ``source: key.path: message``. Each backend's
+    override (``backends.<name>.override``, :mod:`xfw.run.overrides`) is put in its canonical form and
+    the recipe with it applied validated too, errors naming the override's key."""
+    from xfw.run import overrides
+
+    data = overrides.canonical(data, source)
     try:
-        return build(Recipe, data, "")
+        recipe = build(Recipe, data, "")
     except FieldError as err:
         raise RecipeError(f"{source}: {err.key}: {err}") from None
+    for backend in overrides.backend_overrides(recipe):
+        overrides.effective(recipe, backend, source)
+    return recipe
 
 
 def apply_override(data: dict, assignment: str, source: str) -> None:
@@ -284,6 +306,8 @@ def apply_override(data: dict, assignment: str, source: str) -> None:
     keys = path.strip().split(".")
     if not all(keys):
         raise RecipeError(f"{source}: --set {assignment!r}: empty key in {path!r}")
+    if not path.isprintable():  # a line break in a key would break the one-line error naming it
+        raise RecipeError(f"{source}: --set {path.strip()!r}: a key holds a control character")
     try:  # a command's item or variable is text as typed (``...command.3=40`` is "40", not 40)
         value = raw if command.takes_text(keys) else load_text(raw, f"{source}: --set {path}: value {raw[:80]!r}")
     except YamlError as err:
@@ -361,7 +385,7 @@ def check_data(recipe: Recipe, arch: dict, source: str) -> None:
         from xfw.run import data as real
 
         try:
-            real.prepare(recipe, arch)
+            real.check_split(recipe, real.prepare(recipe, arch))
         except real.DataError as err:
             raise RecipeError(f"{source}: {err}") from None
 
@@ -378,10 +402,15 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
         data = {}
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: (top level): must be a mapping, got {type(data).__name__}")
+    from xfw.run import overrides as per_backend
+
     _absolute_paths(data, [], Path(path).resolve().parent)
+    per_backend.nest(data, source)  # so a --set of an override's key replaces the file's, whatever its form
     for assignment in overrides:
         apply_override(data, assignment, source)
     _absolute_paths(data, list(overrides), Path(path).resolve().parent)
+    per_backend.nest(data, source)
+    per_backend.absolute_paths(data, {a.split("=", 1)[0].strip() for a in overrides}, Path(path).resolve().parent)
     _apply_published(data, overrides, Path(path).resolve().parent, source)
     recipe = recipe_from_dict(data, source)
     _check_weights_dir(recipe.model.weights, source)
@@ -391,7 +420,27 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     except (presets.ArchError, command.CommandError) as err:
         raise RecipeError(f"{source}: {err.key}: {err}") from None
     check_data(recipe, arch, source)
+    for backend, own in per_backend.backend_overrides(recipe).items():
+        if any(key.split(".")[0] in ("model", "data") for key in own):  # its model or its data differ: checked too
+            try:
+                _check_effective(per_backend.effective(recipe, backend, source), source)
+            except RecipeError as err:  # "source: key: message" named by the override's key
+                key, _, message = str(err).removeprefix(f"{source}: ").partition(": ")
+                if not re.fullmatch(r"[a-z_]+(\.[A-Za-z0-9_]+)*", key):
+                    key, message = "", str(err).removeprefix(f"{source}: ")
+                raise per_backend.named(key, message, backend, list(own), source) from None
     return recipe
+
+
+def _check_effective(recipe: Recipe, source: str) -> None:
+    """A backend's effective recipe through the checks beyond the schema: checkpoint directory,
+    architecture, real data (that backend's own, prepared here)."""
+    _check_weights_dir(recipe.model.weights, source)
+    try:
+        arch = presets.resolve_arch(recipe.model.preset, recipe.model.arch, recipe.data.image_size, recipe.data.seq_len)
+    except presets.ArchError as err:
+        raise RecipeError(f"{source}: {err.key}: {err}") from None
+    check_data(recipe, arch, source)
 
 
 def _check_weights_dir(weights: str, source: str) -> None:

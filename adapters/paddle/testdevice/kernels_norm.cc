@@ -142,9 +142,22 @@ void GroupNormGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, con
   if (dbias && bias) { dbias->Resize(bias->dims()); dbias->set_dtype(bias->dtype()); StoreF32(ctx, dbias, gb.data(), s.c); }
 }
 
+// squared_l2_norm of a low-precision tensor (ClipGradByGlobalNorm over bf16/fp16 gradients: O2 without
+// master weights, precision.master_weights false): the sum of squares in double, stored in x's dtype as
+// the CPU kernel stores a float's. fp32 keeps falling back to Paddle's CPU kernel.
+template <typename T>
+void SquaredL2NormKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) {
+  const T* px = x.data<T>();
+  double s = 0;
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) s += double(Ld(px[i])) * Ld(px[i]);
+  out->Resize({1});
+  *ctx.Alloc<T>(out) = St<T>(static_cast<float>(s));
+}
+
 }  // namespace xfw_testcpu
 
 using namespace xfw_testcpu;  // NOLINT
+PD_BUILD_PHI_KERNEL(squared_l2_norm, testcpu, ALL_LAYOUT, SquaredL2NormKernel, phi::dtype::float16, phi::dtype::bfloat16) {}
 PD_BUILD_PHI_KERNEL(layer_norm, testcpu, ALL_LAYOUT, LayerNormKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(layer_norm_grad, testcpu, ALL_LAYOUT, LayerNormGradKernel, XFW_FLOATS) {}
 PD_BUILD_PHI_KERNEL(group_norm, testcpu, ALL_LAYOUT, GroupNormKernel, phi::dtype::float16, phi::dtype::bfloat16) {}

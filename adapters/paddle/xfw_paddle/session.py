@@ -50,7 +50,7 @@ import paddle
 
 from xfw.contract.env import package_versions
 from xfw.contract import knobs as knob_declaration
-from xfw.contract.harness import InvalidSpec, loader_settings, wants_grad_norm
+from xfw.contract.harness import InvalidSpec, Unsupported, loader_settings, wants_grad_norm
 from xfw_paddle import parallel, testdevice
 from xfw_paddle.devices import TESTCPU, TESTCPU_NOTE, device_kind, device_name, on_gpu, watch_attention
 from xfw_paddle.model import start_model
@@ -121,6 +121,17 @@ def check_spec(spec: dict) -> None:
             raise InvalidSpec(f"backends.paddle.{knob}: unknown knob (known: {', '.join(sorted({*KNOBS, *FREE_KNOBS}))})")
         if value not in KNOBS[knob]:
             raise InvalidSpec(f"backends.paddle.{knob}: {value!r} is not one of {', '.join(map(str, KNOBS[knob]))}")
+    precision, sharding = spec["precision"], spec["parallel"]["sharding"]
+    pure = precision["amp_level"] == "O2" and not precision.get("master_weights", True)
+    if pure and knobs.get("device") == "testcpu" and spec["derived"]["num_processes"] > 1:
+        # Measured: stage 1 reduces low-precision gradients with the stream `reduce`, which fails on the test
+        # device ("interface not found"); stage 2's clip (HybridParallelClipGrad) makes its bf16 factor only on a GPU or on npu /
+        # iluvatar_gpu / metax_gpu custom devices (hybrid_parallel_optimizer.py), so on testcpu it crashes.
+        if sharding == "stage1" or (sharding == "stage2" and spec["optimizer"].get("max_grad_norm")):
+            raise Unsupported(f"precision.master_weights: false with sharding {sharding}"
+                              + (" and gradient clipping" if sharding == "stage2" else "")
+                              + " cannot run on the CPU test device (Paddle's own code for it runs only on a GPU; "
+                              "docs/testdevice.md); DataParallel and stage 3 run here")
 
 
 def device_batch(family, arch: dict, batch: dict, *, gpu: bool) -> dict:
@@ -194,7 +205,8 @@ class PaddleSession:
 
         o = spec["optimizer"]
         level, dtype = self.precision.amp_level, self.precision.compute_dtype
-        self.master_weights = level == "O2"
+        # precision.master_weights: false (O2): no fp32 copies, the optimizer updates the low-precision weights.
+        self.master_weights = level == "O2" and spec["precision"].get("master_weights", True)
         self.max_grad_norm = o.get("max_grad_norm") or 0.0
         clip = paddle.nn.ClipGradByGlobalNorm(self.max_grad_norm) if self.max_grad_norm else None
         adamw = paddle.optimizer.AdamW(learning_rate=o["lr"], beta1=o["betas"][0], beta2=o["betas"][1],
@@ -205,7 +217,8 @@ class PaddleSession:
             model = paddle.amp.decorate(models=model, level="O2", dtype=dtype)
         scaler = paddle.amp.GradScaler(init_loss_scaling=2.0 ** 16) if dtype == "float16" else None
         # Master gradients when O2 was asked for, even where AMP cannot run (fp32 main_grad all the same).
-        master = AMP_DTYPES[requested["dtype"]] if requested["amp_level"] == "O2" and requested["dtype"] != "fp32" else None
+        master = AMP_DTYPES[requested["dtype"]] if requested["amp_level"] == "O2" and requested["dtype"] != "fp32" \
+            and requested.get("master_weights", True) else None
         self.model = model
         self.find_unused = spec["backend_knobs"].get("find_unused_parameters", getattr(family, "DDP_FIND_UNUSED", False))
         self.wrapped = parallel.apply_parallel(
@@ -273,6 +286,17 @@ class PaddleSession:
         norm = self._norm.norm
         return float(norm.numpy()) if norm is not None else float("nan")  # SYNC: only when asked (parity)
 
+    def eval_loss(self, batch: dict) -> float:
+        """One held-out micro-batch's loss (``measure.eval_every``, xfw converge): the training forward
+        (the same wrapper, precision and autocast) without gradients, the model in eval mode."""
+        self.layer.eval()
+        try:
+            with paddle.no_grad():
+                loss = self.layer(**batch)
+            return float(loss.detach().astype("float32").numpy())  # SYNC: an evaluation, between steps
+        finally:
+            self.layer.train()
+
     # -- timing and memory ------------------------------------------------------------------
     def loss_token(self, loss: paddle.Tensor):
         if not self.gpu:
@@ -334,6 +358,8 @@ class PaddleSession:
     def applied(self) -> dict:
         level = self.precision.amp_level
         notes = AMP_NOTES[level]
+        if level == "O2" and not self.master_weights:
+            notes = "paddle.amp.decorate O2 (low-precision weights), no master weights: AdamW updates them in place"
         if self.scaler:
             notes += "; GradScaler"
         if self.precision.note:  # a fallback: say what was asked and why it did not run
@@ -372,7 +398,9 @@ class PaddleSession:
         return {
             "master_grads": ("fp32 main_grad (MixPrecisionLayer)" if w.master_grads else "none")
             + f"; held: {self.grads_held or 'not seen'}",  # what the optimizer was given, seen at the first step
-            "master_weights": "fp32 (AdamW multi_precision)" if self.master_weights else "none (fp32 weights)",
+            "master_weights": "fp32 (AdamW multi_precision)" if self.master_weights else
+            f"none: the optimizer updates the {self.precision.compute_dtype} weights (precision.master_weights: false)"
+            if self.precision.amp_level == "O2" else "none (fp32 weights)",
             "attention_impl": self.attn,
             "grad_reduce_dtype": reduce_dtype if self.num_ranks > 1 else "n/a (one process)",
             "sharding_impl": w.neutral, "sharding_detail": w.detail,

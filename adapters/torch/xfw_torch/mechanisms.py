@@ -226,10 +226,13 @@ def mechanisms(session, spec: dict) -> dict:
         reduce_dtype = "n/a (one process)"
     masters = "fp32 (FSDP's shards)" if impl in ("fsdp1", "fsdp2") and level == "O2" else \
         "fp32 (ZeRO's optimizer)" if impl == "deepspeed" and level == "O2" else \
-        "fp32 copies in the optimizer" if session.master is not None else "none (fp32 weights)"
+        "fp32 copies in the optimizer" if session.master is not None else \
+        f"none: the optimizer updates the {dtype} weights (precision.master_weights: false)" if level == "O2" else \
+        "none (fp32 weights)"
+    weights = dtype if level == "O2" else "float32"
     grads = ("fp32 (cast to the masters before the step)" if session.master is not None else
              "fp32 (FSDP's sharded gradients)" if impl in ("fsdp1", "fsdp2") and level == "O2" else
-             "ZeRO's fp32 partitions" if impl == "deepspeed" and level == "O2" else "the weights' dtype (fp32)")
+             "ZeRO's fp32 partitions" if impl == "deepspeed" and level == "O2" else f"the weights' dtype ({weights})")
     return {
         "attention_kernel": session.attention_kernel or "not observed",
         "attention_impl": session.plan.attn,

@@ -222,7 +222,13 @@ class TorchSession:
             # ZeRO keeps the fp32 masters itself under O2, and owns the optimizer and accumulation.
             self.engine, self.deepspeed_version = parallel.deepspeed_engine(self.module, trainable, spec, plan)
             self.module = self.engine
-        self.master = MasterWeights(trainable) if level == "O2" and not fsdp and not self.engine else None
+        # precision.master_weights: false (O2): the optimizer updates the low-precision weights themselves,
+        # pure bf16/fp16 training; FSDP and DeepSpeed keep fp32 masters of their own, which cannot be turned off.
+        masters = spec["precision"].get("master_weights", True)
+        if not masters and (fsdp or self.engine):
+            raise Unsupported(f"precision.master_weights: false with {impl}: it keeps fp32 master weights itself "
+                              "(its shards / its optimizer); use DDP or one process for pure low-precision training")
+        self.master = MasterWeights(trainable) if level == "O2" and not fsdp and not self.engine and masters else None
         self.optimizer = None if self.engine else parallel.make_optimizer(
             self.master.master_params if self.master else trainable, self.impl, spec["optimizer"],
             plan.optimizer_kwargs())
@@ -337,6 +343,17 @@ class TorchSession:
     def grad_norm(self) -> float:
         return float(self._grad_norm.item())  # SYNC: only when the spec asks for it (parity)
 
+    def eval_loss(self, batch: dict) -> float:
+        """One held-out micro-batch's loss (``measure.eval_every``, xfw converge): the training forward
+        (the same wrapper, precision and autocast) without gradients, the model in eval mode."""
+        self.module.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                loss = self.module(**batch)
+            return float(loss.detach().float().item())  # SYNC: an evaluation, between steps
+        finally:
+            self.module.train()
+
     # -- timing and memory ------------------------------------------------------------------
     def loss_token(self, loss: torch.Tensor):
         if not self.cuda:
@@ -383,6 +400,8 @@ class TorchSession:
         fsdp = self.impl in ("fsdp1", "fsdp2")
         notes = {"O0": "fp32 throughout", "O1": "torch.autocast over fp32 weights",
                  "O2": "low-precision weights + autocast + fp32 master weights in the optimizer"}[level]
+        if level == "O2" and not fsdp and self.engine is None and self.master is None:
+            notes = "low-precision weights + autocast, no master weights: the optimizer updates them in place"
         if level == "O2" and fsdp:
             notes = f"{self.impl} mixed precision: {compute} compute over fp32 shards (the master weights), fp32 reduce"
         if self.engine is not None:

@@ -169,3 +169,26 @@ def prepare(recipe, arch: dict) -> dict:
     result = {"directory": str(directory), "stats": index["stats"], "fingerprint": key}
     _PREPARED[memo] = result
     return result
+
+
+def check_split(recipe, prepared: dict) -> None:
+    """``data.eval_samples`` against the prepared data set: fewer than its samples, with room left to
+    train on, and no held-out sample identical in content to a training sample (a held-out loss would
+    then measure memory, not learning). Raises DataError naming the key."""
+    from xfw.contract.batches import PreparedData, batch_hash, held_out
+
+    wanted, total = recipe.data.eval_samples, int(prepared["stats"]["num_samples"])
+    if not wanted:
+        return
+    if wanted >= total:
+        raise DataError(f"data.eval_samples: {wanted} held out of a data set of {total} samples leaves none to "
+                        f"train on (hold out fewer than {total})")
+    train, held = held_out(total, wanted)
+    data = PreparedData(prepared["directory"])
+    seen = {batch_hash(data.sample(int(i))): int(i) for i in train}
+    twins = [(int(i), seen[h]) for i in held if (h := batch_hash(data.sample(int(i)))) in seen]
+    if twins:
+        (held_id, train_id), more = twins[0], len(twins) - 1
+        raise DataError(f"data.eval_samples: held-out sample {held_id} is identical to training sample {train_id}"
+                        + (f" (and {more} more pairs)" if more else "")
+                        + ": the eval split overlaps the training split; remove the duplicates from the data")

@@ -69,6 +69,9 @@ class DataSpec:
     length, in a seeded order (LLaVA's ``group_by_modality_length``; ``xfw.contract.batches``)."""
     max_samples: int | None = bounded(1, 1 << 31, default=None)
     """Use only the data file's first N samples."""
+    eval_samples: int = bounded(0, 1 << 31, default=0)
+    """Real data: samples held out of training, the same ones for every seed and both sides
+    (``xfw.contract.batches.held_out``), evaluated with ``measure.eval_every`` (xfw converge). 0: none."""
     max_image_side: int | None = bounded(1, 1 << 16, default=None)
     """Qwen2-VL: first shrink (nearest) so the longer side is at most this (PaddleMIX: image_resolution 512)."""
     min_pixels: int = bounded(1, 1 << 40, default=3136)
@@ -101,6 +104,11 @@ class DataSpec:
             stray = [n for n in ("path", "image_root", "tokenizer") if getattr(self, n)]
             if stray:
                 raise FieldError(stray[0], "only applies to real data (kind llava_json or image_captions)")
+        if self.eval_samples < 0:
+            raise FieldError("eval_samples", f"must be >= 0, got {self.eval_samples}")
+        if self.eval_samples and self.kind == "synthetic":
+            raise FieldError("eval_samples", "only applies to real data (kind llava_json or image_captions): "
+                             "synthetic batches are a cycled pool with nothing to hold out")
         if self.group_by_modality and self.kind != "llava_json":
             raise FieldError("group_by_modality", f"only applies to llava_json data, not kind {self.kind!r}")
         if self.kind != "synthetic" and self.text_tokens is not None:

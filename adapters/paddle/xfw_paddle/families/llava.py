@@ -201,6 +201,7 @@ class LlavaForConditionalGeneration(nn.Layer):
         # transformers' hidden_states has num_layers + 1 entries; a negative feature_layer counts from the end.
         self.feature_index = v["num_layers"] + 1 + v["feature_layer"]
         self.drop_cls, self.image_token_id = v["drop_cls"], arch["image_token_id"]
+        self.image_size = v["image_size"]  # one tile's side: the zero image of a text-only micro-batch
         self.vision_tower = CLIPVisionModel(v, use_sdpa)
         self.multi_modal_projector = LlavaMultiModalProjector(v["hidden_size"], t["hidden_size"],
                                                               arch["projector"]["hidden_act"])
@@ -241,14 +242,32 @@ class LlavaForConditionalGeneration(nn.Layer):
 
     def forward(self, pixel_values, input_ids, attention_mask, image_sizes=None, anyres_tiles=None,
                 anyres_features=None) -> paddle.Tensor:
-        """Logits ``[batch, seq, vocab]``; a micro-batch without images (text-only samples) skips the tower."""
+        """Logits ``[batch, seq, vocab]``; a micro-batch without images (text-only samples) runs a zero
+        image through the tower first and adds 0 x its features (:meth:`idle_vision`)."""
         embeds = self.language_model.llama.embed_tokens(input_ids)
+        idle = None
         if pixel_values is not None and pixel_values.shape[0] > 0:
             features = self.image_features(pixel_values, anyres_tiles, anyres_features)
             embeds = scatter_image_features(embeds, input_ids == self.image_token_id, features)
+        else:
+            idle = self.idle_vision()
         out = self.language_model(inputs_embeds=embeds, attention_mask=attention_mask, use_cache=False,
                                   return_dict=False)
-        return out[0] if isinstance(out, (tuple, list)) else out
+        logits = out[0] if isinstance(out, (tuple, list)) else out
+        return logits if idle is None else logits + idle.astype(logits.dtype)
+
+    def idle_vision(self) -> paddle.Tensor:
+        """0 x the sum of a zero image's features (tower, projector, AnyRes's image_newline), as LLaVA's
+        trainer does for text-only samples and as the PyTorch adapter does (``xfw_torch.families.llava.
+        idle_vision``): every rank of DataParallel or sharding then reduces the same gradients in the same
+        order (without it a rank with a text-only micro-batch skipped the tower, and stage 2 summed
+        mismatched gradients: found by xfw converge)."""
+        _, hidden_states = self.vision_tower(paddle.zeros([1, 3, self.image_size, self.image_size], dtype="float32"))
+        selected = hidden_states[self.feature_index]
+        idle = self.multi_modal_projector(selected[:, 1:] if self.drop_cls else selected).astype("float32").sum()
+        if self.anyres:
+            idle = idle + self.image_newline.astype("float32").sum()
+        return idle * 0.0
 
 
 def scatter_image_features(embeds: paddle.Tensor, is_image: paddle.Tensor, features: paddle.Tensor) -> paddle.Tensor:

@@ -328,6 +328,9 @@ class Qwen2VLForConditionalGeneration(nn.Layer):
         super().__init__()
         t = arch["text"]
         self.image_token_id, self.tied = arch["image_token_id"], t["tie_word_embeddings"]
+        v = arch["vision"]
+        # A text-only micro-batch's zero image: one merge x merge grid of patches (one merged token).
+        self.merge, self.patch_values = v["spatial_merge_size"], 3 * v["temporal_patch_size"] * v["patch_size"] ** 2
         self.visual = Qwen2VisionTransformer(arch, use_sdpa)
         self.language_model = Qwen2VLTextModel(t, use_sdpa=use_sdpa, recompute=recompute)
         if not self.tied:
@@ -338,16 +341,22 @@ class Qwen2VLForConditionalGeneration(nn.Layer):
         return self.language_model.recompute
 
     def forward(self, pixel_values, input_ids, position_ids, vision_positions=None, vision_lengths=()) -> paddle.Tensor:
-        """Logits ``[batch, seq, vocab]``; a micro-batch without images skips the vision tower."""
+        """Logits ``[batch, seq, vocab]``; a micro-batch without images runs a zero image through the
+        vision tower first and adds 0 x its features (as the LLaVA family does: ``idle_vision`` there)."""
         embed = self.language_model.embed_tokens
         inputs_embeds = embed(input_ids)
+        idle = None
         if vision_lengths:
             inputs_embeds = scatter_image_features(inputs_embeds, input_ids == self.image_token_id,
                                                    self.visual(pixel_values, vision_positions, list(vision_lengths)))
+        else:
+            m = self.merge
+            positions = paddle.to_tensor(vision_rotary_positions(np.array([[1, m, m]]), m))
+            zeros = paddle.zeros([m * m, self.patch_values], dtype="float32")
+            idle = self.visual(zeros, positions, [m * m]).astype("float32").sum() * 0.0
         hidden = self.language_model(inputs_embeds, position_ids)
-        if self.tied:
-            return embed(hidden, logits=True)
-        return self.lm_head(hidden)
+        logits = embed(hidden, logits=True) if self.tied else self.lm_head(hidden)
+        return logits if idle is None else logits + idle.astype(logits.dtype)
 
 
 def loss_fn(model: Qwen2VLForConditionalGeneration, batch: dict, autocast) -> paddle.Tensor:

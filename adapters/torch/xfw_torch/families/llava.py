@@ -62,10 +62,44 @@ IMAGE_KEYS = ("pixel_values", "image_sizes", "image_grid_thw")
 
 def loss_fn(model: torch.nn.Module, batch: dict) -> torch.Tensor:
     """Causal-LM loss over the answer tokens (transformers shifts labels inside). A micro-batch of
-    text-only samples (real data may have some) goes in without image inputs."""
+    text-only samples (real data may have some) goes in without image inputs, and a zero image runs
+    through the vision tower and projector first, added as 0 x their sum (:func:`idle_vision`)."""
     if "pixel_values" in batch and batch["pixel_values"].shape[0] == 0:
-        batch = {k: v for k, v in batch.items() if k not in IMAGE_KEYS}
+        idle = idle_vision(model, batch)
+        return model(**{k: v for k, v in batch.items() if k not in IMAGE_KEYS}).loss + idle
     return model(**batch).loss
+
+
+def _tensors(output) -> list[torch.Tensor]:
+    if isinstance(output, torch.Tensor):
+        return [output]
+    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
+    return [t for v in values for t in _tensors(v)]
+
+
+def idle_vision(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    """0 x the sum of a zero image's features (vision tower, projector, LLaVA-NeXT's image_newline): what
+    LLaVA's own trainer does for text-only samples. Every rank of a sharded run (FSDP, ZeRO-3, Paddle's
+    stage 2/3) then runs the same collectives in the same order, and every trained vision-side parameter
+    gets a gradient (zero) on every rank; without it a rank whose micro-batch had no image skipped the
+    tower and the ranks' reductions no longer matched (found by xfw converge: FSDP2 stage 2 crashed)."""
+    inner, pixels = model.model, batch["pixel_values"]
+    if "image_grid_thw" in batch:  # Qwen2-VL: one grid of merge x merge patches (one merged token)
+        merge = model.config.vision_config.spatial_merge_size
+        grid = torch.tensor([[1, merge, merge]], device=pixels.device)
+        out = inner.get_image_features(pixel_values=pixels.new_zeros(merge * merge, pixels.shape[-1]),
+                                       image_grid_thw=grid)
+    elif pixels.dim() == 5:  # LLaVA-NeXT: one square image of one tile's side, in the tiles AnyRes gives it
+        from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+        side = pixels.shape[-1]
+        tiles = image_size_to_num_patches((side, side), model.config.image_grid_pinpoints, side)
+        out = inner.get_image_features(pixel_values=pixels.new_zeros(1, tiles, *pixels.shape[2:]),
+                                       image_sizes=torch.tensor([[side, side]], device=pixels.device))
+    else:
+        out = inner.get_image_features(pixel_values=pixels.new_zeros(1, *pixels.shape[1:]))
+    parts = _tensors(out) + ([inner.image_newline] if getattr(inner, "image_newline", None) is not None else [])
+    return 0.0 * sum(t.float().sum() for t in parts if t.is_floating_point())
 
 
 def enable_recompute(model: torch.nn.Module, reentrant: bool = False) -> None:
