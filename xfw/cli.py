@@ -42,6 +42,7 @@ class _Lazy:
 
 workflow = _Lazy("xfw.workflow")
 launcher = _Lazy("xfw.run.launcher")
+overrides_of = _Lazy("xfw.run.overrides")
 LAYOUT_NAMES = ("contrast", "strategies", "ranks", "batch", "scaling", "cost")
 """``xfw.report.layouts.LAYOUTS``' names, written out here so the CLI loads without the report layer
 (tests/unit/test_cli.py holds them equal)."""
@@ -174,6 +175,8 @@ def validate(recipes, overrides, print_spec) -> None:
                    f"{recipe.num_processes} proc x {recipe.grad_accum_steps} accum)")
         if recipe.data.kind != "synthetic":
             click.echo(f"  {workflow.data_summary(recipe)}")
+        for line in overrides_of.describe(recipe):  # backends.<name>.override: shown, never silently
+            click.echo(f"  {line}")
         if print_spec:
             click.echo(json.dumps(to_dict(recipe), indent=2))
 
@@ -349,6 +352,41 @@ def parity(recipe, backends, steps, overrides, pythons, out_dir, weights, force)
     _finish(lambda: workflow.parity(recipe, _backend_list(backends), steps=steps, overrides=list(overrides),
                                     interpreters=_interpreters(pythons), out_dir=out_dir, force=force,
                                     weights=_pairs("--weights", weights, "--weights paddle=runs/changed")))
+
+
+@main.command()
+@click.argument("recipe", type=click.Path())
+@click.option("--backends", default="paddle,torch", show_default=True,
+              help="OTHER,REFERENCE, as compare orders them: contrasts are the first side against the second, the "
+                   "reference, which exports each seed's start and whose mean final eval loss is the default target.")
+@click.option("--seeds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Seeds per side (the same list on both): each varies the start and the batch order.")
+@click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True,
+              help="Optimizer steps each seed trains.")
+@click.option("--eval-every", "eval_every", type=click.IntRange(min=1), default=25, show_default=True,
+              help="Evaluate the held-out split every K steps (and before the first, and after the last).")
+@click.option("--eval-samples", "eval_samples", type=click.IntRange(min=1), default=None,
+              help="Samples held out (default: the recipe's data.eval_samples, else 10% of the data set).")
+@click.option("--target", type=float, default=None, metavar="LOSS",
+              help="The eval loss to reach (default: the reference side's mean final eval loss).")
+@set_option
+@as_option
+@python_option
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Directory for every run, the starts and converge.* (default: runs/converge-<recipe>); the same "
+                   "--out resumes a killed converge.")
+@force_option
+def converge(recipe, backends, seeds, steps, eval_every, eval_samples, target, overrides, comparison, pythons,
+             out_dir, force) -> None:
+    """Speed at equal quality: both sides train the recipe as it says (its precision and parallel settings)
+    for several seeds from one exported start per seed, on identical batches, evaluating a held-out split
+    every K steps; then a verdict per eval point (Welch's t-test over seeds, two-sided, alpha 0.05) and each
+    side's time to a target eval loss from its measured ips. docs/converge.md."""
+    _finish(lambda: workflow.converge(recipe, _backend_list(backends), seeds=seeds, steps=steps, eval_every=eval_every,
+                                      eval_samples=eval_samples, target=target,
+                                      overrides=_with_repeat(overrides, None, comparison),
+                                      interpreters=_interpreters(pythons), out_dir=out_dir, force=force,
+                                      progress=_progress(), log=_log))
 
 
 @main.command()

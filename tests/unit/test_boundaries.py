@@ -90,6 +90,8 @@ def test_cli_commands_and_options_are_frozen():
     commands = {name: sorted(p.name for p in cmd.params) for name, cmd in cli.main.commands.items()}
     assert commands == {
         "assemble": ["force", "node_dirs", "out_dir"],
+        "converge": ["backends", "comparison", "eval_every", "eval_samples", "force", "out_dir", "overrides", "pythons",
+                     "recipe", "seeds", "steps", "target"],
         "compare": ["backends", "comparison", "explain", "force", "master_addr", "master_port", "node_rank", "out_dir",
                     "overrides", "parity_dirs", "pythons", "recipes", "repeat"],
         "explain": ["backends", "force", "out_dir", "overrides", "pythons", "recipe"],
@@ -110,7 +112,7 @@ def test_cli_commands_and_options_are_frozen():
 
 def test_help_lists_every_command():
     out = CliRunner().invoke(cli.main, ["--help"]).output
-    for name in ("assemble", "compare", "env", "estimate", "maxbatch", "nightly", "parity", "report", "run", "selfcheck",
+    for name in ("assemble", "compare", "converge", "env", "estimate", "maxbatch", "nightly", "parity", "report", "run", "selfcheck",
                  "sweep", "validate"):
         assert name in out
 

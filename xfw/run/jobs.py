@@ -28,6 +28,7 @@ from xfw.contract.atomic import UnreadableFile, read_json_object
 from xfw.report.nodes import assemble_parts
 from xfw.report.results import RunResult
 from xfw.run import launcher
+from xfw.run.overrides import backend_recipe
 from xfw.run.recipe import Recipe
 
 SETTLED = ("ok", "oom", "unsupported", "invalid", "timeout")
@@ -68,13 +69,15 @@ class Job:
 def jobs_for(recipe: Recipe, backends: list[str], root: Path, groups: tuple[str, ...] = (), *,
              variant: dict | None = None, label: str = "", node_rank: int = 0) -> list[Job]:
     """Every repeat of ``recipe`` on every backend, repeats outermost (so the sides alternate). A
-    multi-node recipe's jobs are this node's parts (``node_rank``)."""
-    repeats = recipe.measure.repeat
+    multi-node recipe's jobs are this node's parts (``node_rank``). Each job holds ``recipe`` as
+    loaded; its backend's override (``backends.<name>.override``, which may change its repeats) is
+    applied where it runs (``launcher.spec_for`` and ``launcher.launch``: :mod:`xfw.run.overrides`)."""
     node = node_rank if recipe.parallel.nnodes > 1 else None
-    return [Job(recipe=recipe, backend=name, run_dir=run_dir_for(root, groups, name, k, repeats, node),
+    repeats = {name: backend_recipe(recipe, name).measure.repeat for name in backends}
+    return [Job(recipe=recipe, backend=name, run_dir=run_dir_for(root, groups, name, k, repeats[name], node),
                 variant=dict(variant or {}), repeat_index=k,
-                label=f"{label} / {name if repeats == 1 else f'{name}-r{k}'}" if label else "")
-            for k in range(repeats) for name in backends]
+                label=f"{label} / {name if repeats[name] == 1 else f'{name}-r{k}'}" if label else "")
+            for k in range(max(repeats.values(), default=0)) for name in backends if k < repeats[name]]
 
 
 class JobError(ValueError):
@@ -93,7 +96,8 @@ ORPHAN_WAIT_S = 15.0
 """How long a check waits for an earlier command's adapter to end (its lifeline ends it within ~6 s)."""
 
 
-def _same_spec(old: dict, new: dict) -> bool:
+def same_spec(old: dict, new: dict) -> bool:
+    """Two specs equal but for their run ids (a run directory of this spec can be kept)."""
     return {k: v for k, v in old.items() if k != "run_id"} == {k: v for k, v in new.items() if k != "run_id"}
 
 
@@ -109,7 +113,7 @@ def check_jobs(jobs: list[Job], *, force: bool) -> None:
     (unless ``force``), or one where an earlier command's adapter still runs after ORPHAN_WAIT_S."""
     different = [job.run_dir for job in jobs
                  if not force and (old := _old_spec(job.run_dir)) and
-                 not _same_spec(old, launcher.spec_for(job.recipe, job.backend, job.run_dir))]
+                 not same_spec(old, launcher.spec_for(job.recipe, job.backend, job.run_dir))]
     if different:
         more = f" (and {len(different) - 1} more)" if len(different) > 1 else ""
         raise JobError(f"{different[0]}{more} holds a run of other settings; choose another --out, or pass "
@@ -144,7 +148,7 @@ def settled_result(run_dir: Path, spec: dict) -> RunResult | None:
         old_spec = read_json_object(run_dir / "spec.json")
     except UnreadableFile:
         return None
-    if summary.get("status") not in SETTLED or not old_spec or not _same_spec(old_spec, spec):
+    if summary.get("status") not in SETTLED or not old_spec or not same_spec(old_spec, spec):
         return None
     result = RunResult.load(run_dir)
     return result if result.status in SETTLED else None

@@ -15,6 +15,7 @@ from xfw.report.results import RunResult
 from xfw.run import jobs, launcher
 from xfw.run import maxbatch as mb
 from xfw.run import sweep as sw
+from xfw.run.overrides import backend_recipe
 from xfw.run.recipe import Recipe
 from xfw.workflow.base import (Log, Outcome, UsageError, check_node, guarded, interrupted, knob_problems, load_all,
                                one_node, prepare_backends, recipe_error, refuse_commands, refuse_foreign, silent,
@@ -50,11 +51,11 @@ def launch_commands(recipes: list[Recipe], backends: jobs.Backends, out_dir: Pat
         if write:
             job.run_dir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(spec_path, launcher.spec_for(job.recipe, job.backend, job.run_dir))
-        run = launcher.invocation(backend, description, job.recipe, spec_path, job.run_dir / "steps.jsonl",
-                                  rendezvous)
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**launcher.run_env(job.recipe), **run.env}.items())
+        recipe = backend_recipe(job.recipe, job.backend)  # its override applied (xfw.run.overrides)
+        run = launcher.invocation(backend, description, recipe, spec_path, job.run_dir / "steps.jsonl", rendezvous)
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**launcher.run_env(recipe), **run.env}.items())
         inherited = {k: v for k, v in sorted(os.environ.items()) if k.startswith(INHERITED_PREFIXES)}
-        lines.append(f"# {job.backend}: {job.recipe.name} (timeout {job.recipe.measure.timeout_s:g} s); the adapter "
+        lines.append(f"# {job.backend}: {recipe.name} (timeout {recipe.measure.timeout_s:g} s); the adapter "
                      "gets this shell's environment plus the variables in front of the command"
                      + ("; of that environment these matter to the frameworks: "
                         + " ".join(f"{k}={shlex.quote(v)}" for k, v in inherited.items()) if inherited else "")
@@ -241,6 +242,48 @@ def parity(recipe_path: str, backend_names: list[str], *, steps: int, overrides:
     return outcome
 
 
+def converge(recipe_path: str, backend_names: list[str], *, seeds: int, steps: int, eval_every: int,
+             overrides: list[str], interpreters: dict[str, str], eval_samples: int | None = None,
+             target: float | None = None, out_dir: Path | None = None, force: bool = False,
+             progress: launcher.Progress | None = None, log: Log = silent) -> Outcome:
+    """Speed at equal quality (:mod:`xfw.run.converge`): each side's speed run, then per seed one
+    exported start and both sides' learning curves; converge.json/.md/.csv/.html/.png. Exit 0 when every
+    run finished (a verdict of "worse" or a target never reached is a result), 1 when a run failed."""
+    from xfw.report.converge import write_outputs
+    from xfw.report.table import to_markdown
+    from xfw.run import converge as cv
+
+    try:
+        chosen = cv.plan(recipe_path, overrides, backends=tuple(backend_names), seeds=seeds, steps=steps,
+                         eval_every=eval_every, eval_samples=eval_samples, target=target)
+    except (cv.ConvergeError, ValueError) as err:  # RecipeError included: one line naming the file and key
+        raise UsageError(str(err)) from None
+    problems = [f"{recipe_path}: {p}" for p in knob_problems(chosen.recipe)]
+    if problems:
+        raise UsageError("\n".join(problems))
+    refuse_commands(chosen.recipe, backend_names, "converge starts both sides from one exported model, which only "
+                    "xfw's own adapters do")
+    backends = prepare_backends(backend_names, interpreters, [chosen.recipe])
+    out_dir = out_dir or Path("runs") / f"converge-{chosen.recipe.name}"
+    with guarded(out_dir):
+        log(f"converge in {out_dir}: {len(chosen.seeds)} seeds x {steps} steps, eval every {eval_every} steps on "
+            f"{chosen.eval_samples} held-out samples")
+        try:
+            result = cv.run_converge(chosen, out_dir, backends, comparison=chosen.recipe.comparison, force=force,
+                                     progress=progress, log=log)
+        except jobs.JobError as err:
+            raise UsageError(str(err)) from None
+        except jobs.JobsInterrupted:
+            return Outcome(notes=["interrupted: finished runs are kept; the same command resumes"], exit_code=130)
+        paths = write_outputs(result, out_dir)
+    failed = [f"{name} seed {seed} {run.status}" for name, runs in result.curves.items()
+              for seed, run in runs.items() if run.status != "ok"]
+    failed += [f"{name} speed run {sp.status}" for name, sp in result.speed.items() if sp.status != "ok"]
+    return Outcome(text=to_markdown(result.page(), images=False), paths=paths,
+                   notes=[f"{len(failed)} run(s) did not finish: " + "; ".join(failed)] if failed else [],
+                   exit_code=1 if failed else 0)
+
+
 def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides: list[str],
             only_backends: list[str] | None, interpreters: dict[str, str], report_only: bool = False,
             rendezvous: launcher.Rendezvous = launcher.Rendezvous(), progress: launcher.Progress | None = None,
@@ -278,6 +321,11 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
             raise UsageError(f"--backends {stray[0]}: not a backend of {suite_path} "
                              f"(it runs {', '.join(suite.backends)})")
         names = only_backends
+        # A converge entry compares both of the suite's backends: without one of them it is skipped.
+        skipped = [e for e in suite.entries if e.converge is not None and not set(e.converge.backends) <= set(names)]
+        if len(skipped) == len(suite.entries):
+            raise UsageError(f"--backends {','.join(names)}: every entry of {suite_path} is a converge entry, which "
+                             f"needs both {' and '.join(suite.backends)}: nothing would run")
     multi = [e.recipe for e in suite.entries if e.recipe.parallel.nnodes > 1]
     check_node(multi, rendezvous)
     if rendezvous.node_rank > 0 and night is None:
@@ -306,6 +354,9 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
     else:
         text = (f"night {result.night}: no regressions ({len(result.results)} runs, "
                 f"{result.kept} kept from an earlier attempt)")
+    for label, converged in result.converged.items():  # each converge entry's own answer, as xfw converge gives it
+        text += "".join(f"\n{label}: {line}" for line in converged.headline)
+    text += "".join(f"\nskipped {line}" for line in result.skipped)
     if result.selfcheck:
         failing = result.failed_paths
         text += (f"\nselfcheck: {len(failing)} path(s) fail here: " + "; ".join(f"{v.backend} {v.path} ({v.detail})"

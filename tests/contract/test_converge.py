@@ -1,0 +1,87 @@
+"""xfw converge can tell: both sides in fp32 are indistinguishable; one side's precision loss is named.
+
+Tiny LLaVA on its real data (recipes/tiny/data: a few hundred pictures whose answers follow from what
+is drawn), 3 seeds, both real adapters, as a user runs it (the CLI). First both sides in fp32: Welch's
+test finds no difference at any eval point. Then the same command with one ordinary, reported setting
+changed on the PyTorch side only — bf16 O2 with its master weights off, so the optimizer updates bf16
+weights in place and small updates round away — into the same --out with --force: the Paddle runs
+(same spec) are kept, the PyTorch ones run again, and the verdict names torch as worse. Measured on
+this 2-core machine (lr 3e-4, 120 steps): fp32 final eval losses per seed equal to ~1e-6 on both
+sides; pure bf16 about 0.1-0.2 higher than fp32, several seed-to-seed spreads.
+"""
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import ROOT, require_interpreter
+
+pytestmark = pytest.mark.contract
+
+RECIPE = "recipes/tiny/llava_json_sft.yaml"
+COMMON = ["--backends", "paddle,torch", "--seeds", "3", "--steps", "120", "--eval-every", "40",
+          "--set", "optimizer.lr=3.0e-4"]
+PURE_BF16 = ["--set", "backends.torch.override.precision.dtype=bf16",
+             "--set", "backends.torch.override.precision.amp_level=O2",
+             "--set", "backends.torch.override.precision.master_weights=false"]
+
+
+def converge(out, *extra):
+    xfw = ROOT / ".venv" / "torch" / "bin" / "xfw"
+    done = subprocess.run([str(xfw), "converge", RECIPE, *COMMON, "--out", str(out), *extra], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    report = json.loads((out / "converge.json").read_text()) if (out / "converge.json").exists() else None
+    return done, report
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    require_interpreter("torch")
+    require_interpreter("paddle")
+    out = tmp_path_factory.mktemp("converge")
+    fp32 = converge(out)
+    paddle_runs = {p: p.stat().st_mtime_ns for p in out.glob("seed-*/paddle/steps.jsonl")}
+    degraded = converge(out, *PURE_BF16, "--force")
+    kept = all(p.stat().st_mtime_ns == t for p, t in paddle_runs.items())
+    return out, fp32, degraded, kept
+
+
+def test_both_sides_in_fp32_are_indistinguishable(runs):
+    out, (done, report), _, _ = runs
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert report["comparison"] == "like-for-like" and report["backends"] == ["torch", "paddle"]
+    assert [p["step"] for p in report["points"]] == [0, 40, 80, 120]
+    assert all(p["verdict"] == "indistinguishable" and p["n"] == {"torch": 3, "paddle": 3} for p in report["points"])
+    assert report["final_verdict"] == "indistinguishable" and report["first_separation"] is None
+    final = report["points"][-1]
+    assert final["mean"]["torch"] < report["points"][0]["mean"]["torch"] - 1.0  # it learned
+    assert abs(final["diff"]) < 1e-3 and final["std"]["torch"] > 0  # same model, same batches; seeds differ
+    # Time to target: both sides reach the reference's mean final eval loss on their mean curves.
+    assert all(report["targets"][b]["curve_samples"] for b in ("torch", "paddle"))
+    assert "Batches: identical on both sides in 3 of 3 seeds (micro-batch hashes)" in report["settings_differences"]
+    # What a person reads: the verdict table and the time-to-target line on stdout; the files beside.
+    assert "indistinguishable" in done.stdout and "time to target" in done.stdout and "like-for-like" in done.stdout
+    for name in ("converge.md", "converge.html", "converge.csv", "curves.csv", "converge.png"):
+        assert (out / name).stat().st_size > 0, name
+    for seed in (0, 1, 2):  # both sides of a seed loaded one export
+        specs = [json.loads((out / f"seed-{seed}" / b / "spec.json").read_text()) for b in ("torch", "paddle")]
+        assert specs[0]["model"]["weights"] == specs[1]["model"]["weights"] == str(out / f"seed-{seed}" / "weights")
+        assert specs[0]["data"]["eval_samples"] == 24 and specs[0]["measure"]["seed"] == seed
+
+
+def test_one_sided_precision_loss_names_that_side_worse(runs):
+    out, _, (done, report), kept = runs
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert kept, "the Paddle runs of the same spec were run again instead of kept"
+    final = report["points"][-1]
+    assert final["worse"] == "torch" and final["verdict"].startswith("torch worse by"), report["headline"]
+    assert final["p"] < 0.05 and final["diff"] < 0  # paddle's mean lower
+    assert report["first_separation"] is not None
+    assert report["points"][0]["verdict"] == "indistinguishable"  # the same start: nothing to tell yet
+    # The difference is deliberate and shown, never silent: the override and the applied master weights.
+    lines = "\n".join(report["settings_differences"])
+    assert "master_weights" in lines and "override" in lines, lines
+    torch_spec = json.loads((out / "seed-0" / "torch" / "spec.json").read_text())
+    assert torch_spec["precision"] == {"dtype": "bf16", "amp_level": "O2", "master_weights": False}
+    assert "torch worse by" in done.stdout

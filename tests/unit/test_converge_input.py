@@ -1,0 +1,81 @@
+"""xfw converge refuses bad input before anything launches: one line naming the key, exit 2.
+
+No framework runs here: every refusal comes from checking the options and the recipe (real data is
+prepared with the CLI environment's tokenizers and Pillow). The held-out split itself is checked in
+xfw.contract.batches: fixed for every seed, never trained on, the same rule MicroBatches follows.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT
+from xfw import cli
+from xfw.contract.batches import held_out
+
+RECIPE = str(ROOT / "recipes" / "tiny" / "llava_json_sft.yaml")
+
+
+def converge(*args):
+    return CliRunner().invoke(cli.main, ["converge", RECIPE, *args, "--python", "torch=/nonexistent/python"])
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--seeds", "0"], "--seeds"),
+    (["--eval-every", "0"], "--eval-every"),
+    (["--target", "low"], "--target"),
+    (["--steps", "10", "--eval-every", "25"], "--steps: 10 is fewer than --eval-every 25"),
+    (["--eval-samples", "5000"], "data.eval_samples: 5000 held out of a data set of 240 samples"),
+    (["--set", "data.eval_samples=-1"], "data.eval_samples"),
+    (["--backends", "torch"], "exactly two backends"),
+])
+def test_bad_input_is_one_line_naming_the_key_and_exit_2(args, says):
+    result = converge(*args)
+    assert result.exit_code == 2, result.output
+    assert says in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_synthetic_data_is_refused_naming_data_kind():
+    result = CliRunner().invoke(cli.main, ["converge", str(ROOT / "recipes" / "tiny" / "llava_sft.yaml")])
+    assert result.exit_code == 2 and "data.kind: converge needs real data" in result.output, result.output
+
+
+def test_an_eval_split_that_duplicates_training_samples_is_refused(tmp_path):
+    data = ROOT / "recipes" / "tiny" / "data"
+    samples = json.loads((data / "conversations.json").read_text())
+    twice = samples[:20] + samples[:20]  # every sample twice: some copy lands in each split
+    (tmp_path / "conversations.json").write_text(json.dumps(twice))
+    shutil.copytree(data / "images", tmp_path / "images")
+    result = converge("--set", f"data.path={tmp_path / 'conversations.json'}", "--set", f"data.image_root={tmp_path}",
+                      "--eval-samples", "4")
+    assert result.exit_code == 2 and "the eval split overlaps the training split" in result.output, result.output
+
+
+def test_the_held_out_split_is_fixed_disjoint_and_independent_of_the_run_seed():
+    train, held = held_out(240, 24)
+    assert len(held) == 24 and len(train) == 216 and not set(train) & set(held)
+    assert np.array_equal(held_out(240, 24)[1], held)  # the same split every time (no run seed in it)
+    assert np.array_equal(held_out(10, 0)[0], np.arange(10)) and held_out(10, 0)[1].size == 0
+    with pytest.raises(ValueError, match="data.eval_samples"):
+        held_out(10, 10)
+
+
+def test_training_never_reads_a_held_out_sample_and_each_epoch_covers_the_rest():
+    from xfw.contract.batches import EvalBatches, MicroBatches
+    from xfw.run.recipe import load_recipe
+    from xfw.run.spec import resolve_spec
+
+    recipe = load_recipe(RECIPE, ["data.eval_samples=24", "measure.warmup_steps=0", "measure.steps=108"])
+    spec = resolve_spec(recipe, backend="torch", run_id="test")
+    train, held = held_out(spec["data"]["num_samples"], 24)
+    stream = MicroBatches(spec, rank=0)
+    visited = [stream.sample_index(p) for p in range(2 * len(train))]  # two epochs of positions
+    assert sorted(visited[:len(train)]) == sorted(visited[len(train):]) == list(train)
+    evals = EvalBatches(spec)
+    assert sum(evals.sizes) == 24 and len(evals) == 12
+    first, again = evals[0][0], EvalBatches(spec)[0][0]  # the same held-out batch at every evaluation
+    assert all(np.array_equal(first[k], again[k]) for k in first)
