@@ -13,10 +13,16 @@ Writes are atomic: :meth:`History.upsert` rewrites the file to a temporary name,
 renames it over the old one, so a job killed at any moment leaves the previous file or the new
 one, never half a line. A row is keyed by (night, entry, backend, repeat_index); writing the same
 key again replaces it, so a resumed night never counts a run twice.
+
+A converge entry's rows (its speed runs) carry its learning curves' outcome beside the usual fields
+(:func:`converge_fields`): ``final_eval_loss`` (mean over seeds) with ``final_eval_loss_std`` and
+``final_eval_loss_n``, ``time_to_target_s`` and ``samples_to_target``, the night's own verdict between
+the sides, and ``converge`` (its settings). Rows without them (every older row) load as before.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import errno
 import hashlib
@@ -34,17 +40,47 @@ NIGHTS_DIR = "nights"
 KEY = ("night", "entry", "backend", "repeat_index")
 
 
+def _without_backend_override(spec: dict) -> dict:
+    """``spec`` with a backend's own override (``backends.<name>.override``, recorded as ``overrides`` and
+    ``overridden``) put back to the recipe's values, where each overridden key is found at its dotted
+    place; else ``spec`` unchanged (the override then stays part of the workload)."""
+    overridden = spec.get("overridden")
+    if not isinstance(overridden, dict) or not overridden:
+        return spec
+    out = copy.deepcopy({k: v for k, v in spec.items() if k not in ("overrides", "overridden")})
+    for key, value in overridden.items():
+        node, parts = out, str(key).split(".")
+        for part in parts[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or parts[-1] not in node:
+            return spec
+        node[parts[-1]] = value
+    return out
+
+
 def workload_fingerprint(spec: dict) -> str:
     """What must be equal for two nights' numbers to be comparable: the model, stage, data, batch,
     precision, parallel layout and measured steps. Backend knobs are left out on purpose (a knob
-    turned on is exactly the kind of change a nightly should flag, and it is reported as such)."""
+    turned on is exactly the kind of change a nightly should flag, and it is reported as such), and
+    so is a backend's own override of a recipe key (``backends.paddle.override.optimizer.lr``): one side
+    changed on purpose is compared with its earlier nights and named in the verdict (``knobs``)."""
+    spec = _without_backend_override(spec)
     keep = {k: v for k, v in spec.items()
             if k not in ("run_id", "backend", "backends", "backend_knobs", "backend_env", "measure", "published")}
     comparison = keep.pop("comparison", None)  # like-for-like: what every night before the two comparisons ran
     if isinstance(comparison, dict) and comparison.get("kind") == "published":  # what it applied, not where the file lies
         keep["comparison"] = {k: comparison.get(k) for k in ("kind", "row", "set")}
     keep["measure"] = {k: v for k, v in spec.get("measure", {}).items() if k not in ("timeout_s", "repeat")}
+    for dotted, default in ADDED_LATER.items():  # at its default a key added later is the workload it always was
+        section, key = dotted.split(".")
+        if isinstance(keep.get(section), dict) and keep[section].get(key, default) == default:
+            keep[section] = {k: v for k, v in keep[section].items() if k != key}
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+ADDED_LATER = {"data.eval_samples": 0, "measure.eval_every": 0, "precision.master_weights": True}
+"""Recipe keys added after nights were recorded, with the default that means what a spec without them
+meant: left out of the fingerprint at that default, so an upgrade keeps every history comparable."""
 
 
 def row_from_result(result: RunResult, spec: dict, *, night: str, night_started_utc: str, suite: str,
@@ -68,11 +104,43 @@ def row_from_result(result: RunResult, spec: dict, *, night: str, night_started_
         "micro_batch": result.setup.get("micro_batch"), "sharding": result.setup.get("sharding"),
         "dtype": result.setup.get("dtype"), "amp_level": result.setup.get("amp_level"),
         "workload": workload_fingerprint(spec),
-        "knobs": {**spec.get("backend_knobs", {}), **{f"env.{k}": v for k, v in (spec.get("backend_env") or {}).items()}},
+        "knobs": {**spec.get("backend_knobs", {}), **{f"env.{k}": v for k, v in (spec.get("backend_env") or {}).items()},
+                  **{f"override.{k}": v for k, v in (spec.get("overrides") or {}).items()}},
         "framework_version": applied.get("framework_version"), "device_name": applied.get("device_name"),
         "versions": {k.removeprefix("version_"): v for k, v in applied.items() if k.startswith("version_")},
         "host": env.get("host", {}).get("hostname"), "python": env.get("python"),
         "xfw_git_sha": env.get("xfw_git_sha"), "wall_time_s": result.wall_time_s, "run_dir": run_dir,
+    }
+
+
+def converge_fields(report, backend: str, settings: dict, spec: dict, converge_dir: str) -> dict:
+    """What a converge entry adds to each of ``backend``'s rows: from ``report`` (a
+    :class:`xfw.report.converge.ConvergeReport`) its final eval loss (mean over the ok seeds, their
+    sample standard deviation and number), time and samples to the target, the night's own verdict between
+    the sides at the final eval point, whether every seed ran; ``settings`` (seeds, steps, eval_every,
+    eval_samples, target as configured) and the speed run's ``spec`` make ``quality_workload``: the final
+    eval losses of two nights are compared only when it is equal."""
+    final, side = report.final, report.targets.get(backend)
+    failed = [f"seed {seed} {run.status}" + (f": {run.reason}" if run.reason else "")
+              for seed, run in sorted(report.curves.get(backend, {}).items()) if run.status != "ok"]
+    return {
+        "converge": dict(settings), "quality_workload": workload_fingerprint({**spec, "converge": dict(settings)}),
+        "final_eval_loss": final.mean.get(backend) if final else None,
+        "final_eval_loss_std": final.std.get(backend) if final else None,
+        "final_eval_loss_n": final.n.get(backend, 0) if final else 0,
+        "final_eval_step": final.step if final else None,
+        "target_loss": report.target, "target_source": report.target_source,
+        "time_to_target_s": side.time_s if side else None,
+        "samples_to_target": side.mean_samples if side else None,
+        "target_reached_seeds": side.reached if side else 0,
+        "curve_time_to_target_s": side.curve_time_s if side else None,
+        "curve_samples_to_target": side.curve_samples if side else None,
+        "converge_verdict": final.verdict if final else "no eval point",
+        "converge_worse": final.worse if final else None,
+        "converge_p": final.p if final else None,
+        "converge_reference": report.backends[0],
+        "converge_status": "failed" if failed else "ok", "converge_reason": "; ".join(failed),
+        "converge_dir": converge_dir,
     }
 
 
@@ -82,12 +150,16 @@ FUTURE_SLACK_S = 86400.0
 a row dated 2099 was not written by a night)."""
 TEXT_FIELDS = ("status", "reason", "suite", "recipe", "preset", "stage", "workload", "mem_source", "memory_source",
                "device_name", "framework_version", "host", "python", "xfw_git_sha", "run_dir", "sharding", "dtype",
-               "amp_level", "mfu_peak")
+               "amp_level", "mfu_peak", "quality_workload", "target_source", "converge_verdict", "converge_worse",
+               "converge_reference", "converge_status", "converge_reason", "converge_dir")
 NUMBER_FIELDS = ("ips", "tokens_per_s", "step_time_median_s", "step_time_p10_s", "step_time_p90_s",
                  "num_measured_steps", "num_ranks", "mem_alloc_peak_bytes", "mem_reserved_peak_bytes", "memory_bytes",
                  "rss_peak_bytes", "rss_after_build_bytes", "mfu", "flops_per_sample", "loss_last",
-                 "num_processes", "global_batch", "micro_batch", "wall_time_s")
-DICT_FIELDS = ("knobs", "versions")
+                 "num_processes", "global_batch", "micro_batch", "wall_time_s",
+                 "final_eval_loss", "final_eval_loss_std", "final_eval_loss_n", "final_eval_step", "target_loss",
+                 "time_to_target_s", "samples_to_target", "target_reached_seeds", "curve_time_to_target_s",
+                 "curve_samples_to_target", "converge_p")
+DICT_FIELDS = ("knobs", "versions", "converge")
 
 
 def row_problem(row: dict, now: dt.datetime) -> str | None:

@@ -1,9 +1,10 @@
 """The nightly report: one self-contained HTML file (images inlined, no script, no network).
 
 Top to bottom: the regressions (or a line saying there are none), failed runs, the night's
-contrast table (seed 003) and bar chart, every (entry, backend) against its baseline, a trend plot
-per entry (throughput, peak memory and, on GPUs, MFU over the nights, one line per backend,
-flagged points circled in red), and the environment of each night::
+contrast table (seed 003) and bar chart, each converge entry's answer (its headline and chart),
+every (entry, backend) against its baseline, a trend plot per entry (throughput, peak memory and, on
+GPUs, MFU over the nights; a converge entry's final eval loss; one line per backend, flagged points
+circled in red), and the environment of each night::
 
     path = write_night_report(Path("/data/xfw-nightly"), "2026-11-22", suite_name="h800-nightly")
     # /data/xfw-nightly/nights/2026-11-22/{report.html, report.md, chart.png, trend-*.png}
@@ -15,9 +16,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from xfw.contract.atomic import write_text_atomic
+from xfw.contract.atomic import UnreadableFile, write_text_atomic
 from xfw.report import compare as cmp
 from xfw.report import contrast, selfcheck
+from xfw.report.converge import CONVERGE_FILE, ConvergeReport
 from xfw.report.history import NIGHTS_DIR, History, night_order
 from xfw.report.plot import backend_color, plot_comparison
 from xfw.report.results import load_runs
@@ -26,6 +28,9 @@ from xfw.report.verdicts import VERDICTS_FILE, Verdict, load_verdicts, memory_of
 
 TREND_NIGHTS = 30
 """Nights shown in each trend plot (the most recent)."""
+QUALITY_METRICS = {"eval_loss": "final eval loss", "separation": "vs the other side tonight",
+                   "curves": "seed runs"}
+"""How the verdict table names a converge entry's quality verdicts."""
 
 
 def _fmt_value(v: Verdict, value: float | None) -> str:
@@ -33,6 +38,8 @@ def _fmt_value(v: Verdict, value: float | None) -> str:
         return "–"
     if v.metric == "ips":
         return contrast.fmt_rate(value)
+    if v.kind == "quality":
+        return f"{value:.4g}"
     source = contrast.SOURCE_LABELS.get(v.mem_source, v.mem_source)
     return f"{value / 2**20:.1f} MiB" + (f" ({source})" if source else "")
 
@@ -41,7 +48,8 @@ def verdict_table(verdicts: list[Verdict]) -> Table:
     header = ["Entry", "Backend", "Metric", "Value", "Baseline", "Nights", "Change", "Tolerance", "Verdict", "Note"]
     cells, classes = [], []
     for v in verdicts:
-        cells.append([v.entry, v.backend, v.metric, _fmt_value(v, v.value), _fmt_value(v, v.baseline),
+        metric = v.metric if v.kind != "quality" else f"quality: {QUALITY_METRICS.get(v.metric, v.metric)}"
+        cells.append([v.entry, v.backend, metric, _fmt_value(v, v.value), _fmt_value(v, v.baseline),
                       str(v.baseline_nights) if v.baseline is not None else "–",
                       f"{v.change:+.1%}" if v.change is not None else "–",
                       f"±{v.tolerance:.1%}" if v.tolerance is not None else "–", v.verdict, v.note])
@@ -65,6 +73,8 @@ def trend_plot(rows: list[dict], entry: str, nights: list[str], flagged: set[tup
     metrics = [("ips", "ips (samples/s)", 1), ("memory", memory_label(latest), 2**20)]
     if any(r.get("mfu") is not None for r in rows if r["entry"] == entry):
         metrics.append(("mfu", "MFU (%, model FLOPs)", 0.01))
+    if any(r.get("final_eval_loss") is not None for r in rows if r["entry"] == entry):  # a converge entry
+        metrics.append(("eval_loss", "final eval loss (mean of seeds)", 1))
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 3.4))
     xs = list(range(len(nights)))
     for i, backend in enumerate(backends):
@@ -73,7 +83,8 @@ def trend_plot(rows: list[dict], entry: str, nights: list[str], flagged: set[tup
             points = []
             for x, night in zip(xs, nights):
                 ok = [r for r in rows if r["night"] == night and r["entry"] == entry and r["backend"] == backend
-                      and r["status"] == "ok" and (metric != "memory" or memory_source_of(r) == latest[backend])]
+                      and (r["status"] == "ok" or metric == "eval_loss")  # the curves ran whatever the speed run did
+                      and (metric != "memory" or memory_source_of(r) == latest[backend])]
                 values = [v for v in (_metric(r, metric) for r in ok) if v is not None]
                 if values:
                     points.append((x, sorted(values)[len(values) // 2] / scale, night))
@@ -84,16 +95,23 @@ def trend_plot(rows: list[dict], entry: str, nights: list[str], flagged: set[tup
             if bad:
                 ax.scatter([p[0] for p in bad], [p[1] for p in bad], s=160, facecolors="none",
                            edgecolors="#b00020", linewidths=2.2, zorder=5)
-    for ax, (_, label, _) in zip(axes, metrics):
+    for ax, (metric, label, _) in zip(axes, metrics):
         ax.set_xticks(xs, nights, rotation=30 if len(nights) > 4 else 0, ha="right" if len(nights) > 4 else "center",
                       fontsize=8)
         ax.set_ylabel(label)
-        ax.set_ylim(bottom=0)
+        if metric != "eval_loss":
+            ax.set_ylim(bottom=0)
+        else:  # a loss is read by its changes, not from zero; at least ±5% shown, so rounding looks flat
+            low, high = ax.get_ylim() if ax.lines else (0.0, 1.0)
+            mid, half = (low + high) / 2, max((high - low) / 2, 0.05 * abs((low + high) / 2))
+            ax.set_ylim(mid - half, mid + half)
+            ax.ticklabel_format(axis="y", useOffset=False, style="plain")
         ax.spines[["top", "right"]].set_visible(False)
         ax.grid(axis="y", alpha=0.3)
     if axes[0].get_legend_handles_labels()[0]:  # no line at all when every run failed
         axes[0].legend(fontsize=8)
-    fig.suptitle(f"{entry}: {', '.join(m[0] if m[0] != 'memory' else m[1].split(' (')[0] for m in metrics)} per night",
+    fig.suptitle(f"{entry}: {', '.join(m[1].split(' (')[0] if m[0] in ('memory', 'eval_loss') else m[0] for m in metrics)}"
+                 " per night",
                  fontsize=11)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
@@ -104,6 +122,8 @@ def trend_plot(rows: list[dict], entry: str, nights: list[str], flagged: set[tup
 
 
 def _metric(row: dict, metric: str) -> float | None:
+    if metric == "eval_loss":
+        return row.get("final_eval_loss")
     return row["ips"] if metric == "ips" else memory_of(row) if metric == "memory" else row.get("mfu")
 
 
@@ -159,6 +179,50 @@ def environment_table(states: list[dict], rows: list[dict]) -> Table:
     return Table(header=header, cells=cells, name="env")
 
 
+def converge_dirs(night_dir: Path) -> list[Path]:
+    """The night's converge entries' directories (``xfw converge``'s layout: ``speed/``, ``seed-<s>/``)."""
+    return [d for d in sorted(night_dir.iterdir()) if d.is_dir() and ((d / CONVERGE_FILE).is_file()
+                                                                      or (d / "speed").is_dir())]
+
+
+def night_runs(night_dir: Path) -> list:
+    """The night's speed runs: each ordinary entry's runs and each converge entry's speed runs. The
+    selfcheck's runs are the machine's checks, and a converge entry's learning curves (no warm-up, every
+    step synchronised) and exported starts are its quality answer, not the night's speed numbers."""
+    converging = set(converge_dirs(night_dir))
+    paths = [d / "speed" if d in converging else d for d in sorted(night_dir.iterdir())
+             if d.is_dir() and d.name != selfcheck.NIGHT_DIR]
+    return load_runs([d for d in paths if d.is_dir()])
+
+
+def converge_blocks(history_dir: Path, night_dir: Path, verdicts: list[Verdict]) -> list:
+    """Each converge entry's answer tonight: its headline (speed at equal quality, the final eval loss
+    verdict between the sides), its quality verdicts against the previous nights, its chart."""
+    blocks: list = []
+    for d in converge_dirs(night_dir):
+        blocks.append(Heading(f"Converge: {d.name}", 3))
+        try:
+            report = ConvergeReport.load(d)
+        except (OSError, ValueError, UnreadableFile, KeyError, TypeError) as err:
+            blocks.append(Paragraph(f"No convergence report in {d}: {err}"))
+            continue
+        quality = [v for v in verdicts if v.entry == d.name and v.kind == "quality"]
+        blocks.append(Bullets(report.headline))
+        if quality:
+            blocks.append(Bullets([v.line().removeprefix("quality: ") + f" — {v.verdict}" for v in quality],
+                                  box="bad" if any(v.flagged for v in quality) else "good",
+                                  title=f"Quality against the previous nights and between the sides: "
+                                        f"{sum(v.flagged for v in quality)} flagged"))
+        if (d / "converge.png").is_file():
+            blocks.append(Image(d / "converge.png", f"eval loss per eval point of {d.name}, both sides"))
+        blocks.append(Paragraph(f"Every eval point, the time to target and the seeds' runs: "
+                                f"{d.resolve().relative_to(history_dir.resolve())}/converge.html (or .md, .csv) "
+                                "under the history directory.", muted=True))
+    if blocks:
+        blocks.insert(0, Heading("Quality: converge entries"))
+    return blocks
+
+
 def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
     """The night's page (plots written into the night's directory on the way)."""
     night_dir = history_dir / NIGHTS_DIR / night
@@ -167,15 +231,14 @@ def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
     shown = order[:order.index(night) + 1][-TREND_NIGHTS:] if night in order else [night]
     verdicts = load_verdicts(night_dir)
     flagged = [v for v in verdicts if v.flagged]
-    # The night's entries; the selfcheck's runs under it are the machine's checks, not the night's numbers.
-    results = [r for r in load_runs([night_dir])
-               if Path(r.run_dir).resolve().relative_to(night_dir.resolve()).parts[0] != selfcheck.NIGHT_DIR]
+    results = night_runs(night_dir)
     backends = cmp.backends_in(results)
     cmp_rows = cmp.compare_runs(results, backends)
     chart = plot_comparison(cmp_rows, backends, night_dir / "chart.png", title=f"Training speed, night {night}")
     entries = list(dict.fromkeys(r["entry"] for r in rows if r["night"] == night))
     trends = [trend_plot([r for r in rows if r["night"] in shown], entry, shown,
-                         {(night, v.backend, v.metric) for v in flagged if v.entry == entry},
+                         {(night, v.backend, "eval_loss" if v.kind == "quality" else v.metric)
+                          for v in flagged if v.entry == entry},
                          night_dir / f"trend-{entry}.png") for entry in entries]
     window = json.loads((night_dir / VERDICTS_FILE).read_text()).get("policy", {}).get("window", "?")
     if flagged:
@@ -199,6 +262,7 @@ def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
                                 "over the measured window.", muted=True))
     blocks += [Paragraph(f"⚠ {contrast.row_name(row)}: {w}") for row in cmp_rows for w in row.warnings
                if "memory is measured from different sources" in w]
+    blocks += converge_blocks(history_dir, night_dir, verdicts)
     blocks += [Heading("Against the previous nights"), verdict_table(verdicts),
                Heading(f"Trends (last {len(shown)} night{'s' if len(shown) != 1 else ''})"),
                *(Image(path, f"trend of {entry}") for path, entry in zip(trends, entries)),
@@ -212,7 +276,9 @@ def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
                        "window; memory is the measure both backends share, per rank: the CUDA allocator's peak on a "
                        "GPU, the process's peak resident set on a CPU (source in the table). MFU (GPU runs) divides "
                        "the family's model FLOPs by the datasheet peak named in the table's notes. Verdicts: a "
-                       "change beyond max(floor, k × measured noise) is flagged.")
+                       "change beyond max(floor, k × measured noise) is flagged; a converge entry's final eval loss "
+                       "(mean over seeds) rising beyond max(loss_rise, k × measured noise), or the night's own test "
+                       "naming a side worse, is a quality regression.")
 
 
 def write_night_report(history_dir: Path, night: str, *, suite_name: str) -> Path:

@@ -15,6 +15,17 @@ beyond the tolerance while no run-to-run spread is measured (one night of histor
 CPU differed threefold. A run that was ok and now is not is always flagged.
 Only nights that measured the same workload (:func:`xfw.report.history.workload_fingerprint`)
 are compared.
+
+Quality (a converge entry's rows, :func:`xfw.report.history.converge_fields`): its final eval loss
+(mean over seeds) is flagged when it rose above the median of the same entry's last nights (same
+``quality_workload``: recipe and converge settings) by more than ``max(loss_rise, noise_k × noise)``,
+the noise being the largest of the nights' scatter, the spread of two nights and tonight's standard
+error of the mean over seeds (seed standard deviation / √n / loss); and a side is flagged when the
+night's own Welch test at the final eval point names it worse than the other (``separation``), or
+when one of its seeds did not run (``curves``). Every line says what it judges::
+
+    quality: llava-json-converge / paddle: final eval loss 6.213 vs 4.201 (median of 2 nights), +47.9%, ...
+    speed: tiny-llava-sft / torch: ips 81.8 samples/s vs 344 (median of 2 nights), -76.2%, ...
 """
 
 from __future__ import annotations
@@ -47,6 +58,8 @@ class RegressionPolicy:
     """Smallest relative growth of peak memory flagged."""
     noise_k: float = 3.0
     """A change is flagged only beyond noise_k x the measured relative noise (see this module's docstring)."""
+    loss_rise: float = 0.05
+    """Smallest relative rise of a converge entry's final eval loss flagged (quality)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,11 +67,12 @@ class Verdict:
     entry: str
     backend: str
     metric: str
-    """``ips`` | ``memory`` | ``status``"""
+    """``ips`` | ``memory`` | ``status`` (the run) | ``eval_loss`` (a converge entry's final eval loss against
+    its nights) | ``separation`` (the night's own test between the sides) | ``curves`` (its seeds' runs)"""
     verdict: str
     """``regression`` | ``improvement`` | ``ok`` | ``new`` (no comparable history) | ``failed``
     (not ok, and not ok before either) | ``incomparable`` (the workload changed) | ``not enough history``
-    (:data:`NOT_ENOUGH`)"""
+    (:data:`NOT_ENOUGH`) | ``untested`` (separation with fewer than 2 seeds a side)"""
     value: float | None = None
     baseline: float | None = None
     """Median of the comparable previous nights."""
@@ -77,11 +91,28 @@ class Verdict:
     def flagged(self) -> bool:
         return self.verdict in ("regression", "failed")
 
+    @property
+    def kind(self) -> str:
+        """What is judged: ``speed`` (ips), ``memory``, ``status`` (the run) or ``quality`` (a converge entry)."""
+        return {"ips": "speed", "memory": "memory", "status": "status"}.get(self.metric, "quality")
+
     def line(self) -> str:
-        """One line a person reads at the top of the report."""
+        """One line a person reads at the top of the report, led by what it judges (:attr:`kind`)."""
+        return f"{self.kind}: {self._line()}"
+
+    def _line(self) -> str:
         head = f"{self.entry} / {self.backend}"
-        if self.metric == "status":
+        if self.metric in ("status", "separation", "curves"):
             return f"{head}: {self.note}"
+        if self.metric == "eval_loss":
+            if self.value is None:
+                return f"{head}: final eval loss: {self.note}"
+            text = f"{head}: final eval loss {self.value:.4g}"
+            if self.baseline is not None:
+                text += (f" vs {self.baseline:.4g} (median of {self.baseline_nights} night"
+                         f"{'s' if self.baseline_nights != 1 else ''}), {self.change:+.1%}, "
+                         f"tolerance ±{self.tolerance:.1%} ({self.noise_source})")
+            return text + (f"; {self.note}" if self.note else "")
         unit = "samples/s" if self.metric == "ips" else "MiB"
         scale = 1.0 if self.metric == "ips" else 1 / 2**20
         text = f"{head}: {self.metric} {self.value * scale:.4g} {unit}"
@@ -179,7 +210,85 @@ def evaluate(rows: list[dict], night: str, policy: RegressionPolicy) -> list[Ver
         earlier = [folded[(p, entry, backend)] for p in previous_nights if (p, entry, backend) in folded]
         same = [r for r in earlier if r.get("workload") == current.get("workload")][-policy.window:]
         verdicts.extend(_judge(entry, backend, current, same, earlier, policy))
+        if isinstance(current.get("converge"), dict):  # a converge entry: its learning curves too
+            verdicts.extend(judge_quality(entry, backend, current, earlier, policy))
     return verdicts
+
+
+def _num(value: float, digits: int = 4) -> str:
+    return f"{value:.{digits}g}"
+
+
+def judge_quality(entry: str, backend: str, current: dict, earlier: list[dict],
+                  policy: RegressionPolicy) -> list[Verdict]:
+    """A converge entry's quality verdicts (module docstring): its seeds' runs (``curves``, only when
+    one did not run), its final eval loss against its last nights (``eval_loss``), and the night's own
+    test between the sides (``separation``)."""
+    base = dict(entry=entry, backend=backend)
+    out = []
+    if current.get("converge_status") not in (None, "ok"):
+        out.append(Verdict(**base, metric="curves", verdict="failed",
+                           note=f"not every seed ran: {current.get('converge_reason') or current['converge_status']}"))
+    value, n = current.get("final_eval_loss"), current.get("final_eval_loss_n") or 0
+    comparable = [r for r in earlier if isinstance(r.get("converge"), dict)]
+    same = [r for r in comparable if r.get("quality_workload") == current.get("quality_workload")][-policy.window:]
+    history = [r["final_eval_loss"] for r in same if r.get("final_eval_loss") is not None]
+    loss = dict(**base, metric="eval_loss", value=value, baseline_nights=len(history))
+    if value is None:
+        last = next((r for r in reversed(same) if r.get("final_eval_loss") is not None), None)
+        out.append(Verdict(**loss, verdict="regression" if last else "failed",
+                           note=(f"had one on {last['night']}, none now" if last else "none")
+                           + f" ({current.get('converge_verdict') or 'no eval point'}"
+                           + (f"; {current['converge_reason']}" if current.get("converge_reason") else "") + ")"))
+    elif len(history) < max(1, policy.min_nights):
+        changed = comparable and not same
+        note = ("the recipe or the converge settings changed since the last night: not compared" if changed else
+                "no earlier night to compare with" if not comparable else
+                f"{len(history)} comparable night(s) with a final eval loss, {max(1, policy.min_nights)} needed")
+        out.append(Verdict(**loss, verdict="incomparable" if changed else "new", note=note))
+    else:
+        baseline = statistics.median(history)
+        std = current.get("final_eval_loss_std")
+        # The spread measured: the nights' scatter (3 or more), two nights', tonight's standard error over seeds.
+        between = [(relative_scatter(history), f"scatter of {len(history)} nights"),
+                   (relative_sd(history) if len(history) == 2 else None, "spread of 2 nights"),
+                   (std / n ** 0.5 / abs(value) if std is not None and n >= 2 and value else None,
+                    f"standard error over {n} seeds")]
+        noise, source = max(((v, s) for v, s in between if v is not None), default=(0.0, "no noise estimate"))
+        tolerance = max(policy.loss_rise, policy.noise_k * noise)
+        change = (value - baseline) / abs(baseline) if baseline else 0.0
+        verdict = "regression" if change > tolerance else "improvement" if -change > tolerance else "ok"
+        note = _knob_note(current, same[-1]) if verdict != "ok" else ""
+        if verdict != "ok" and all(v is None for v, _ in between):
+            verdict = NOT_ENOUGH
+            note = (f"{change:+.1%} is beyond the floor but no spread is measured yet (1 comparable night, one "
+                    "seed): not called; give the entry 2 or more seeds or wait for a second night"
+                    + (f"; {note}" if note else ""))
+        source = f"{policy.noise_k:g}× {source}" if policy.noise_k * noise >= policy.loss_rise else \
+            f"floor {policy.loss_rise:.0%}"
+        out.append(Verdict(**{**loss, "baseline_nights": len(history)}, verdict=verdict, baseline=baseline,
+                           change=change, tolerance=tolerance, noise=noise, noise_source=source, note=note))
+    out.append(_separation(base, current))
+    return out
+
+
+def _separation(base: dict, current: dict) -> Verdict:
+    """The night's own converge verdict at the final eval point (Welch's test over seeds): this side
+    named worse than the other is a quality regression, whatever the history says."""
+    backend, worse, text = base["backend"], current.get("converge_worse"), current.get("converge_verdict") or ""
+    step, p = current.get("final_eval_step"), current.get("converge_p")
+    where = f"at the final eval point{f' (step {step})' if step is not None else ''}"
+    test = f"p = {_num(p, 3)}, Welch's t-test over seeds" if p is not None else "Welch's t-test over seeds"
+    if worse == backend:
+        return Verdict(**base, metric="separation", verdict="regression", value=current.get("final_eval_loss"),
+                       note=f"worse than the other side {where}: {text} ({test})")
+    if worse:
+        return Verdict(**base, metric="separation", verdict="ok", value=current.get("final_eval_loss"),
+                       note=f"{worse} is the worse side {where} ({test})")
+    tested = p is not None or text.startswith("indistinguishable")
+    return Verdict(**base, metric="separation", verdict="ok" if tested else "untested",
+                   value=current.get("final_eval_loss"),
+                   note=f"{text or 'no verdict'} {where}" + (f" ({test})" if p is not None else ""))
 
 
 def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: list[dict],

@@ -10,6 +10,8 @@ to the history (``xfw.report.history``) as soon as it finishes::
         nights/2026-11-22/
             night.json                      suite, start/finish time, host, backends' versions
             tiny-llava-sft/torch/...        ordinary run directories
+            llava-converge/                 a converge entry: xfw converge's directory (speed/<backend>/,
+                                            seed-<s>/..., converge.json .md .html .png)
             nightly.json                    every verdict (xfw.report.verdicts.Verdict), for programs
             report.md  report.html  chart.png
 
@@ -23,7 +25,11 @@ Throughput is flagged when it fell by more than ``max(ips_drop, noise_k × noise
 is the larger of the history's own scatter (1.4826 × MAD / median, once 3 nights exist) and the
 standard error of this run's mean step ((p90 − p10) / 2.563 / median / √steps); memory
 likewise with ``mem_growth`` and the history's scatter; a run that was ok and now is not is always
-flagged. The exit code is 1 when anything is flagged or failed, so a scheduler can alert.
+flagged. A converge entry (``converge:`` in the suite) runs :func:`xfw.run.converge.run_converge` after
+the ordinary entries; its speed runs are its history rows, with its final eval loss and time to target
+beside them (``xfw.report.history.converge_fields``), and a quality regression is flagged like a speed
+one (``xfw.report.verdicts.judge_quality``). The exit code is 1 when anything is flagged or failed, so
+a scheduler can alert.
 """
 
 from __future__ import annotations
@@ -35,15 +41,18 @@ from pathlib import Path
 
 from xfw.contract import env as host
 from xfw.run import launcher
-from xfw.report.history import NIGHTS_DIR, History, row_from_result
+from xfw.report.converge import ConvergeReport
+from xfw.report.converge import write_outputs as write_converge
+from xfw.report.history import NIGHTS_DIR, History, converge_fields, row_from_result
 from xfw.report.selfcheck import NIGHT_DIR as SELFCHECK_DIR
 from xfw.report.verdicts import VERDICTS_FILE, Verdict, evaluate
-from xfw.run.jobs import Backends, Job, jobs_for, run_jobs, with_sibling_parts
+from xfw.run.jobs import Backends, Job, JobError, jobs_for, run_jobs, with_sibling_parts
 from xfw.report.results import RunResult
 from xfw.contract.atomic import write_json_atomic
-from xfw.run.selfcheck import run_selfcheck
+from xfw.run.converge import run_converge, speed_jobs_for
 from xfw.run.recipe import PLAIN_NAME_RULE, is_plain_name
-from xfw.run.suite import Suite
+from xfw.run.selfcheck import run_selfcheck
+from xfw.run.suite import Entry, Suite
 
 NODE_WAIT_S = 300.0
 """How long node 0 waits for the other nodes' parts of a multi-node entry before recording its own."""
@@ -122,6 +131,10 @@ class NightOutcome:
     report_path: Path | None = None
     selfcheck: list = field(default_factory=list)
     """The suite's selfcheck verdicts (``xfw.report.selfcheck.Verdict``), when it has one."""
+    converged: dict = field(default_factory=dict)
+    """Converge entries run this night: label -> ``xfw.report.converge.ConvergeReport``."""
+    skipped: list[str] = field(default_factory=list)
+    """Why an entry did not run this night (a converge entry without both of its backends)."""
 
     @property
     def regressions(self) -> list[Verdict]:
@@ -172,9 +185,14 @@ def run_night(suite: Suite, backends: Backends, history_dir: Path, *,
                         {name: description for name, (_, description) in backends.items()}, now) if node_rank == 0 \
         else {}
     entries = sorted(suite.entries, key=lambda e: e.recipe.parallel.nnodes == 1)  # multi-node first, same order everywhere
+    converging = [e for e in entries if e.converge is not None and node_rank == 0]
+    skipped = [f"{e.label}: a converge entry needs both {' and '.join(e.converge.backends)}; "
+               f"this night runs {', '.join(backends)}" for e in converging
+               if any(name not in backends for name in e.converge.backends)]
+    converging = [e for e in converging if all(name in backends for name in e.converge.backends)]
     jobs, entry_of = [], {}
     for entry in entries:
-        if node_rank > 0 and entry.recipe.parallel.nnodes == 1:
+        if (node_rank > 0 and entry.recipe.parallel.nnodes == 1) or entry.converge is not None:
             continue
         for job in jobs_for(entry.recipe, list(backends), night_dir, (entry.label,), label=entry.label,
                             # two entries of one recipe: keep their rows apart
@@ -183,7 +201,10 @@ def run_night(suite: Suite, backends: Backends, history_dir: Path, *,
             jobs.append(job)
             entry_of[job.run_dir] = entry.label
     log(f"night {night} of suite {suite.name}: {len(jobs)} runs" + (f" on node {node_rank}" if node_rank else "")
+        + (f" and {len(converging)} converge entr{'y' if len(converging) == 1 else 'ies'}" if converging else "")
         + (" (resuming: finished runs are kept)" if resuming else "") + f" -> {night_dir}")
+    for line in skipped:
+        log(f"skipped {line}")
 
     def record(job: Job, result: RunResult) -> None:  # after every run: a kill loses nothing finished
         if node_rank > 0:
@@ -207,12 +228,72 @@ def run_night(suite: Suite, backends: Backends, history_dir: Path, *,
                              log=log, on_result=record)
     if node_rank > 0:
         return NightOutcome(night=night, night_dir=night_dir, results=results, verdicts=[], kept=kept)
+    converged = {}
+    for entry in converging:  # after the ordinary entries: each is several runs per backend
+        converged[entry.label], speed_results, entry_kept = run_converge_entry(
+            entry, backends, night_dir, progress=progress, log=log)
+        kept += entry_kept
+        results += speed_results
+        history.upsert(converge_rows(entry, converged[entry.label], speed_results, history_dir,
+                                     night=night, night_started_utc=state["started_utc"], suite=suite.name))
     verdicts = evaluate(history.rows(), night, suite.regression)
     write_json_atomic(night_dir / VERDICTS_FILE, {
         "night": night, "suite": suite.name, "policy": asdict(suite.regression),
         "verdicts": [asdict(v) | {"flagged": v.flagged} for v in verdicts]})
     return NightOutcome(night=night, night_dir=night_dir, results=results, verdicts=verdicts, kept=kept,
-                        selfcheck=checked)
+                        selfcheck=checked, converged=converged, skipped=skipped)
+
+
+def entry_variant(entry: Entry) -> dict:
+    """What keeps two entries of one recipe apart in the night's table (their run directories already are)."""
+    return {"entry": entry.label} if entry.label != entry.recipe.name else {}
+
+
+def run_converge_entry(entry: Entry, backends: Backends, night_dir: Path, *, progress: launcher.Progress | None,
+                       log) -> tuple[ConvergeReport, list[RunResult], int]:
+    """Run one converge entry into ``night_dir/<label>/`` (xfw converge's layout) and write its converge.*
+    files there; returns (its ConvergeReport, its speed runs' results, how many runs were kept).
+
+    Resumed (the same night again), every settled run of the same settings is kept and each seed's start
+    is exported only when it is missing or was exported for other settings. When a run of other
+    settings is in the way (the night resumed with another ``--set``), it is replaced, as an ordinary
+    entry's is: the night is the suite's, not a user's directory."""
+    chosen, out_dir = entry.converge, night_dir / entry.label
+    before = _settled_runs(out_dir)
+    log(f"{entry.label}: converge, {len(chosen.seeds)} seeds x {chosen.steps} steps on {' vs '.join(chosen.backends)}"
+        f" (eval every {chosen.eval_every} steps on {chosen.eval_samples} held-out samples) -> {out_dir}")
+    try:
+        report = run_converge(chosen, out_dir, backends, comparison=chosen.recipe.comparison, force=False,
+                              progress=progress, log=log, variant=entry_variant(entry))
+    except JobError:  # runs of other settings there (or an adapter still running: refused again below)
+        log(f"{entry.label}: runs of other settings in {out_dir} are replaced")
+        report = run_converge(chosen, out_dir, backends, comparison=chosen.recipe.comparison, force=True,
+                              progress=progress, log=log, variant=entry_variant(entry))
+    write_converge(report, out_dir)
+    speed = [RunResult.load(job.run_dir) for job in speed_jobs_for(chosen, out_dir, entry_variant(entry))]
+    kept = len(before & _settled_runs(out_dir))
+    return report, speed, kept
+
+
+def _settled_runs(out_dir: Path) -> set[tuple[str, float]]:
+    """(summary path, modification time) of every run summary under ``out_dir``: which ones a command kept."""
+    return {(str(p), p.stat().st_mtime) for p in out_dir.glob("**/summary.json")} if out_dir.is_dir() else set()
+
+
+def converge_rows(entry: Entry, report: ConvergeReport, speed: list[RunResult], history_dir: Path, *, night: str,
+                  night_started_utc: str, suite: str) -> list[dict]:
+    """The history rows of one converge entry: its speed runs, each with the entry's curves' outcome."""
+    chosen = entry.converge
+    settings = {"seeds": list(chosen.seeds), "steps": chosen.steps, "eval_every": chosen.eval_every,
+                "eval_samples": chosen.eval_samples, "target": chosen.target}
+    converge_dir = str(Path(NIGHTS_DIR, night, entry.label))
+    rows = []
+    for result in speed:
+        spec = launcher.spec_for(chosen.recipe, result.backend, Path(result.run_dir))
+        row = row_from_result(result, spec, night=night, night_started_utc=night_started_utc, suite=suite,
+                              entry=entry.label, run_dir=str(Path(result.run_dir).relative_to(history_dir)))
+        rows.append(row | converge_fields(report, result.backend, settings, spec, converge_dir))
+    return rows
 
 
 def finish_night(outcome: NightOutcome, now: dt.datetime | None = None) -> None:

@@ -11,6 +11,13 @@ A suite is a YAML file (``suites/cpu_smoke.yaml``)::
       - recipe: ../recipes/tiny/sd15_lora.yaml
         set: [batch.micro=2]
         label: sd15-lora-micro2                   # default: the recipe's name
+      - recipe: ../recipes/tiny/llava_json_sft.yaml
+        label: llava-json-converge
+        converge: {seeds: 2, steps: 40, eval_every: 20}   # optional: target, eval_samples (xfw converge's options)
+
+A ``converge:`` entry runs ``xfw converge`` (xfw.run.converge) instead of one run per backend: it needs
+exactly two backends (the suite's, in its order: the second is the reference) and real data; its plan
+is made here, so a bad value or a synthetic-data recipe is refused before the night starts.
 
 ``load_suite`` validates the whole file and every entry's recipe (with the suite's, the entry's
 and the command line's overrides) before anything runs; a problem is one line naming the file
@@ -19,11 +26,14 @@ and the key, e.g. ``suites/x.yaml: entries[2].recipe: no such file ../recipes/ti
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from xfw.report.selfcheck import BY_NAME
 from xfw.report.verdicts import RegressionPolicy
+from xfw.run.command import command_of
+from xfw.run.converge import ConvergeError, Plan, plan
 from xfw.run.recipe import PLAIN_NAME_RULE, Recipe, RecipeError, is_plain_name, load_recipe
 from xfw.run.selfcheck import FAMILY_RECIPES
 from xfw.run.yamlfile import YamlError, load_file
@@ -41,6 +51,8 @@ class Entry:
     overrides: tuple[str, ...]
     """Suite-level, then the entry's own, then the command line's ``--set``."""
     recipe: Recipe
+    converge: Plan | None = None
+    """A converge entry's plan (``converge:`` in the suite): both backends' learning curves, not one run each."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +69,9 @@ class Suite:
 
 
 _TOP_KEYS = {"name", "backends", "set", "regression", "entries", "description", "selfcheck"}
-_ENTRY_KEYS = {"recipe", "set", "label"}
+_ENTRY_KEYS = {"recipe", "set", "label", "converge"}
+CONVERGE_DEFAULTS = {"seeds": 3, "steps": 300, "eval_every": 25, "eval_samples": None, "target": None}
+"""A converge entry's keys and their defaults (``xfw converge``'s options)."""
 
 
 def _str_list(value, where: str) -> tuple[str, ...]:
@@ -89,6 +103,30 @@ def _policy(data, source: str) -> RegressionPolicy:
     return RegressionPolicy(**values)
 
 
+def _converge_options(data, where: str) -> dict:
+    """A converge entry's mapping checked like ``xfw converge``'s options; the error names the key."""
+    if not isinstance(data, dict):
+        raise SuiteError(f"{where}.converge: a mapping such as {{seeds: 2, steps: 40, eval_every: 20}}, got {data!r}")
+    unknown = sorted(set(data) - set(CONVERGE_DEFAULTS), key=str)
+    if unknown:
+        raise SuiteError(f"{where}.converge.{unknown[0]}: unknown key (known: {', '.join(CONVERGE_DEFAULTS)})")
+    values = {**CONVERGE_DEFAULTS, **data}
+    for key in ("seeds", "steps", "eval_every", "eval_samples"):
+        value = values[key]
+        if value is None and key == "eval_samples":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SuiteError(f"{where}.converge.{key}: must be an integer >= 1, got {value!r}")
+    if values["steps"] < values["eval_every"]:
+        raise SuiteError(f"{where}.converge.steps: {values['steps']} is fewer than eval_every {values['eval_every']}: "
+                         "no evaluation would happen during training")
+    target = values["target"]
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
+                               or not math.isfinite(target)):
+        raise SuiteError(f"{where}.converge.target: must be a finite number (an eval loss to reach), got {target!r}")
+    return values
+
+
 def _selfcheck(data, source: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """``selfcheck: true`` (every family, every path), a mapping ``{families: [...], paths: [...]}``
     (either may be left out: all), or absent / false (none)."""
@@ -106,6 +144,28 @@ def _selfcheck(data, source: str) -> tuple[tuple[str, ...], tuple[str, ...]] | N
         chosen.append(tuple(values))
     families, paths = chosen
     return families, ("fp32", *(p for p in paths if p != "fp32"))  # fp32: what every other path is held to
+
+
+def _converge_plan(data, where: str, recipe_path: str, overrides: tuple[str, ...], backends: list,
+                   recipe: Recipe) -> Plan:
+    """A converge entry's plan, made now (its data prepared, its split and every seed's recipe checked)."""
+    options = _converge_options(data, where)
+    if len(backends) != 2:
+        raise SuiteError(f"{where}.converge: a converge entry compares exactly two backends; the suite runs "
+                         f"{len(backends)} ({', '.join(map(str, backends))})")
+    attached = [name for name in backends if command_of(recipe, name) is not None]
+    if attached:
+        raise SuiteError(f"{where}.converge: backends.{attached[0]}.command: converge starts both sides from one "
+                         "exported model, which only xfw's own adapters do")
+    if recipe.parallel.nnodes > 1:
+        raise SuiteError(f"{where}.converge: a converge entry runs on one node (the recipe has parallel.nnodes "
+                         f"{recipe.parallel.nnodes})")
+    try:
+        return plan(recipe_path, list(overrides), backends=tuple(backends), seeds=options["seeds"],
+                    steps=options["steps"], eval_every=options["eval_every"], eval_samples=options["eval_samples"],
+                    target=options["target"])
+    except (ConvergeError, RecipeError, ValueError) as err:
+        raise SuiteError(f"{where}.converge: {err}") from None
 
 
 def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Suite:
@@ -165,7 +225,15 @@ def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         if not is_plain_name(label):
             problems.append(f"{where}.label: {str(label)[:120]!r} {PLAIN_NAME_RULE}")
             continue
-        entries.append(Entry(label=label, recipe_path=recipe_path, overrides=entry_overrides, recipe=recipe))
+        chosen = None
+        if "converge" in raw:
+            try:
+                chosen = _converge_plan(raw["converge"], where, str(recipe_path), entry_overrides, backends, recipe)
+            except SuiteError as err:
+                problems.append(str(err))
+                continue
+        entries.append(Entry(label=label, recipe_path=recipe_path, overrides=entry_overrides, recipe=recipe,
+                             converge=chosen))
     labels = [e.label for e in entries]
     clash = next((label for label in labels if labels.count(label) > 1), None)
     if clash:
