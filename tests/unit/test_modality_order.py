@@ -41,9 +41,12 @@ def test_a_recipe_groups_real_data_by_modality_and_only_llava_json_may():
     spec = resolve_spec(recipe, backend="torch", run_id="x/torch")
     data = PreparedData(spec["data"]["prepared"])
     _, has_image = data.modalities()
-    assert has_image.sum() == len(data) - 1  # the tiny set's one text-only question
+    assert has_image.sum() == len(data) - 8  # the tiny set's 8 text-only questions
     batches = MicroBatches(spec, 0)
-    firsts = [batches.sample_index(p) for p in range(len(data) - 1)]
-    assert all(has_image[i] for i in firsts)  # the text-only sample waits for the merged last group
+    epoch = [batches.sample_index(p) for p in range(len(data))]
+    assert sorted(epoch) == list(range(len(data)))
+    # 232 samples with images and 8 without fill groups of 2 (micro 2, one process) exactly: every
+    # micro-batch of the epoch holds one modality (the ungrouped order mixes them in 8 micro-batches)
+    assert all(has_image[epoch[k]] == has_image[epoch[k + 1]] for k in range(0, len(data), 2))
     with pytest.raises(RecipeError, match="data.group_by_modality: only applies to llava_json"):
         load_recipe(ROOT / "recipes/tiny/sd15_captions.yaml", ["data.group_by_modality=true"])
