@@ -171,78 +171,6 @@ class _Steps:
         return [b for b, _ in items], [batches.unpack(m) for _, m in items]
 
 
-def eval_every(spec: dict) -> int:
-    """``measure.eval_every``: evaluate the held-out split every K optimizer steps (0: never)."""
-    return int(spec["measure"].get("eval_every") or 0)
-
-
-class _Evaluator:
-    """The held-out split's loss (``data.eval_samples``, :class:`~xfw.contract.batches.EvalBatches`):
-    every micro-batch's forward without gradients (``Session.eval_loss``, a host sync), weighted by
-    its trained tokens (by its samples for a family without them). Every rank evaluates the whole split."""
-
-    def __init__(self, spec: dict, session: Session):
-        if spec["data"]["kind"] == "synthetic":
-            raise InvalidSpec("measure.eval_every: needs real data (a held-out split of data.kind llava_json or "
-                              "image_captions); synthetic batches are a cycled pool with nothing to hold out")
-        if not hasattr(session, "eval_loss"):
-            raise Unsupported("this adapter cannot evaluate a held-out split (no Session.eval_loss)")
-        self.session, self.dataset = session, batches.EvalBatches(spec)
-        if not len(self.dataset):
-            raise InvalidSpec("data.eval_samples: measure.eval_every needs held-out samples (data.eval_samples >= 1)")
-
-    def __call__(self) -> tuple[float, int, int, float]:
-        """(eval loss, samples, trained tokens, seconds)."""
-        session, t0 = self.session, time.perf_counter()
-        iterate = getattr(session, "batches", None)
-        stream = iterate(self.dataset) if iterate else ((session.to_device(b), m) for b, m in self.dataset)
-        total = weight = tokens = 0
-        for size, (batch, meta) in zip(self.dataset.sizes, stream):
-            trained = batches.unpack(meta)[0]
-            w = trained or size
-            total, weight, tokens = total + session.eval_loss(batch) * w, weight + w, tokens + trained
-        return total / weight, sum(self.dataset.sizes), tokens, time.perf_counter() - t0
-
-
-def _train_with_evals(spec: dict, writer: rec.RecordWriter, session: Session, data: "_Steps", every: int,
-                      write_step: Callable, grad_norms: list, described: list) -> None:
-    """``measure.eval_every`` (xfw converge): every step synchronised (a learning curve, not a speed
-    measurement: converge measures speed in a run of its own), the held-out split evaluated before the
-    first step, after every ``every``-th and after the last; eval records from rank 0."""
-    warmup, steps = spec["measure"]["warmup_steps"], spec["measure"]["steps"]
-    total, per_step = warmup + steps, spec["batch"]["global"]
-    evaluate = _Evaluator(spec, session)
-
-    def eval_at(step: int) -> None:
-        session.synchronize()
-        loss, samples, tokens, took = evaluate()
-        if writer.rank == 0:
-            writer.write("eval", step=step, samples_seen=step * per_step, eval_loss=loss, eval_samples=samples,
-                         eval_tokens=tokens, eval_time_s=took)
-
-    eval_at(0)
-    window_s = 0.0
-    for step in range(total):
-        start = session.timestamp()
-        loss, marks = _step(session, data, step, described)
-        end = session.timestamp()
-        session.synchronize()  # SYNC: every step (a learning curve)
-        if grad_norms is not None:
-            grad_norms.append(session.grad_norm())
-        time_s = session.elapsed_s(start, end)
-        window_s += time_s if step >= warmup else 0.0
-        write_step(step, "warmup" if step < warmup else "measure", time_s,
-                   session.loss_value(session.loss_token(loss)), _parts(session, start, marks, end))
-        if (step + 1) % every == 0 or step + 1 == total:
-            eval_at(step + 1)
-    measured = described[warmup:]
-    writer.write("window", window_time_s=max(window_s, 1e-9), num_steps=steps,
-                 samples=spec["batch"]["micro"] * spec["derived"]["grad_accum_steps"] * steps,
-                 tokens=sum(m[0] for metas in measured for m in metas),
-                 padded_tokens=sum(m[1] for metas in measured for m in metas))
-    writer.write("applied", **applied_record(session, spec))
-
-
 def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None:
     # The model is built: the process's resident memory counts from here, the same way for every
     # backend (xfw.contract.rss), beside the framework's own figure (memory_peaks).
@@ -265,9 +193,11 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
                      padded_tokens=sum(padded), max_seq_len=max(longest), batch_hashes=list(hashes),
                      rss_peak_bytes=rss.peak_bytes(), **extra)
 
-    if eval_every(spec):
-        return _train_with_evals(spec, writer, session, data, eval_every(spec), write_step,
-                                 grad_norms if with_grad_norm else None, described)
+    if spec["measure"].get("eval_every"):  # a learning curve (xfw converge): xfw.contract.curves
+        from xfw.contract import curves
+
+        return curves.train_with_evals(spec, writer, session, data, write_step,
+                                       grad_norms if with_grad_norm else None, described)
 
     # Warm-up: synchronised every step (it is excluded, so the syncs cost nothing we report).
     for step in range(warmup):

@@ -331,7 +331,7 @@ def _side_target(backend: str, runs: dict[int, SeedRun], points: list[PointStats
     elif len(reached) < len(side.seeds):
         why.append(f"only {len(reached)} of {len(side.seeds)} seeds reached the target in {steps} steps")
     if ips is None:
-        why.append(_no_speed(backend, speed))
+        why.append(no_speed(backend, speed))
     side.time_reason = "; ".join(why)
     if not why:
         side.time_s = side.mean_samples / ips
@@ -341,7 +341,7 @@ def _side_target(backend: str, runs: dict[int, SeedRun], points: list[PointStats
     return side
 
 
-def _no_speed(backend: str, speed: Speed | None) -> str:
+def no_speed(backend: str, speed: Speed | None) -> str:
     if speed is None:
         return f"no speed measurement for {backend}"
     return f"{backend} speed {speed.status}{': ' + speed.reason if speed.reason else ''}"
@@ -353,51 +353,6 @@ def _contrast(other: float | None, reference: float | None) -> float | None:
 
 def pct(value: float) -> str:
     return f"{value:+.0%}" if abs(value) >= 0.1 else f"{value:+.1%}"
-
-
-def _headline(r: ConvergeReport) -> list[str]:
-    ref, other = r.backends
-    tr, to = r.targets[ref], r.targets[other]
-    why_ips = "; ".join(_no_speed(t.backend, r.speed.get(t.backend)) for t in (tr, to) if t.ips is None)
-    parts = [f"{other} vs {ref}: ips " + (pct(r.ips_contrast) if r.ips_contrast is not None else f"n/a ({why_ips})")]
-    never = [t for t in (to, tr) if t.seeds and t.reached == 0]
-    empty = [t.backend for t in (to, tr) if not t.seeds]
-    if r.target is None:
-        parts.append(f"no target ({r.target_source})")
-    elif empty:
-        parts.append(f"no {' or '.join(empty)} seed ran to completion")
-    elif len(never) == 2:
-        parts.append(f"but neither side reaches the target in {r.steps} steps")
-    elif never:
-        parts.append(f"but {never[0].backend} never reaches the target in {r.steps} steps "
-                     f"(0 of {len(never[0].seeds)} seeds)")
-    elif r.time_contrast is not None:  # every seed of both sides reached it
-        parts.append(f"time to target {pct(r.time_contrast)}")
-    elif r.curve_time_contrast is not None:  # each side's mean eval curve: the reference's reaches a default target
-        parts.append(f"time to target {pct(r.curve_time_contrast)} (mean eval curves; seeds reaching it: "
-                     f"{to.reached} of {len(to.seeds)} {other}, {tr.reached} of {len(tr.seeds)} {ref})")
-    elif to.curve_samples is None and tr.curve_samples is not None:
-        parts.append(f"but {other}'s mean eval curve never reaches the target in {r.steps} steps "
-                     f"({to.reached} of {len(to.seeds)} seeds do)")
-    else:
-        parts.append("time to target n/a (" + "; ".join(f"{t.backend}: {t.time_reason}" for t in (tr, to)
-                                                        if t.time_reason) + ")")
-    lines = [", ".join(parts) + (f" (target {r.target:.4g}, {r.target_source})" if r.target is not None else "")]
-    final = r.final
-    if final is None:
-        return lines + ["final eval loss: no eval point"]
-    n = final.n
-    seeds = f"{n[ref]} seeds each" if n[ref] == n[other] else f"{n[ref]} {ref} and {n[other]} {other} seeds"
-    p = f"p = {fmt_p(final.p)}; " if final.p is not None else ""
-    lines.append(f"final eval loss (step {final.step}): {final.verdict} ({p}{r.test}, α = {r.level:g}, {seeds})")
-    first, tested = r.first_separation, [p for p in r.points if p.p is not None]
-    if first is not None:
-        lines.append(f"the sides first separate at step {first.step} ({first.samples:,} samples, p = {fmt_p(first.p)})")
-    else:
-        untested = len(r.points) - len(tested)
-        lines.append(f"the sides never separate (p ≥ {r.level:g} at every one of the {len(tested)} eval points "
-                     f"tested{f', {untested} without a test' if untested else ''})")
-    return lines
 
 
 def fmt_p(p: float) -> str:
@@ -447,7 +402,9 @@ def analyse(curves: dict[str, dict[int, SeedRun]], speed: dict[str, Speed], *, b
     report.ips_contrast = _contrast(to.ips, tr.ips)
     report.time_contrast = _contrast(to.time_s, tr.time_s)
     report.curve_time_contrast = _contrast(to.curve_time_s, tr.curve_time_s)
-    report.headline = _headline(report)
+    from xfw.report.converge_plot import headline  # the words a person reads, with the page
+
+    report.headline = headline(report)
     return report
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from xfw.report.comparison import KINDS
-from xfw.report.converge import ConvergeReport, fmt_p, pct
+from xfw.report.converge import ConvergeReport, fmt_p, no_speed, pct
 from xfw.report.plot import backend_color
 from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Strong, Table, to_csv
 
@@ -233,3 +233,49 @@ def write_chart(report: ConvergeReport, path: str | Path) -> Path:
         plt.close(fig)
         tmp.unlink(missing_ok=True)
     return path
+
+
+def headline(r: ConvergeReport) -> list[str]:
+    """The report's first lines: the ips and time-to-target contrast, the final verdict, the first separation."""
+    ref, other = r.backends
+    tr, to = r.targets[ref], r.targets[other]
+    why_ips = "; ".join(no_speed(t.backend, r.speed.get(t.backend)) for t in (tr, to) if t.ips is None)
+    parts = [f"{other} vs {ref}: ips " + (pct(r.ips_contrast) if r.ips_contrast is not None else f"n/a ({why_ips})")]
+    never = [t for t in (to, tr) if t.seeds and t.reached == 0]
+    empty = [t.backend for t in (to, tr) if not t.seeds]
+    if r.target is None:
+        parts.append(f"no target ({r.target_source})")
+    elif empty:
+        parts.append(f"no {' or '.join(empty)} seed ran to completion")
+    elif len(never) == 2:
+        parts.append(f"but neither side reaches the target in {r.steps} steps")
+    elif never:
+        parts.append(f"but {never[0].backend} never reaches the target in {r.steps} steps "
+                     f"(0 of {len(never[0].seeds)} seeds)")
+    elif r.time_contrast is not None:  # every seed of both sides reached it
+        parts.append(f"time to target {pct(r.time_contrast)}")
+    elif r.curve_time_contrast is not None:  # each side's mean eval curve: the reference's reaches a default target
+        parts.append(f"time to target {pct(r.curve_time_contrast)} (mean eval curves; seeds reaching it: "
+                     f"{to.reached} of {len(to.seeds)} {other}, {tr.reached} of {len(tr.seeds)} {ref})")
+    elif to.curve_samples is None and tr.curve_samples is not None:
+        parts.append(f"but {other}'s mean eval curve never reaches the target in {r.steps} steps "
+                     f"({to.reached} of {len(to.seeds)} seeds do)")
+    else:
+        parts.append("time to target n/a (" + "; ".join(f"{t.backend}: {t.time_reason}" for t in (tr, to)
+                                                        if t.time_reason) + ")")
+    lines = [", ".join(parts) + (f" (target {r.target:.4g}, {r.target_source})" if r.target is not None else "")]
+    final = r.final
+    if final is None:
+        return lines + ["final eval loss: no eval point"]
+    n = final.n
+    seeds = f"{n[ref]} seeds each" if n[ref] == n[other] else f"{n[ref]} {ref} and {n[other]} {other} seeds"
+    p = f"p = {fmt_p(final.p)}; " if final.p is not None else ""
+    lines.append(f"final eval loss (step {final.step}): {final.verdict} ({p}{r.test}, α = {r.level:g}, {seeds})")
+    first, tested = r.first_separation, [p for p in r.points if p.p is not None]
+    if first is not None:
+        lines.append(f"the sides first separate at step {first.step} ({first.samples:,} samples, p = {fmt_p(first.p)})")
+    else:
+        untested = len(r.points) - len(tested)
+        lines.append(f"the sides never separate (p ≥ {r.level:g} at every one of the {len(tested)} eval points "
+                     f"tested{f', {untested} without a test' if untested else ''})")
+    return lines

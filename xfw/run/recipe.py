@@ -77,14 +77,12 @@ class PrecisionSpec:
     amp_level: str = "O0"
     """O0 = no AMP (fp32 only); O1 = autocast over fp32 weights; O2 = low-precision weights + fp32 master weights."""
     master_weights: bool = True
-    """O2 only: the optimizer keeps fp32 master weights (and gradients) and copies them to the
-    low-precision model; false: it updates the low-precision weights in place (pure bf16/fp16
-    training, no fp32 copies: less memory, updates smaller than the dtype's step round away)."""
+    """O2 only: the optimizer keeps fp32 master weights (and gradients); false: it updates the low-precision
+    weights in place (pure bf16/fp16 training: less memory, updates below the dtype's step round away)."""
 
     def __post_init__(self):
         if not self.master_weights and self.amp_level != "O2":
-            raise FieldError("master_weights", f"false applies only to amp_level O2 (O0 and O1 train fp32 weights, "
-                             f"not {self.amp_level})")
+            raise FieldError("master_weights", f"false applies only to amp_level O2, not {self.amp_level}")
         if self.dtype not in DTYPES:
             raise FieldError("dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.amp_level not in AMP_LEVELS:
@@ -173,9 +171,8 @@ class MeasureSpec:
     seed: int = bounded(0, 2**32 - 1, default=0)
     """Seeds weight init and synthetic data, identically for every backend."""
     eval_every: int = bounded(0, 1_000_000, default=0)
-    """Evaluate the held-out split (``data.eval_samples``) before the first step, every K optimizer steps
-    and after the last, without gradients (``eval`` records; xfw converge sets it). Every step is then
-    synchronised: such a run is a learning curve, not a speed measurement. 0: never."""
+    """Evaluate the held-out split (``data.eval_samples``) first, every K steps and last (``eval`` records; xfw
+    converge sets it); every step is then synchronised: a learning curve, not a speed measurement. 0: never."""
     cpu_threads: int | None = bounded(1, 4096, default=None)
     """Host threads per process (OMP_NUM_THREADS / MKL_NUM_THREADS for both frameworks); None leaves
     each framework's default. On a shared CPU, 1 thread per process removes most of the run-to-run
@@ -186,8 +183,6 @@ class MeasureSpec:
             raise FieldError("cpu_threads", f"must be at least 1 (or null for the framework default), got {self.cpu_threads}")
         if self.warmup_steps < 0:
             raise FieldError("warmup_steps", f"must be >= 0, got {self.warmup_steps}")
-        if self.eval_every < 0:
-            raise FieldError("eval_every", f"must be >= 0 (0: no evaluation), got {self.eval_every}")
         for name in ("steps", "repeat"):
             if getattr(self, name) < 1:
                 raise FieldError(name, f"must be at least 1, got {getattr(self, name)}")
@@ -210,10 +205,9 @@ class Recipe:
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     measure: MeasureSpec = field(default_factory=MeasureSpec)
     backends: dict = field(default_factory=dict)
-    """Backend-specific knobs only, e.g. {torch: {sharding_impl: fsdp2}}; checked by each adapter; ``env``:
-    variables for that backend's processes. Or a command xfw runs instead of its adapter
-    (``{torch: {command: [...], cwd: DIR}}``, xfw.run.command). ``override``: recipe keys that backend alone
-    runs differently, on purpose (``{paddle: {override: {optimizer.lr: 1.0e-4}}}``, xfw.run.overrides)."""
+    """Backend-specific knobs only, e.g. {torch: {sharding_impl: fsdp2}}, checked by each adapter; ``env``: variables
+    for that backend's processes; or a command xfw runs instead of its adapter (``{torch: {command: [...], cwd:
+    DIR}}``, xfw.run.command); ``override``: recipe keys that backend alone sets otherwise (xfw.run.overrides)."""
     comparison: str = "like-for-like"
     """``like-for-like`` (one algorithm on both sides) or ``published`` (each side as its own benchmark
     script ran it, from the ``published`` file): :mod:`xfw.run.published`."""
