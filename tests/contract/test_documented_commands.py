@@ -31,7 +31,7 @@ from conftest import ROOT, require_interpreter
 pytestmark = pytest.mark.contract
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-TRAINING = {"compare", "run", "sweep", "nightly"}
+TRAINING = {"compare", "run", "sweep", "nightly", "converge"}
 CHEAP = ["--set", "measure.warmup_steps=1", "--set", "measure.steps=2"]
 SELFCHECK_WHY = ("the full selfcheck trains 64 runs (about 9 minutes on 2 cores); tests/contract/test_selfcheck.py "
                  "runs its paths")
@@ -111,6 +111,8 @@ def runnable(argv: list[str]) -> list[str]:
         argv += CHEAP
     if sub == "parity":
         argv += ["--steps", "2"]  # the last --steps counts: two steps already compare losses and gradients
+    if sub == "converge":  # the last of each counts: two seeds of two steps already give a verdict and a target
+        argv += ["--seeds", "2", "--steps", "2", "--eval-every", "2"]
     if sub == "parity" and "--out" not in argv:  # its default, runs/parity-<name>, is what compare --parity reads
         name = yaml.safe_load(_recipes(argv)[0].read_text())["name"]
         argv += ["--out", f"runs/parity-{name}"]
