@@ -204,7 +204,10 @@ def mfu_fields(spec: dict, measurement: Measurement, applied: dict) -> dict:
 
 
 def find_run_dirs(paths: list[str | os.PathLike]) -> list[Path]:
-    """Run directories at or below the given paths (a run directory holds spec.json)."""
+    """Run directories at or below the given paths (a run directory holds spec.json; an exported start,
+    ``weights/`` of parity or converge, holds one beside its weights and is not a run)."""
+    from xfw.contract.weights import WEIGHTS_FILE
+
     found: list[Path] = []
     for path in map(Path, paths):
         if not path.exists():
@@ -212,7 +215,7 @@ def find_run_dirs(paths: list[str | os.PathLike]) -> list[Path]:
         if (path / "spec.json").exists():
             found.append(path)
         else:
-            found.extend(sorted(p.parent for p in path.rglob("spec.json")))
+            found.extend(sorted(p.parent for p in path.rglob("spec.json") if not (p.parent / WEIGHTS_FILE).exists()))
     return found
 
 
