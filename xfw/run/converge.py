@@ -201,7 +201,8 @@ def run_converge(chosen: Plan, out_dir: Path, resolved: jobs.Backends, *, compar
             continue
         recipe = load_recipe(chosen.recipe_path, [*chosen.overrides, *chosen.seed_overrides(seed),
                                                   f"model.weights={weights}"])
-        todo = [jobs.Job(recipe=recipe, backend=name, run_dir=out_dir / f"seed-{seed}" / name, variant={"seed": seed, "run": "learning curve (every step synchronised)"},
+        curve = {"seed": seed, "run": "learning curve (every step synchronised)"}
+        todo = [jobs.Job(recipe=recipe, backend=name, run_dir=out_dir / f"seed-{seed}" / name, variant=curve,
                          label=f"seed {seed} / {name}") for name in chosen.backends]
         results, _ = jobs.run_jobs(todo, resolved, resume=True, force=force, progress=progress, log=log)
         for result in results:
