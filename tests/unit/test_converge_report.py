@@ -254,3 +254,12 @@ def test_the_files_carry_the_comparison_headline_and_verdicts(tmp_path, comparis
     png = (tmp_path / "converge.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+
+
+def test_a_target_missed_within_the_seed_spread_says_so():
+    report = report_of(shifted(0, +0.002))  # paddle 0.002 higher at every point, well within the spread
+    assert "but paddle's mean eval curve never reaches the target" in report.headline[0]
+    assert report.final.verdict == "indistinguishable"
+    assert "the miss is within the seed-to-seed spread" in report.headline[0]
+    far = report_of(shifted(100, +1.0))  # a real gap: the miss is not called noise
+    assert far.final.worse == "paddle" and "within the seed-to-seed spread" not in far.headline[0]

@@ -265,6 +265,9 @@ def headline(r: ConvergeReport) -> list[str]:
                                                         if t.time_reason) + ")")
     lines = [", ".join(parts) + (f" (target {r.target:.4g}, {r.target_source})" if r.target is not None else "")]
     final = r.final
+    if "never reaches" in lines[0] and final is not None and final.verdict.startswith("indistinguishable"):
+        lines[0] += ("; the final eval losses are indistinguishable, so the miss is within the seed-to-seed spread "
+                     "(a target the reference reaches only on average; give --target for a firmer one)")
     if final is None:
         return lines + ["final eval loss: no eval point"]
     n = final.n
