@@ -16,7 +16,7 @@ from typing import Callable
 
 from xfw.contract import batches
 from xfw.contract import records as rec
-from xfw.contract.harness import InvalidSpec, Session, Unsupported, _parts, _step, applied_record
+from xfw.contract.harness import InvalidSpec, Session, Unsupported, _parts, _step, close_window
 
 
 def eval_every(spec: dict) -> int:
@@ -57,8 +57,8 @@ def train_with_evals(spec: dict, writer: rec.RecordWriter, session: Session, dat
     """``measure.eval_every`` (xfw converge): every step synchronised (a learning curve, not a speed
     measurement: converge measures speed in a run of its own), the held-out split evaluated before the
     first step, after every ``every``-th and after the last; eval records from rank 0."""
-    warmup, steps, every = spec["measure"]["warmup_steps"], spec["measure"]["steps"], eval_every(spec)
-    total, per_step = warmup + steps, spec["batch"]["global"]
+    warmup, every = spec["measure"]["warmup_steps"], eval_every(spec)
+    total, per_step = warmup + spec["measure"]["steps"], spec["batch"]["global"]
     evaluate = Evaluator(spec, session)
 
     def eval_at(step: int) -> None:
@@ -83,9 +83,4 @@ def train_with_evals(spec: dict, writer: rec.RecordWriter, session: Session, dat
                    session.loss_value(session.loss_token(loss)), _parts(session, start, marks, end))
         if (step + 1) % every == 0 or step + 1 == total:
             eval_at(step + 1)
-    measured = described[warmup:]
-    writer.write("window", window_time_s=max(window_s, 1e-9), num_steps=steps,
-                 samples=spec["batch"]["micro"] * spec["derived"]["grad_accum_steps"] * steps,
-                 tokens=sum(m[0] for metas in measured for m in metas),
-                 padded_tokens=sum(m[1] for metas in measured for m in metas))
-    writer.write("applied", **applied_record(session, spec))
+    close_window(writer, session, spec, described, max(window_s, 1e-9))

@@ -238,8 +238,15 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
     for j in range(written, steps):
         write_step(warmup + j, "measure", session.elapsed_s(stamps[j], stamps[j + 1]),
                    session.loss_value(tokens_pending[j]), _parts(session, stamps[j], marks[j], stamps[j + 1]))
+    close_window(writer, session, spec, described, window_s)
+
+
+def close_window(writer: rec.RecordWriter, session: Session, spec: dict, described: list, window_s: float) -> None:
+    """The ``window`` record (the measured steps' samples, trained and padded tokens) and ``applied``."""
+    warmup, steps = spec["measure"]["warmup_steps"], spec["measure"]["steps"]
+    samples = spec["batch"]["micro"] * spec["derived"]["grad_accum_steps"] * steps
     measured = described[warmup:]
-    writer.write("window", window_time_s=window_s, num_steps=steps, samples=samples * steps,
+    writer.write("window", window_time_s=window_s, num_steps=steps, samples=samples,
                  tokens=sum(m[0] for metas in measured for m in metas),
                  padded_tokens=sum(m[1] for metas in measured for m in metas))
     writer.write("applied", **applied_record(session, spec))
