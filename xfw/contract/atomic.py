@@ -8,12 +8,18 @@ Every JSON and text result xfw writes goes through here, and every JSON file xfw
 
 The data is written to a temporary file in the same directory, flushed to disk, then renamed
 over the target (``os.replace`` is atomic within one file system).
+
+Every file xfw reads (results, specs, records, recipes, published files, locks) comes through
+:func:`read_bounded`: at most a given size, a regular file only (a FIFO would block, ``/dev/zero``
+never ends), and a symbolic link only where it stays inside the file's own directory (or the
+``within`` directory given). Anything else is one :class:`UnreadableFile` line naming the file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -42,6 +48,67 @@ class UnreadableFile(ValueError):
     """A file that exists but cannot be used; the message is one line naming the file and why."""
 
 
+MAX_READ_BYTES = 64 << 20
+"""Largest JSON document read back (a spec, a summary, a selfcheck: each well under 1 MiB)."""
+
+
+def _size(limit: int) -> str:
+    return f"{limit // (1 << 20)} MiB" if limit >= 1 << 20 else f"{limit // 1024} KiB" if limit >= 1024 else f"{limit} B"
+
+
+def open_checked(path: str | os.PathLike, within: str | os.PathLike | None = None) -> int:
+    """A read-only descriptor of ``path``, checked: a regular file (never a FIFO, device or socket,
+    opened without blocking), reached through no symbolic link leading out of ``within`` (default:
+    the file's own directory). FileNotFoundError when it does not exist; UnreadableFile otherwise."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as err:
+        raise UnreadableFile(f"{path}: cannot read ({getattr(err, 'strerror', None) or err})") from None
+    if stat.S_ISLNK(st.st_mode):
+        base = Path(os.path.realpath(within if within is not None else path.parent))
+        try:
+            target = Path(os.path.realpath(path, strict=True))
+        except FileNotFoundError:
+            raise
+        except (OSError, RuntimeError) as err:  # a loop (ELOOP)
+            raise UnreadableFile(f"{path}: cannot read ({getattr(err, 'strerror', None) or err})") from None
+        if not target.is_relative_to(base):
+            raise UnreadableFile(f"{path}: a symbolic link out of {base} (to {target}); not read")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as err:
+        raise UnreadableFile(f"{path}: cannot read ({getattr(err, 'strerror', None) or err})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "not a regular file")
+        raise UnreadableFile(f"{path}: {kind}, not a regular file; not read")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_bounded(path: str | os.PathLike, limit: int = MAX_READ_BYTES, *,
+                 within: str | os.PathLike | None = None) -> bytes:
+    """The bytes of ``path``, at most ``limit`` of them, through :func:`open_checked`.
+    FileNotFoundError when it does not exist; UnreadableFile (one line) for anything else."""
+    fd = open_checked(path, within)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as err:
+        raise UnreadableFile(f"{path}: cannot read ({err.strerror or err})") from None
+    if len(data) > limit:
+        raise UnreadableFile(f"{path}: larger than {_size(limit)}; not read")
+    return data
+
+
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a number JSON allows")
 
@@ -51,15 +118,17 @@ def read_json_object(path: str | os.PathLike) -> dict:
     Infinity, or text that is not UTF-8 raise :class:`UnreadableFile` naming the file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path).decode("utf-8")
     except FileNotFoundError:
         return {}
-    except (OSError, UnicodeDecodeError) as err:
-        raise UnreadableFile(f"{path}: cannot read ({getattr(err, 'strerror', None) or err})") from None
+    except UnicodeDecodeError as err:
+        raise UnreadableFile(f"{path}: cannot read ({err})") from None
     try:
         data = json.loads(text, parse_constant=_no_constant)
     except ValueError as err:
         raise UnreadableFile(f"{path}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise UnreadableFile(f"{path}: not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise UnreadableFile(f"{path}: expected a JSON object, found {type(data).__name__}")
     return data

@@ -192,20 +192,32 @@ def parse_lines(lines: Iterable[str]) -> list[dict]:
 
 def load_records(path: str | os.PathLike) -> list[dict]:
     """Every record that parses (lenient: for live progress and for classifying a run that just ended)."""
-    path = Path(path)
-    if not path.exists():
+    from xfw.contract.atomic import UnreadableFile, read_bounded
+
+    try:
+        text = read_bounded(path, MAX_RECORDS_BYTES).decode("utf-8", "replace")
+    except (OSError, UnreadableFile):  # missing, or not a file xfw reads (a FIFO, a device): no records
         return []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return parse_lines(f)
+    return parse_lines(text.split("\n"))
+
+
+MAX_RECORDS_BYTES = 1 << 30
+"""Largest steps.jsonl read (a million steps on eight ranks is about 2.5 GB: far past any recipe's bounds)."""
 
 
 def read_records(path: str | os.PathLike) -> tuple[list[dict], str]:
     """Every record of a finished run, checked against the schema: (records, problem). ``problem``
     names the file and the first bad line ("" when all are good); only a torn last line (a process
     killed mid-write) is forgiven."""
+    from xfw.contract.atomic import UnreadableFile, read_bounded
+
     path = Path(path)
     try:
-        lines = path.read_bytes().decode("utf-8").split("\n") if path.exists() else []
+        lines = read_bounded(path, MAX_RECORDS_BYTES).decode("utf-8").split("\n")
+    except FileNotFoundError:
+        lines = []
+    except UnreadableFile as err:
+        return [], str(err)
     except (OSError, UnicodeDecodeError) as err:
         return [], f"{path}: cannot read ({getattr(err, 'strerror', None) or err})"
     records, last = [], max((i for i, line in enumerate(lines) if line.strip()), default=-1)

@@ -45,8 +45,16 @@ def breakdown_entries(rows: list[ComparisonRow], backends: list[str]) -> list[tu
     """(row label, backend, breakdown or None) for every ok side."""
     from xfw.report.contrast import row_name
 
-    return [(row_name(row), name, side_breakdown(row.sides[name]))
-            for row in rows for name in backends if name in row.sides and row.sides[name].ok]
+    out = []
+    for row in rows:
+        for name in backends:
+            if name in row.sides and row.sides[name].ok:
+                side = row.sides[name]
+                parts = side_breakdown(side)
+                if parts is not None and "command" in ((side.env or {}).get("backend") or {}):
+                    parts["attached"] = True  # a command xfw attached to: its probe splits the step its own way
+                out.append((row_name(row), name, parts))
+    return out
 
 
 def _cell(seconds: float | None, step: float) -> str:
@@ -72,7 +80,9 @@ def breakdown_table(entries: list[tuple[str, str, dict | None]]) -> Table:
             continue
         step = parts_s["step_time_s"]
         note = ("" if "fwd_bwd_s" in parts_s else "an attached command: the probe sees where the optimizer step "
-                "begins; the rest is data, forward and backward" if "optimizer_s" in parts_s
+                "begins; the rest is data, forward and backward" if "optimizer_s" in parts_s and parts_s.get("attached")
+                else "forward and backward not recorded (this run's records lack the part); the rest is what the "
+                "recorded parts leave" if "optimizer_s" in parts_s
                 else "forward, backward and optimizer not split")
         cells.append([label, backend, *(_cell(parts_s.get(p), step) if p in parts_s else "–" for p in parts),
                       f"{step * 1e3:.2f} ms", note])
@@ -93,8 +103,10 @@ def breakdown_blocks(rows: list[ComparisonRow], backends: list[str], out_dir: Pa
         from xfw.report.plot import plot_breakdown
 
         try:
+            from xfw.report.comparison import short_name
+
             chart = plot_breakdown([e for e in entries if e[2]], _parts_shown(entries), PART_LABELS,
-                                   Path(out_dir) / "breakdown.png")
+                                   Path(out_dir) / "breakdown.png", subtitle=short_name(rows))
             blocks.append(Image(chart, "stacked bars: each side's mean step by part"))
         except OSError:
             pass

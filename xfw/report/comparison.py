@@ -20,6 +20,7 @@ strategy on both sides (``data_parallel`` for DDP and ``paddle.DataParallel``, "
 
 from __future__ import annotations
 
+from xfw.contract import envvars
 from xfw.report.measure import THROUGHPUT_NOTES
 from xfw.report.table import Bullets, Heading, Paragraph, Table
 
@@ -38,11 +39,85 @@ def kind_of(row) -> str:
     return kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else "like-for-like")
 
 
+SINGLE = {"like-for-like": "Like-for-like settings, one backend ({backend}): the recipe as it says, nothing "
+                            "compared against another side",
+          "published": "Published settings, one backend ({backend}): as its own benchmark script ran it, nothing "
+                       "compared against another side"}
+_NOT_NAMED = ("override.",)
+"""Differences the heading leaves to its own line (deliberate overrides are named beside it)."""
+
+
+def _sides_compared(rows) -> list[str]:
+    return list(dict.fromkeys(name for r in rows for name in r.sides))
+
+
+def differences(rows) -> list[str]:
+    """``mechanism.attention_kernel (paddle sdpa_math, torch sdpa: flash)``: each setting that differs
+    between the sides of a like-for-like row (what the warnings list), for the heading to name."""
+    out: dict[str, str] = {}
+    for row in rows:
+        if kind_of(row) != "like-for-like":
+            continue
+        for key in row.differing:
+            if key.startswith(_NOT_NAMED) or key in out:
+                continue
+            values = row.settings.get(key) or {}
+            out[key] = f"{key} ({', '.join(f'{b} {v}' for b, v in values.items())})" if values else key
+    return list(out.values())
+
+
+def applied_count(rows) -> tuple[int, int]:
+    """(published settings carried out here, published settings this comparison asked for), over every
+    published side: an entry a side's adapter could not carry out (``not_honoured``, by its knob) or that
+    the run's own ``--set`` replaced is not applied here."""
+    applied = total = 0
+    for row in rows:
+        for side in row.sides.values():
+            block = (side.setup or {}).get("comparison") or {}
+            if block.get("kind") != "published":
+                continue
+            refused = set((side.applied or {}).get("not_honoured") or {})
+            entries = block.get("set") or []
+            total += len(entries) + len(block.get("replaced") or [])
+            applied += sum(1 for e in entries if str(e.get("key", "")).split(".")[0] not in refused)
+    return applied, total
+
+
+def short_name(rows) -> str:
+    """The comparison in a few words, for a chart's title, a layout's subtitle, a CSV column:
+    ``like-for-like comparison``, ``like-for-like comparison, except mechanism.attention_kernel``,
+    ``published comparison (2 of 9 published settings applied here)``, ``one backend (torch), like-for-like``."""
+    kinds = {kind_of(r) for r in rows} or {"like-for-like"}
+    if len(kinds) > 1 or "mixed" in kinds:
+        return "mixed comparisons (like-for-like and published rows)"
+    kind, sides = next(iter(kinds)), _sides_compared(rows)
+    if len(sides) == 1:
+        return f"one backend ({sides[0]}), {kind} settings"
+    if kind == "published":
+        applied, total = applied_count(rows)
+        return "published comparison" + (f" ({applied} of {total} published settings applied here)" if total else "")
+    different = [d.split(" (")[0] for d in differences(rows)]
+    return "like-for-like comparison" + (f", except {', '.join(different)}" if different else "")
+
+
 def title(rows) -> str:
+    """Which comparison, and in the heading itself what is the same and what is not: a like-for-like
+    row whose sides ran some mechanism differently does not claim one algorithm on both sides; a
+    published one says how many of its settings this machine carried out; one backend says so."""
     kinds = {kind_of(r) for r in rows}
-    if len(kinds) == 1 and next(iter(kinds)) in KINDS:
-        return KINDS[next(iter(kinds))]
-    return "Mixed comparisons: like-for-like and published rows (see each row's Comparison column)"
+    if len(kinds) != 1 or next(iter(kinds)) not in KINDS:
+        return "Mixed comparisons: like-for-like and published rows (see each row's Comparison column)"
+    kind, sides = next(iter(kinds)), _sides_compared(rows)
+    if len(sides) == 1:
+        return SINGLE[kind].format(backend=sides[0])
+    if kind == "published":
+        applied, total = applied_count(rows)
+        return KINDS[kind] + (f"; published settings: {applied} of {total} applied here" if total else "")
+    different = differences(rows)
+    if not different:
+        return KINDS[kind]
+    return ("Like-for-like comparison (the framework comparison): the same recipe, data and settings on both sides, "
+            f"except {'; '.join(different)} (see the warnings)")
 
 
 def neutral(key: str, value) -> str:
@@ -89,9 +164,69 @@ def add_mechanisms(row) -> None:
         row.settings[f"env.{name}"] = values
         if len({repr(v) for v in values.values()}) > 1:
             row.differing.append(f"env.{name}")
+    for line in result_variables(row):
+        row.warnings.append(f"{line}: a variable that can change the program or what is measured")
     if kind_of(row) == "mixed":
         row.warnings.append("the sides come from different comparisons (like-for-like and published): "
                             "this contrast compares neither")
+
+
+def result_variables(row) -> list[str]:
+    """``side NAME=value (what it changes)`` for each variable a side's processes got that can change the
+    result (:mod:`xfw.contract.envvars`): named in the warnings and beside the headline."""
+    out = []
+    for name, side in row.sides.items():
+        env = (side.setup or {}).get("env") or {}
+        out += [f"{name} {assignment} ({what})" for assignment, what in envvars.named(env).items()]
+    return out
+
+
+_ENTRY_TEXT = {"set": ("key", "source"), "not_applied": ("key", "source"), "replaced": ("key", "source"),
+               "not_reproduced": ("what", "source")}
+_THROUGHPUT_DEFINITIONS = tuple(THROUGHPUT_NOTES)
+
+
+def _whole(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= 1_000_000
+
+
+def block_problem(block) -> str | None:
+    """Why a spec.json's ``comparison`` block (:func:`xfw.run.published.described`) cannot be read:
+    ``"comparison.<key>: why"``, or None. Checked when a run directory loads, so an edited block makes
+    the run unreadable in one line instead of failing a report."""
+    if not isinstance(block, dict):
+        return f"comparison: a {type(block).__name__}, not a mapping"
+    if not isinstance(block.get("kind", "like-for-like"), str) or block.get("kind", "like-for-like") not in KINDS:
+        return f"comparison.kind: {str(block.get('kind'))[:80]!r} is not one of {', '.join(KINDS)}"
+    for key in ("row", "file"):
+        if key in block and not isinstance(block[key], str):
+            return f"comparison.{key}: a {type(block[key]).__name__}, not text"
+    for key, fields in _ENTRY_TEXT.items():
+        entries = block.get(key, [])
+        if not isinstance(entries, list):
+            return f"comparison.{key}: a {type(entries).__name__}, not a list"
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                return f"comparison.{key}.{i}: a {type(entry).__name__}, not a mapping"
+            bad = next((f for f in fields if not isinstance(entry.get(f), str)), None)
+            if bad:
+                return f"comparison.{key}.{i}.{bad}: missing or not text"
+            if key != "not_reproduced" and "value" not in entry:
+                return f"comparison.{key}.{i}.value: missing"
+    if "throughput" in block:
+        definition = block["throughput"]
+        if not isinstance(definition, dict):
+            return f"comparison.throughput: a {type(definition).__name__}, not a mapping"
+        if definition.get("definition") not in _THROUGHPUT_DEFINITIONS:
+            return (f"comparison.throughput.definition: {str(definition.get('definition'))[:80]!r} is not one of "
+                    f"{', '.join(_THROUGHPUT_DEFINITIONS)}")
+        if "skip_steps" in definition and not _whole(definition["skip_steps"], 0):
+            return f"comparison.throughput.skip_steps: {str(definition['skip_steps'])[:80]!r} is not a whole number >= 0"
+        if "n" in definition and not _whole(definition["n"], 1):
+            return f"comparison.throughput.n: {str(definition['n'])[:80]!r} is not a whole number >= 1"
+        if "source" in definition and not isinstance(definition["source"], str):
+            return "comparison.throughput.source: not text"
+    return None
 
 
 def _fmt(value) -> str:
@@ -109,9 +244,11 @@ def blocks(rows, backends: list[str]) -> list:
         kind = kind_of(row)
         first = next(d for d in described.values() if d.get("file"))
         out.append(Heading(f"{row.model} {row.stage}: {kind} (seed row {first.get('row')}, {first.get('file')})", 4))
-        applied_cells, left_out, unreproduced, honoured = [], [], [], []
+        applied_cells, left_out, unreproduced, honoured, replaced = [], [], [], [], []
         for b, d in described.items():
             applied_cells += [[b, e["key"], str(e["value"]), e["source"]] for e in d.get("set", [])]
+            replaced += [f"{b}: {e['key']} ran as {'(not set)' if e.get('ran') is None else e['ran']}, not the "
+                         f"published {e['value']} ({e['source']}): this run's own --set" for e in d.get("replaced", [])]
             left_out += [f"{b}: {e['key']} = {e['value']} ({e['source']})" for e in d.get("not_applied", [])]
             unreproduced += [f"{b}: {e['what']} ({e['source']})" for e in d.get("not_reproduced", [])]
             side = row.sides[b]
@@ -120,6 +257,9 @@ def blocks(rows, backends: list[str]) -> list:
             out.append(Table(header=["Side", "Setting", "Value", "Source"], cells=applied_cells,
                              records=[dict(zip(("side", "setting", "value", "source"), c)) for c in applied_cells],
                              name="published_settings", csv=False))
+        if replaced:
+            out += [Paragraph("Published settings this run replaced with its own (what ran is listed, not the "
+                              "published value):"), Bullets(replaced, name="replaced")]
         if honoured:
             out += [Paragraph("Asked for but not carried out on this machine (the default ran instead):"),
                     Bullets(honoured, name="not_honoured")]

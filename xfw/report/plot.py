@@ -9,10 +9,12 @@ visible in the picture, not silently missing.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+from xfw.report import comparison
 from xfw.report.compare import ComparisonRow, strip_common, variant_label
-from xfw.report.contrast import fmt_contrast, fmt_rate
+from xfw.report.contrast import ONE_RUN, fmt_headline_contrast, fmt_rate
 
 BACKEND_COLORS = {"paddle": "#2f6fdf", "torch": "#ee4c2c"}
 """One colour per backend in every chart (comparisons, sweeps, single-backend runs, nightly trends)."""
@@ -40,6 +42,17 @@ def chart_labels(rows: list[ComparisonRow]) -> list[str]:
     return labels
 
 
+MAX_DRAWN_IPS = 1e15
+"""A bar taller than this (a step time of 1e-308 s in hand-edited records) is not drawn: "off scale"."""
+
+
+def _shown(side) -> bool:
+    """A side whose bar is drawn: ok, with a finite ips (and whiskers) a chart's axis can hold."""
+    values = [side.ips, side.ips_low, side.ips_high]
+    return side.ok and side.ips is not None and all(
+        v is None or (math.isfinite(v) and 0 <= v < MAX_DRAWN_IPS) for v in values)
+
+
 def plot_comparison(rows: list[ComparisonRow], backends: list[str], path: str | Path, *,
                     title: str = "Training speed by framework") -> Path:
     """Readable for any number of rows: the figure widens with the rows and their labels, labels are
@@ -57,43 +70,48 @@ def plot_comparison(rows: list[ComparisonRow], backends: list[str], path: str | 
     slot = max(1.6, 0.075 * widest + 0.5 * len(backends))
     crowded = len(rows) * slot > 24
     fig, ax = plt.subplots(figsize=(min(max(6.0, slot * len(rows) + 2), 26 if crowded else 28), 5.2))
-    tallest = max([s.ips_high or s.ips for r in rows for s in r.sides.values() if s.ok] or [1.0])
+    tallest = max([s.ips_high or s.ips for r in rows for s in r.sides.values() if _shown(s)] or [1.0])
     small = 9 if len(rows) * len(backends) <= 12 else 7
     for i, name in enumerate(backends):
         xs = [j + (i - (len(backends) - 1) / 2) * width for j in range(len(rows))]
         sides = [r.sides[name] for r in rows]
-        values = [s.ips if s.ok else 0.0 for s in sides]
-        errors = [[s.ips - s.ips_low if s.ok and s.num_repeats > 1 else 0.0 for s in sides],
-                  [s.ips_high - s.ips if s.ok and s.num_repeats > 1 else 0.0 for s in sides]]
-        repeated = any(s.ok and s.num_repeats > 1 for s in sides)
+        values = [s.ips if _shown(s) else 0.0 for s in sides]
+        errors = [[s.ips - s.ips_low if _shown(s) and s.num_repeats > 1 else 0.0 for s in sides],
+                  [s.ips_high - s.ips if _shown(s) and s.num_repeats > 1 else 0.0 for s in sides]]
+        repeated = any(_shown(s) and s.num_repeats > 1 for s in sides)
         bars = ax.bar(xs, values, width, label=name, color=backend_color(name, i),
                       yerr=errors if repeated else None, capsize=3 if repeated else 0,
                       error_kw={"elinewidth": 1, "ecolor": "#333333"})
         for bar, side, high in zip(bars, sides, errors[1]):
             x = bar.get_x() + bar.get_width() / 2
-            if side.ok:
+            if _shown(side):
                 ax.text(x, bar.get_height() + high + tallest * 0.01, fmt_rate(side.ips), ha="center", va="bottom",
                         fontsize=small, rotation=90 if crowded else 0)
             else:  # upright in its own slot: two failed sides never write over each other
-                ax.text(x, tallest * 0.02, side.status, ha="center", va="bottom", rotation=90, fontsize=small,
+                ax.text(x, tallest * 0.02, "off scale" if side.ok else side.status, ha="center", va="bottom",
+                        rotation=90, fontsize=small,
                         color="#b00020")
     if len(backends) > 1:
         for j, row in enumerate(rows):
             if row.contrast is None:
                 continue
-            top = max([s.ips_high or s.ips for s in row.sides.values() if s.ok] or [0.0])
-            ax.text(j, top + tallest * (0.16 if crowded else 0.08), fmt_contrast(row), ha="center", va="bottom",
-                    fontsize=small + 1, fontweight="bold")
+            top = max([s.ips_high or s.ips for s in row.sides.values() if _shown(s)] or [0.0])
+            # What the table says, its spread (or "one run, no spread") on a line of its own under the figure.
+            ax.text(j, top + tallest * (0.16 if crowded else 0.08),
+                    fmt_headline_contrast(row, backends).replace(" (", "\n(", 1), ha="center", va="bottom",
+                    fontsize=small + 1 if row.contrast is not None else small, fontweight="bold", linespacing=1.1)
     ax.set_xticks(range(len(rows)), labels, rotation=35 if crowded else 0, ha="right" if crowded else "center",
-                  fontsize=small)
+                  rotation_mode="anchor" if crowded else "default", fontsize=small)
     ax.set_ylabel("Training speed (ips, samples/s)")
     subtitle = f"contrast = ({backends[0]} − {backends[1]}) / {backends[1]}" if len(backends) > 1 else ""
-    if any(s.ok and s.num_repeats > 1 for r in rows for s in r.sides.values()):
+    if any(_shown(s) and s.num_repeats > 1 for r in rows for s in r.sides.values()):
         subtitle += ("\n" if subtitle else "") + "bars: median of the repeats, whiskers: lowest to highest"
+    else:
+        subtitle += ("\n" if subtitle else "") + f"each bar {ONE_RUN} (--repeat 3 to see it)"
     if len({(r.model, r.stage) for r in rows}) == 1 and any(strip_common([r.variant for r in rows])):
         title += f": {rows[0].model} {rows[0].stage}"  # the labels then show only the sweep point
-    ax.set_title(f"{title}\n{subtitle}".strip(), fontsize=11)
-    ax.set_ylim(0, tallest * (1.4 if crowded else 1.25))
+    ax.set_title(f"{title} ({comparison.short_name(rows)})\n{subtitle}".strip(), fontsize=10, wrap=True)
+    ax.set_ylim(0, tallest * (1.5 if crowded else 1.35))
     ax.legend()
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
@@ -114,8 +132,13 @@ def _save(fig, path: Path) -> Path:
 _PART_COLORS = ["#8c8c8c", "#2f6fdf", "#e8a33d", "#d8d8d8", "#6a9955", "#b07cc6"]
 
 
+def _backend_of(label: str) -> str:
+    """``paddle step`` / ``paddle@3.2.0`` -> ``paddle``: the framework whose colour a bar takes."""
+    return label.split(" ")[0].partition("@")[0]
+
+
 def plot_breakdown(entries: list[tuple[str, str, dict]], parts: list[str], labels: dict[str, str],
-                   path: str | Path) -> Path:
+                   path: str | Path, *, subtitle: str = "") -> Path:
     """The step breakdown (``xfw.report.breakdown``): one stacked column per (row, backend), one
     colour per part, in milliseconds."""
     import matplotlib
@@ -123,7 +146,7 @@ def plot_breakdown(entries: list[tuple[str, str, dict]], parts: list[str], label
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(entries) + 2.5), 4.2))
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.1 * len(entries) + 4.0), 4.6))
     bottoms = [0.0] * len(entries)
     for k, part in enumerate(parts):
         values = [e[2].get(part, 0.0) * 1e3 for e in entries]
@@ -134,12 +157,16 @@ def plot_breakdown(entries: list[tuple[str, str, dict]], parts: list[str], label
         bottoms = [b + v for b, v in zip(bottoms, values)]
     for j, top in enumerate(bottoms):
         ax.text(j, top * 1.01, f"{top:.1f} ms", ha="center", va="bottom", fontsize=9)
+    crowded = len(entries) >= 5
     ax.set_xticks(range(len(entries)), [f"{label}\n{backend}" for label, backend, _ in entries],
-                  rotation=0 if len(entries) < 5 else 30, fontsize=8)
+                  rotation=30 if crowded else 0, ha="right" if crowded else "center",
+                  rotation_mode="anchor" if crowded else "default", fontsize=8)
+    for tick, (_, backend, _) in zip(ax.get_xticklabels(), entries):
+        tick.set_color(backend_color(_backend_of(backend)))  # one colour per backend, as in every chart
     ax.set_ylabel("mean step time (ms)")
-    ax.set_title("Where each side's step goes", fontsize=11)
+    ax.set_title("Where each side's step goes" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
     ax.set_ylim(0, max(bottoms or [1.0]) * 1.15 or 1.0)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # never over a value
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return _save(fig, Path(path))
@@ -155,16 +182,16 @@ def plot_waterfall(start: tuple[str, float], steps: list[tuple[str, float]], end
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(steps) + 3), 4.6))
-    ax.bar(0, start[1] * 1e3, 0.6, color="#2f6fdf")
+    ax.bar(0, start[1] * 1e3, 0.6, color=backend_color(_backend_of(start[0]), 0))
     level = start[1]
     for j, (_, delta) in enumerate(steps, start=1):
         low = min(level, level + delta)
         ax.bar(j, abs(delta) * 1e3, 0.6, bottom=low * 1e3, color="#d9534f" if delta > 0 else "#5cb85c")
         ax.text(j, max(level, level + delta) * 1e3, f"{delta * 1e3:+.2f}", ha="center", va="bottom", fontsize=8)
         level += delta
-    ax.bar(len(steps) + 1, end[1] * 1e3, 0.6, color="#ee4c2c")
+    ax.bar(len(steps) + 1, end[1] * 1e3, 0.6, color=backend_color(_backend_of(end[0]), 1))
     names = [start[0], *(name for name, _ in steps), end[0]]
-    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", rotation_mode="anchor", fontsize=8)
     ax.set_ylabel("step time (ms)")
     ax.set_title(title, fontsize=11)
     ax.spines[["top", "right"]].set_visible(False)

@@ -117,6 +117,13 @@ class RunResult:
         if bad:
             problems.append(f"{run_dir / 'summary.json'}: {bad!r} has type {type(summary[bad]).__name__}")
             summary = {}
+        if "comparison" in spec:  # the one block a report renders as it stands: checked by type here
+            from xfw.report.comparison import block_problem
+
+            problem = block_problem(spec["comparison"])
+            if problem:
+                problems.append(f"{run_dir / 'spec.json'}: {problem}")
+                spec = {k: v for k, v in spec.items() if k != "comparison"}  # never rendered as it stands
         records, problem = rec.read_records(run_dir / "steps.jsonl")
         if problem:
             problems.append(problem)
@@ -124,13 +131,19 @@ class RunResult:
         measurement = summarize(records)
         status = summary.get("status", "crashed")
         reason = summary.get("reason", "no summary.json: the run did not finish")
+        live = None if summary else _live_adapter(run_dir)
+        if live is not None:  # not crashed: still going (the command that started it holds the process)
+            status, reason = "incomplete", f"{run_dir}: still running (pid {live}); report it again when it ends"
         ranks = node.get("ranks")
-        expected = ranks[1] - ranks[0] + 1 if isinstance(ranks, list) and len(ranks) == 2 else _num_processes(spec)
+        expected = ranks[1] - ranks[0] + 1 if isinstance(ranks, list) and len(ranks) == 2 and \
+            all(isinstance(r, int) and not isinstance(r, bool) for r in ranks) else _num_processes(spec)
         expected = 1 if measurement.source == "command_log" else expected  # a log has no ranks
         if problems:
             status, reason = "unreadable", problems[0]
         elif status not in STATUSES:
             status, reason = "unreadable", f"{run_dir / 'summary.json'}: unknown status {status!r}"
+        elif live is not None:
+            pass
         elif status == "ok" and (measurement.ips is None or measurement.num_ranks < expected):
             status, reason = "incomplete", (f"{run_dir / 'steps.jsonl'}: a measured window for "
                                             f"{measurement.num_ranks} of {expected} ranks (truncated or removed?)")
@@ -148,6 +161,19 @@ class RunResult:
             repeat_index=summary.get("repeat_index", 0), run_dir=str(run_dir), variant=summary.get("variant", {}),
             setup=setup_from_spec(spec), node=node,
         )
+
+
+def _live_adapter(run_dir: Path) -> int | None:
+    """The pid of the adapter still running in ``run_dir`` (its ``adapter.json``, written by the launcher
+    while it runs, names a living process), else None."""
+    from xfw.contract import lifeline
+    from xfw.contract.atomic import read_bounded
+
+    try:
+        ident = json.loads(read_bounded(run_dir / "adapter.json", 1 << 20).decode("utf-8"))["process"]
+        return int(ident.partition(":")[0]) if isinstance(ident, str) and lifeline.is_alive(ident) else None
+    except (OSError, ValueError, KeyError, TypeError, UnreadableFile):
+        return None
 
 
 def _get(data: dict, *keys: str):
@@ -183,6 +209,10 @@ def setup_from_spec(spec: dict) -> dict:
             "data": {k: v for k, v in (spec.get("data") or {}).items() if k in _PROVENANCE_DATA_KEYS}
             if isinstance(spec.get("data"), dict) else {},
             "knobs": dict(spec.get("backend_knobs") or {}) if isinstance(spec.get("backend_knobs") or {}, dict) else {},
+            # The variables this backend's processes got (backends.<name>.env): reports name those that can change
+            # the result (xfw.contract.envvars).
+            "env": {k: v for k, v in spec["backend_env"].items() if isinstance(k, str) and isinstance(v, str)}
+            if isinstance(spec.get("backend_env"), dict) else {},
             # Which comparison the run belongs to (xfw.run.published); runs from before there were two: like-for-like.
             "comparison": spec["comparison"] if isinstance(spec.get("comparison"), dict) else {"kind": "like-for-like"},
             # This backend's deliberate difference (xfw.run.overrides) and the recipe's values it replaced; only with one.

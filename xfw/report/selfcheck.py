@@ -233,4 +233,10 @@ def load_verdicts(directory) -> list[Verdict]:
         data = read_json_object(Path(directory) / VERDICTS_FILE)
     except UnreadableFile:
         return []
-    return [Verdict(**{**v, "families": tuple(v.get("families", ()))}) for v in data.get("verdicts", [])]
+    verdicts = data.get("verdicts", [])
+    fields = ("backend", "path", "verdict", "detail")
+    return [Verdict(**{k: v[k] for k in fields if k in v}, families=tuple(v.get("families", ())))
+            for v in (verdicts if isinstance(verdicts, list) else [])
+            if isinstance(v, dict) and all(isinstance(v.get(k, ""), str) for k in fields)
+            and all(k in v for k in fields[:3]) and isinstance(v.get("families", []), list)
+            and all(isinstance(f, str) for f in v.get("families", []))]

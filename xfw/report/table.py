@@ -113,6 +113,15 @@ def _md_text(text: str) -> str:
     return str(text).replace("<", "&lt;").replace(">", "&gt;")
 
 
+_LINE_BREAKS = str.maketrans({c: " " for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def _md_line(text: str) -> str:
+    """:func:`_md_text` on one line: a line break in a bullet or a heading (a published file's note, a
+    crash message) cannot start a heading or a list of its own."""
+    return _md_text(text).translate(_LINE_BREAKS)
+
+
 def _md_cell(cell: str) -> str:
     text = _md_text(cell).replace("|", "\\|").replace("\n", " ")
     return f"**{text}**" if isinstance(cell, Strong) and text else text
@@ -130,12 +139,12 @@ def _md_block(block: Block, images: bool) -> list[str]:
         return ([_md_text(block.title)] if block.title else []) + [markdown_table(block)] + \
             [_md_text(n) for n in block.notes]
     if isinstance(block, Heading):
-        return [f"{'#' * block.level} {_md_text(block.text)}"]
+        return [f"{'#' * block.level} {_md_line(block.text)}"]
     if isinstance(block, Paragraph):
         return [_md_text(block.text)]
     if isinstance(block, Bullets):
-        return ([f"**{_md_text(block.title)}**"] if block.title else []) + \
-            (["\n".join(f"- {_md_text(i)}" for i in block.items)] if block.items else [])
+        return ([f"**{_md_line(block.title)}**"] if block.title else []) + \
+            (["\n".join(f"- {_md_line(i)}" for i in block.items)] if block.items else [])
     if isinstance(block, Image):
         return [f"![{block.alt}]({block.path.name})"] if images else []
     raise TypeError(f"not a page block: {block!r}")
@@ -180,8 +189,8 @@ def to_csv(page: Page | list[Table]) -> str:
     for t in tables:
         for i, cells in enumerate(t.cells):
             row = {"section": csv_safe(t.title)} if with_section else {}
-            row.update({csv_safe(col): csv_safe(plain(cell)) for col, cell in zip(t.header, cells)})
             raw = t.records[i] if i < len(t.records) else {}
+            row.update({csv_safe(_csv_shown(col, raw)): csv_safe(plain(cell)) for col, cell in zip(t.header, cells)})
             row.update({csv_safe(k): csv_safe(v) for k, v in raw.items() if csv_safe(k) not in row})
             rows.append(row)
             columns.update(dict.fromkeys(row))
@@ -190,6 +199,13 @@ def to_csv(page: Page | list[Table]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()
+
+
+def _csv_shown(column: str, raw: dict) -> str:
+    """A shown column's CSV name: itself, or ``NAME (as shown)`` where a raw key differs from it only in
+    case (``Contrast`` "-52%" beside ``contrast`` -0.5169: a program must not be handed two look-alikes)."""
+    lowered = {str(k).lower() for k in raw}
+    return f"{column} (as shown)" if str(column).lower() in lowered and column not in raw else column
 
 
 # --- HTML -----------------------------------------------------------------------------------------
@@ -204,9 +220,10 @@ h3{font-size:16px;margin-top:20px} h4{font-size:14px;margin:14px 0 4px}
 .bad li{color:#7a0016;margin:3px 0}
 table{border-collapse:collapse;margin:8px 0;font-size:14px}
 th{background:#dde7f7;text-align:left;padding:5px 9px;border:1px solid #b9c6dd}
-td{padding:4px 9px;border:1px solid #d5d5d5} td.num{text-align:right;font-variant-numeric:tabular-nums}
+td{padding:4px 9px;border:1px solid #d5d5d5;overflow-wrap:anywhere} td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr.regression td{background:#fde8e8} tr.improvement td{background:#e6f4ea}
 img{max-width:100%;border:1px solid #eee;margin:6px 0}
+.wide{overflow-x:auto;max-width:100%} code{font-size:90%;background:#f3f3f3;padding:0 3px;border-radius:3px}
 footer{color:#666;font-size:12px;margin-top:30px}
 """
 
@@ -215,19 +232,30 @@ def _esc(value) -> str:
     return html.escape("" if value is None else str(value))
 
 
+_BOLD = re.compile(r"\*\*(.+?)\*\*")
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def _inline(value) -> str:
+    """Text as HTML, the markdown a report's text carries (``**bold**``, `` `code` ``) shown as such, never
+    as raw asterisks and backticks; everything else escaped."""
+    text = _esc(value)
+    return _CODE.sub(r"<code>\1</code>", _BOLD.sub(r"<strong>\1</strong>", text))
+
+
 def _html_cell(cell: str) -> str:
-    return f"<strong>{_esc(cell)}</strong>" if isinstance(cell, Strong) else _esc(cell)
+    return f"<strong>{_esc(cell)}</strong>" if isinstance(cell, Strong) else _inline(cell)
 
 
 def html_table(table: Table) -> str:
-    out = [f'<table class="{_esc(table.name)}">' if table.name else "<table>",
+    out = ['<div class=wide>' + (f'<table class="{_esc(table.name)}">' if table.name else "<table>"),
            "<tr>" + "".join(f"<th>{_esc(h)}</th>" for h in table.header) + "</tr>"]
     for i, row in enumerate(table.cells):
         cls = table.row_classes[i] if i < len(table.row_classes) else ""
         out.append((f'<tr class="{_esc(cls)}">' if cls else "<tr>")
                    + "".join(f'<td{" class=num" if j in table.numeric else ""}>{_html_cell(c)}</td>'
                              for j, c in enumerate(row)) + "</tr>")
-    return "\n".join(out + ["</table>"])
+    return "\n".join(out + ["</table></div>"])
 
 
 def _png_tag(path: Path, alt: str) -> str:
@@ -238,15 +266,15 @@ def _png_tag(path: Path, alt: str) -> str:
 def _html_block(block: Block) -> str:
     if isinstance(block, Table):
         return "\n".join(([f"<h3>{_esc(block.title)}</h3>"] if block.title else []) + [html_table(block)]
-                         + [f"<p>{_esc(n)}</p>" for n in block.notes])
+                         + [f"<p>{_inline(n)}</p>" for n in block.notes])
     if isinstance(block, Heading):
         level = min(block.level, 4)
         return f"<h{level}>{_esc(block.text)}</h{level}>"
     if isinstance(block, Paragraph):
-        return f"<p class=sub>{_esc(block.text)}</p>" if block.muted else f"<p>{_esc(block.text)}</p>"
+        return f"<p class=sub>{_inline(block.text)}</p>" if block.muted else f"<p>{_inline(block.text)}</p>"
     if isinstance(block, Bullets):
-        title = f"<strong>{_esc(block.title)}</strong>" if block.title else ""
-        items = "<ul>" + "".join(f"<li>{_esc(i)}</li>" for i in block.items) + "</ul>" if block.items else ""
+        title = f"<strong>{_inline(block.title)}</strong>" if block.title else ""
+        items = "<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in block.items) + "</ul>" if block.items else ""
         attrs = (f" id={_esc(block.name)}" if block.name else "") + (f' class="box {_esc(block.box)}"' if block.box else "")
         return f"<section{attrs}>{title}{items}</section>"
     if isinstance(block, Image):
@@ -258,7 +286,7 @@ def to_html(page: Page) -> str:
     """One self-contained file: the style sheet inline, images embedded, no script, no link."""
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_esc(page.title)}</title>"
              f"<style>{CSS}</style></head><body>", f"<h1>{_esc(page.title)}</h1>"]
-    parts += [f"<p class=sub>{_esc(page.subtitle)}</p>"] if page.subtitle else []
+    parts += [f"<p class=sub>{_inline(page.subtitle)}</p>"] if page.subtitle else []
     parts += [_html_block(b) for b in page.blocks]
-    parts += [f"<footer>{_esc(page.footer)}</footer>"] if page.footer else []
+    parts += [f"<footer>{_inline(page.footer)}</footer>"] if page.footer else []
     return "\n".join(parts + ["</body></html>"]) + "\n"

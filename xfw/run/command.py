@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 
 KEYS = ("command", "cwd", "env", "log_pattern")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_ENV_VALUE_BYTES = 32 * 1024
+"""Longest value of one variable a recipe sets (Linux's own limit per string is 128 KiB)."""
+MAX_ENV_BYTES = 256 * 1024
+"""All of one backend's variables together (the kernel's limit covers arguments and environment: ~2 MiB)."""
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -95,7 +99,19 @@ def check_env(prefix: str, env) -> dict[str, str]:
         if not isinstance(key, str) or not ENV_NAME.fullmatch(key) or key.startswith("XFW_"):
             raise CommandError(f"{prefix}.env", f"{key!r} is not a variable name a recipe may set")
         if not isinstance(value, str) or "\0" in value:
-            raise CommandError(f"{prefix}.env.{key}", f"must be a string, got {value!r} (quote it: \"{value}\")")
+            raise CommandError(f"{prefix}.env.{key}", f"must be a string, got {str(value)[:80]!r} "
+                                                      f"(quote it: \"{str(value)[:80]}\")")
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError as err:
+            raise CommandError(f"{prefix}.env.{key}", f"holds {value[err.start]!r} at {err.start}, a lone surrogate: "
+                                                      "not text a process environment can carry") from None
+        if size > MAX_ENV_VALUE_BYTES:
+            raise CommandError(f"{prefix}.env.{key}", f"{size:,} bytes long; a variable is at most "
+                                                      f"{MAX_ENV_VALUE_BYTES:,} (Linux refuses longer ones at launch)")
+    total = sum(len(k) + len(v.encode("utf-8")) + 2 for k, v in env.items())
+    if total > MAX_ENV_BYTES:
+        raise CommandError(f"{prefix}.env", f"{total:,} bytes of variables; at most {MAX_ENV_BYTES:,}")
     return dict(env)
 
 

@@ -84,9 +84,30 @@ def writable_dir(directory: Path) -> Path:
     return directory
 
 
-def _holder(path: Path) -> str:
+def held_by(directory: Path) -> str | None:
+    """Who holds ``directory``'s lock now (a live command writing runs there), else None. Checked with a
+    shared ``flock`` that is released at once; a directory without a lock file is not held."""
+    path = directory / LOCK_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(path)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return None
+
+
+def _holder(path: Path) -> str:
+    from xfw.contract.atomic import UnreadableFile, read_bounded
+
+    try:
+        data = json.loads(read_bounded(path, 1 << 16).decode("utf-8"))
         return f"pid {data['pid']} ({data['command']}), since {data['since']}"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, UnreadableFile):
         return "another xfw command"

@@ -90,18 +90,46 @@ def run_selfcheck(root: Path, families: list[str], paths: list[str], backends: B
     return verdicts
 
 
+def _verdicts_problem(data: dict) -> str | None:
+    """Why a ``selfcheck.json`` cannot be used ("key: why"), or None: read by every compare, so checked
+    by type before anything in it is looked up."""
+    env = data.get("env", {})
+    if not isinstance(env, dict):
+        return "env: not a mapping"
+    for key in ("host", "backends"):
+        if not isinstance(env.get(key, {}), dict):
+            return f"env.{key}: not a mapping"
+    if not isinstance(env.get("host", {}).get("hostname", ""), str):
+        return "env.host.hostname: not text"
+    if not all(isinstance(v, dict) for v in env.get("backends", {}).values()):
+        return "env.backends: a backend's description is not a mapping"
+    verdicts = data.get("verdicts", [])
+    if not isinstance(verdicts, list):
+        return "verdicts: not a list"
+    for i, v in enumerate(verdicts):
+        if not isinstance(v, dict) or not all(isinstance(v.get(k), str) for k in ("backend", "path", "verdict")) \
+                or not isinstance(v.get("detail", ""), str):
+            return f"verdicts.{i}: needs backend, path, verdict and detail (text)"
+    return None
+
+
 def unchecked_paths(spec_setups: list[tuple[str, dict, dict]], backends: Backends,
                     directory: Path = DEFAULT_OUT) -> list[str]:
     """Warnings for compare: each (backend, path) a run takes that has no passing selfcheck verdict on
     this machine. ``spec_setups``: (backend, setup, knobs) of each run about to launch."""
+    warnings = []
     try:
         data = read_json_object(directory / VERDICTS_FILE)
-    except UnreadableFile:
+    except UnreadableFile as err:
+        data = {}
+        warnings.append(f"{err}: ignored (every path reads as never selfchecked)")
+    problem = _verdicts_problem(data)
+    if problem:
+        warnings.append(f"{directory / VERDICTS_FILE}: {problem}: ignored (every path reads as never selfchecked)")
         data = {}
     here = host.host_env()["host"]["hostname"]
     checked = data.get("env", {}).get("host", {}).get("hostname") == here
     verdicts = {(v["backend"], v["path"]): v for v in data.get("verdicts", [])} if checked else {}
-    warnings = []
     for backend, setup, knobs in spec_setups:
         device = backends[backend][1].get("device_name")
         described = data.get("env", {}).get("backends", {}).get(backend, {})

@@ -90,7 +90,7 @@ def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
     spec["backend_env"] = dict(knobs.get("env", {}))
     spec["backend_knobs"] = knobs if attached else {k: v for k, v in knobs.items() if k != "env"}
     spec["comparison"] = published_settings.described(recipe.comparison, published_table(recipe), backend,
-                                                      attached=attached)
+                                                      attached=attached, knobs=knobs)
     if own:  # a deliberate difference: every report shows it (xfw.report.compare.deliberate_differences)
         spec["overrides"], spec["overridden"] = dict(own), replaced
     spec["run_id"] = run_id

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from xfw.contract.atomic import UnreadableFile, read_bounded
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode
 
@@ -84,12 +85,14 @@ def load_file(path: str | Path, what: str = "file") -> Any:
     """Read and parse a UTF-8 YAML file of at most :data:`MAX_BYTES`; None for an empty file."""
     source = str(path)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
+        # a file named by the user (a recipe, a suite): a link may lead anywhere; never a FIFO or device
+        raw = read_bounded(path, MAX_BYTES, within="/")
     except OSError as err:
         raise YamlError(f"{source}: cannot read {what} ({err.strerror})") from None
-    if len(raw) > MAX_BYTES:
-        raise YamlError(f"{source}: larger than {MAX_BYTES // 1024} KiB; not a {what}")
+    except UnreadableFile as err:
+        if "larger than" in str(err):
+            raise YamlError(f"{source}: larger than {MAX_BYTES // 1024} KiB; not a {what}") from None
+        raise YamlError(f"{str(err)} ({what})") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
