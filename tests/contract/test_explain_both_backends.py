@@ -37,10 +37,29 @@ def plain(tmp_path_factory):
     return out, result, explains
 
 
+PLANT_S = 0.015
+"""A slowdown planted in PyTorch's multimodal projector, per call (two micro-batches a step), through an ordinary
+reported setting: ``backends.torch.env.PYTHONPATH`` naming a sitecustomize that wraps the projector's forward."""
+SITECUSTOMIZE = f"""
+import time
+from transformers.models.llava import modeling_llava
+_forward = modeling_llava.LlavaMultiModalProjector.forward
+def _slow(self, *args, **kwargs):
+    time.sleep({PLANT_S})
+    return _forward(self, *args, **kwargs)
+modeling_llava.LlavaMultiModalProjector.forward = _slow
+"""
+
+
 @pytest.fixture(scope="module")
 def recomputed(tmp_path_factory):
+    """Two deliberate differences on PyTorch's side, in different modules: its own checkpointing
+    (``backends.torch.recompute``) in the decoder layers, and the planted slowdown in the projector (an
+    environment variable only the backend's process gets: the explain process must get it too)."""
+    plant = tmp_path_factory.mktemp("plant")
+    (plant / "sitecustomize.py").write_text(SITECUSTOMIZE)
     out = tmp_path_factory.mktemp("explain-recompute") / "out"
-    return _explained(out, "--set", "backends.torch.recompute=true")  # one side's own checkpointing
+    return _explained(out, "--set", "backends.torch.recompute=true", "--set", f"backends.torch.env.PYTHONPATH={plant}")
 
 
 def _steps(out, backend):
@@ -74,7 +93,7 @@ def test_compare_explain_prints_the_aligned_tables_and_writes_chart_and_traces(p
     out, result, explains = plain
     text = result.stdout
     assert "## Where the step goes" in text
-    assert "| Module (canonical name) | paddle fwd / bwd (ms) | torch fwd / bwd (ms) |" in text
+    assert "| Module (canonical name) | paddle fwd / bwd (ms, median) | torch fwd / bwd (ms, median) |" in text
     assert "| Category | paddle (ms per step) | torch (ms per step) |" in text
     assert "model.language_model.layers.0.self_attn" in text
     assert (out / "explain.png").stat().st_size > 0 and (out / "explain.md").exists()
@@ -91,6 +110,31 @@ def test_compare_explain_prints_the_aligned_tables_and_writes_chart_and_traces(p
         assert sum(e["categories"].values()) > 0.3 * e["profiler_step_s"]
         assert e["categories"]["matmul"] > 0 and e["categories"]["optimizer"] > 0
         assert all(r["recompute_s"] == 0 for r in e["modules"].values())
+        _no_large_other(e, backend)
+        assert e["categories"]["loss"] > 0 and e["categories"]["attention"] > 0  # both sides: the same meaning
+    assert "Rows on one side only" not in text or "not compared" in text
+    assert "What each explain process ran (the measured run's program)" in text
+
+
+def _no_large_other(e, backend):
+    """The category map holds: no category above 5% of a profiled step is *other* (its operators named)."""
+    assert e["categories"]["other"] <= 0.05 * e["profiler_step_s"], (backend, e["category_ops"].get("other"))
+
+
+def test_a_slowdown_planted_through_the_backends_env_is_explained_first(recomputed):
+    """The explain process runs the measured run's program: the variable reached it (its ``ran_with`` and the
+    section's listing), and the planted module is the first ranked row, its size within 25% of the plant."""
+    result, after = recomputed
+    ran = after["torch"]["ran_with"]
+    assert ran["env"]["PYTHONPATH"].endswith("plant0") or "plant" in ran["env"]["PYTHONPATH"], ran
+    assert ran["interpreter"].endswith("/.venv/torch/bin/python")
+    text = result.stdout
+    assert "PYTHONPATH=" in text.split("What each explain process ran")[1].split("**Coverage")[0]
+    planted = 2 * PLANT_S  # two micro-batches a step
+    table = [line.split(" | ") for line in text.split("| Module (canonical name) |")[1].split("\n\n")[0].splitlines()[2:]]
+    first = next(cells for cells in table if cells[5] == "1")
+    assert first[0] == "| model.multi_modal_projector", (first, table[:4])
+    assert -float(first[3]) == pytest.approx(planted * 1e3, rel=0.25), first
 
 
 def test_recompute_on_one_side_is_attributed_to_the_decoder_layers_that_recompute(plain, recomputed):
@@ -138,6 +182,9 @@ class TestOtherFamilies:
             assert rows == pytest.approx(e["hooked_step_s"], rel=0.02), backend
             assert any(n.startswith(part) for n in e["modules"]), (backend, sorted(e["modules"])[:10])
             assert e["categories"]["matmul"] > 0 and (out / name / backend / "trace.json").stat().st_size > 0
+            _no_large_other(e, backend)
+            trace = json.loads((out / name / backend / "trace.json").read_text())
+            assert set(trace["xfwCategories"]) <= set(e["categories"])  # the operators behind each, in the trace
         shared = set(report.module_rows(explains["paddle"])) & set(report.module_rows(explains["torch"]))
         for backend, e in explains.items():
             rows = report.module_rows(e)

@@ -4,6 +4,7 @@ records they make, the timeline's attribution, scope names, trace categories and
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 import pytest
@@ -139,6 +140,66 @@ def test_trace_categories_use_self_time_and_the_optimizer_annotation(tmp_path):
     assert category_of("ncclDevKernel_AllReduce_Sum_f32") == "communication"
 
 
+@pytest.mark.parametrize("name, category", [
+    # one map for both sides, by what the operation does
+    ("autograd::engine::evaluate_function: MmBackward0", "matmul"), ("Global_MatmulGradNode", "matmul"),
+    ("aten::convolution_backward", "convolution"), ("conv2d_grad kernel launch", "convolution"),
+    ("Local_Conv2dGradNodeFinal", "convolution"), ("aten::log_softmax", "loss"), ("NllLossBackward0", "loss"),
+    ("cross_entropy_with_softmax dygraph", "loss"), ("swiglu dygraph", "elementwise/activation"),
+    ("SiluBackward0", "elementwise/activation"), ("aten::broadcast_tensors", "copies"), ("aten::t", "copies"),
+    ("NativeLayerNormBackward0", "normalisation"), ("__ne__ pybind_patch_func", "elementwise/activation"),
+    ("ScaledDotProductFlashAttentionForCpuBackward0", "attention"), ("c10d::allreduce_", "communication")])
+def test_the_category_map_reads_both_frameworks_names_the_same_way(name, category):
+    assert category_of(name) == category
+
+
+def _trace(tmp_path, events, name="trace.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"traceEvents": [{"ph": "X", "tid": 1, **e} for e in events]}))
+    return str(path)
+
+
+def test_an_operator_counts_in_its_outermost_operation_and_the_trace_names_them(tmp_path):
+    us = 1e6
+    path = _trace(tmp_path, [
+        {"cat": "cpu_op", "name": "aten::scaled_dot_product_attention", "ts": 0, "dur": 10 * us},
+        {"cat": "cpu_op", "name": "aten::bmm", "ts": 1 * us, "dur": 6 * us},        # QK inside SDPA: attention
+        {"cat": "cpu_op", "name": "autograd::engine::evaluate_function: MmBackward0", "ts": 20 * us, "dur": 5 * us},
+        {"cat": "cpu_op", "name": "aten::t", "ts": 20 * us, "dur": 1 * us},         # the backward's transpose: matmul
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 21 * us, "dur": 3 * us},
+        {"cat": "cpu_op", "name": "aten::matmul", "ts": 30 * us, "dur": 2 * us,    # two activations: attention
+         "args": {"Input Dims": [[2, 4, 8, 8], [2, 4, 8, 8]]}},
+        {"cat": "cpu_op", "name": "aten::matmul", "ts": 40 * us, "dur": 4 * us,    # with a weight: matmul
+         "args": {"Input Dims": [[2, 8, 64], [64, 64]]}}])
+    cats = trace_categories(path, op_cats=("cpu_op",), optimizer_marks=("Optimizer.step",))
+    assert cats["attention"] == pytest.approx(12) and cats["matmul"] == pytest.approx(9)
+    assert cats["copies"] == 0 and cats["other"] == 0
+    written = json.loads(open(path).read())
+    assert written["xfwCategories"]["attention"] == {"scaled_dot_product_attention": pytest.approx(4),
+                                                     "bmm": pytest.approx(6), "matmul": pytest.approx(2)}
+    assert all(e["args"]["xfw category"] for e in written["traceEvents"])
+
+
+def test_paddles_math_attention_products_count_as_attention_forward_and_backward(tmp_path):
+    """Paddle's trace has no shapes: a matmul whose innermost layer is an attention layer is QK or PV, and its
+    gradient node is the one in the same place from the end of the next backward."""
+    us, events = 1e6, []
+    t = 0
+    for layer, attn in (("Linear", False), ("Attention", True), ("Attention", True), ("Linear", False)):
+        events.append({"cat": "Forward", "name": layer, "ts": t, "dur": 3 * us, "tid": 2})
+        events.append({"cat": "UserDefined", "name": "matmul pybind_imperative_func", "ts": t + us, "dur": us})
+        t += 4 * us
+    events.append({"cat": "UserDefined", "name": "backward", "ts": t, "dur": 20 * us})
+    for k in range(4):
+        events.append({"cat": "Operator", "name": "Global_MatmulGradNode", "ts": t + (1 + 4 * k) * us, "dur": 2 * us})
+    events.append({"cat": "Operator", "name": "softmax dygraph", "ts": t + 30 * us, "dur": us})
+    path = _trace(tmp_path, [{"tid": 1, **e} for e in events])
+    cats = trace_categories(path, op_cats=("UserDefined", "Operator"), optimizer_marks=("Optimization Step",),
+                            layer_cats=("Forward",))
+    assert cats["attention"] == pytest.approx(2 * 1 + 2 * 2 + 1)   # two products, their two gradients, softmax
+    assert cats["matmul"] == pytest.approx(2 * 1 + 2 * 2)
+
+
 class SplitSession:
     """A session with the breakdown's split points; each part sleeps a known time on the host clock."""
 
@@ -207,12 +268,104 @@ def test_aligned_rows_fold_peft_layers_and_sort_by_difference():
     a = {"modules": {"m.q_proj": {"fwd_s": 1.0, "bwd_s": 1.0}, "m.q_proj.lora_A": {"fwd_s": 0.5, "bwd_s": 0.5},
                      "": {"fwd_s": 0.1, "bwd_s": 0.0}, OUTSIDE: {"fwd_s": 0.0, "bwd_s": 0.2}}}
     b = {"modules": {"m.q_proj": {"fwd_s": 1.0, "bwd_s": 1.0}, "": {"fwd_s": 0.2, "bwd_s": 0.0}}}
-    rows = report.aligned(a, b)
-    assert rows[0][0] == "m.q_proj" and rows[0][3] == pytest.approx(1.0)
-    assert [r[0] for r in rows[1:]] == [OUTSIDE, report.ROOT]
-    table = report.module_table(("paddle", "torch"), rows, gap=2.0)
-    assert table.cells[0][4] == "50%"
+    rows = report.aligned(a, b, ("paddle", "torch"))
+    assert rows[0].name == "m.q_proj" and rows[0].diff == pytest.approx(1.0) and rows[0].finding
+    assert [r.name for r in rows[1:]] == [report.ROOT, OUTSIDE] and rows[2].only == "paddle"
     assert report.coverage(a, 2.0) == pytest.approx(1.65)
+
+
+def _explain(rows: dict[str, list[float]], hooked: list[float], plain: list[float] | None = None) -> dict:
+    """An explain.json of per-step rows (seconds, all in backward)."""
+    n = len(hooked)
+    return {"modules": {k: {"fwd_s": 0.0, "bwd_s": statistics.median(v)} for k, v in rows.items()},
+            "module_steps": {k: [[0.0, x] for x in v] for k, v in rows.items()}, "hooked_steps_s": hooked,
+            "hooked_step_s": statistics.median(hooked), "plain_steps_s": plain or hooked,
+            "plain_step_s": statistics.median(plain or hooked), "profiler_steps_s": hooked,
+            "profiler_step_s": statistics.median(hooked), "categories": {}, "trace": "trace.json", "steps": n}
+
+
+def _side(step, p10, p90):
+    from xfw.report.compare import Side
+
+    return Side(backend="x", status="ok", step_time_median_s=step, step_time_p10_s=p10, step_time_p90_s=p90)
+
+
+def test_rows_inside_their_noise_are_not_ranked_and_shares_add_up_only_when_the_sum_agrees():
+    a = _explain({"slow": [0.030, 0.031, 0.029, 0.030, 0.032], "noisy": [0.010, 0.002, 0.011, 0.001, 0.012]},
+                 [0.040, 0.041, 0.042, 0.040, 0.041])
+    b = _explain({"slow": [0.010, 0.011, 0.010, 0.009, 0.010], "noisy": [0.003, 0.009, 0.004, 0.010, 0.002]},
+                 [0.019, 0.020, 0.020, 0.021, 0.020])
+    rows = report.aligned(a, b, ("paddle", "torch"))
+    assert [(r.name, r.finding) for r in rows] == [("slow", True), ("noisy", False)]
+    agree = report.verdict(rows, a, b, gap=0.021, gap_noise=0.002, names=("paddle", "torch"), diagnosis=[])
+    assert agree.reliable
+    table = report.module_table(("paddle", "torch"), rows, agree)
+    assert [c[5] for c in table.cells] == ["1", "within noise"]
+    assert sum(float(c[6].rstrip("%")) for c in table.cells) == pytest.approx(100, abs=1)
+    # the same rows against a measured gap of the other sign: no shares, and why
+    wrong = report.verdict(rows, a, b, gap=-0.015, gap_noise=0.002, names=("paddle", "torch"),
+                           diagnosis=["paddle's explain process ran a plain step in 41 ms against 20 ms measured"])
+    assert not wrong.reliable and "sign differs" in wrong.why and "plain step" in wrong.why
+    assert {c[6] for c in report.module_table(("paddle", "torch"), rows, wrong).cells} == {"–"}
+    too_small = report.verdict(rows, a, b, gap=0.080, gap_noise=0.002, names=("paddle", "torch"), diagnosis=[])
+    assert not too_small.reliable and "size differs" in too_small.why
+    inside = report.verdict(rows, a, b, gap=0.001, gap_noise=0.004, names=("paddle", "torch"), diagnosis=[])
+    assert not inside.reliable and "inside its own noise" in inside.why
+
+
+def test_the_profilers_cost_is_a_factor_only_above_the_noise_and_never_below_one():
+    measured = _side(0.020, 0.018, 0.022)
+    assert "×1.50 the measured step" in report._cost("profiled", [0.029, 0.030, 0.031], 0.030, measured)
+    quiet = report._cost("profiled", [0.019, 0.021, 0.020], 0.020, measured)
+    assert "no cost above" in quiet and "×" not in quiet
+    faster = report._cost("profiled", [0.010, 0.011, 0.012], 0.011, measured)
+    assert "faster than the measured step" in faster and "×" not in faster
+
+
+def test_one_backend_is_explained_alone_and_two_recipes_get_two_charts(tmp_path):
+    from xfw.report.compare import ComparisonRow, Side
+
+    def run(name, backend, rows):
+        d = tmp_path / name / backend
+        d.mkdir(parents=True)
+        (d / "explain.json").write_text(json.dumps({"schema": 1, **_explain(rows, [0.02, 0.021, 0.02])}))
+        return Side(backend=backend, status="ok", run_dirs=[str(d)], step_time_median_s=0.02,
+                    step_time_p10_s=0.019, step_time_p90_s=0.022)
+
+    rows = [ComparisonRow(recipe=r, model="m", stage="sft", sides={
+        "paddle": run(r, "paddle", {"x": [0.015, 0.016, 0.015]}), "torch": run(r, "torch", {"x": [0.005, 0.006, 0.005]})})
+        for r in ("first", "second")]
+    report.explain_page(rows, ["paddle", "torch"], tmp_path)
+    assert (tmp_path / "explain.png").exists() and (tmp_path / "explain-second.png").exists()
+    alone = report.explain_page(rows[:1], ["torch"], None)
+    text = " ".join(str(getattr(b, "text", "")) for b in alone.blocks)
+    assert "torch alone" in " ".join(getattr(b, "text", "") for b in alone.blocks if hasattr(b, "level"))
+    assert "no other side to compare with" in text
+    assert not any("torch − torch" in h for b in alone.blocks for h in getattr(b, "header", []))
+
+
+def test_the_explain_process_gets_the_measured_runs_environment_and_one_process_only(tmp_path, monkeypatch):
+    from xfw.contract import lifeline
+    from xfw.run import explain, launcher
+
+    spec = {"measure": {"cpu_threads": 1}, "backend_env": {"FLAGS_use_stride_kernel": "0", "OMP_NUM_THREADS": "1"},
+            "derived": {"num_processes": 1}, "backend_knobs": {}}
+    env = explain.explain_env(spec)
+    assert env["FLAGS_use_stride_kernel"] == "0" and env["OMP_NUM_THREADS"] == "1" and env["MKL_NUM_THREADS"] == "1"
+    assert set(launcher.RUN_ENV.items()) <= set(env.items()) and lifeline.ENV in env
+    seen = {}
+    monkeypatch.setattr(launcher, "adapter_task", lambda backend, args, **kw: seen.update(backend=backend, **kw))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    (run_dir / "env.json").write_text(json.dumps({"interpreter": "/bin/sh"}))  # the interpreter the run recorded
+    result = type("Result", (), {"run_dir": str(run_dir), "backend": "torch"})()  # what explain_run reads
+    path, why = explain.explain_run(result, launcher.Backend("torch", "/elsewhere/python"))
+    assert why == "" and seen["backend"].python == "/bin/sh" and seen["env"]["FLAGS_use_stride_kernel"] == "0"
+    (run_dir / "spec.json").write_text(json.dumps({**spec, "derived": {"num_processes": 2}}))
+    seen.clear()
+    path, why = explain.explain_run(result, launcher.Backend("torch", "/bin/sh"))
+    assert path is None and not seen and "explain profiles one process" in why and explain.not_applicable(why)
 
 
 def _run_dir(tmp_path, name, parts):

@@ -3,27 +3,41 @@ module name and by category, against each side's measured step time::
 
     page = explain_page(rows, ["paddle", "torch"], out_dir)   # tables + explain.png (the waterfall)
 
-Per row of the comparison: a table by module (each side's forward / backward self time, their
-difference, its share of the measured step-time gap; largest first, the rest folded), a table by
-category (the framework profiler's operator or kernel time), a waterfall from the second side's
-measured step to the first's through the largest differences, and per side the coverage (the
-module rows' sum against the measured step time) and the overheads (the step under the module hooks,
-and under the profiler, against the measured step).
+Per row of the comparison:
+
+* what each explain process ran with (interpreter, the backend's variables, threads, knobs, data),
+  held against the measured run's: an explanation of another program says so first;
+* a table by module: each side's forward / backward self time (medians over the hooked steps), their
+  difference and its spread; a row whose difference is inside its own noise (the two sides' interquartile
+  ranges overlap) is marked so and not ranked; a row one side does not have is listed, with why, and not
+  compared; shares of the rows' gap only when the rows' sum agrees with the measured gap (else the page
+  says why the explanation is unreliable here);
+* a table by category (the framework profiler's operator or kernel time), with the operators behind each;
+* a waterfall from the second side's measured step to the first's through the ranked rows;
+* per side the coverage and the profiler's cost: the profiled and hooked steps against the measured
+  step, each with its spread (a cost is named only when it is above the noise).
 """
 
 from __future__ import annotations
 
+import json
+import re
+import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from xfw.contract.explain import CATEGORIES, read_explain
-from xfw.report.compare import ComparisonRow
+from xfw.report.compare import ComparisonRow, row_name
 from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Table
 
 SHOWN = 12
 """Module rows shown before the rest is folded into one."""
 WATERFALL_PARTS = 8
+SIZE_TOLERANCE = 0.25
+"""How far the rows' sum may miss the measured gap beyond both noises (a share of the gap) and still explain it."""
 _PEFT_PARTS = (".base_layer", ".lora_A", ".lora_B", ".lora_dropout")
 ROOT = "(model, its own code)"
+NOT_MODULES = ("loss", "(autograd, outside modules)", "optimizer")
 
 
 def _key(name: str) -> str:
@@ -35,13 +49,317 @@ def _key(name: str) -> str:
     return name or ROOT
 
 
-def module_rows(explain: dict) -> dict[str, dict[str, float]]:
-    rows: dict[str, dict[str, float]] = {}
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(p25, median, p75) of ``values``; one value is all three."""
+    if not values:
+        return 0.0, 0.0, 0.0
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def module_rows(explain: dict) -> dict[str, dict]:
+    """{row: {"fwd_s", "bwd_s", "recompute_s" (the median step's), "steps": [each hooked step's fwd + bwd],
+    "fwd_med_s", "bwd_med_s"}}; an explain.json without per-step rows gives its one step."""
+    rows: dict[str, dict] = {}
+    per_step = explain.get("module_steps") or {}
     for name, row in explain["modules"].items():
-        mine = rows.setdefault(_key(name), {"fwd_s": 0.0, "bwd_s": 0.0, "recompute_s": 0.0})
-        for k in mine:
+        mine = rows.setdefault(_key(name), {"fwd_s": 0.0, "bwd_s": 0.0, "recompute_s": 0.0, "pairs": None})
+        for k in ("fwd_s", "bwd_s", "recompute_s"):
             mine[k] += row.get(k, 0.0)
+    for name, pairs in per_step.items():
+        if not isinstance(pairs, list):
+            continue
+        mine = rows.setdefault(_key(name), {"fwd_s": 0.0, "bwd_s": 0.0, "recompute_s": 0.0, "pairs": None})
+        have = mine["pairs"] or [[0.0, 0.0] for _ in pairs]
+        mine["pairs"] = [[h[0] + p[0], h[1] + p[1]] for h, p in zip(have, pairs)]
+    for row in rows.values():
+        pairs = row.pop("pairs") or [[row["fwd_s"], row["bwd_s"]]]
+        row["steps"] = [f + b for f, b in pairs]
+        row["fwd_med_s"] = statistics.median(f for f, _ in pairs)
+        row["bwd_med_s"] = statistics.median(b for _, b in pairs)
     return rows
+
+
+@dataclass
+class Aligned:
+    """One canonical row of both sides."""
+
+    name: str
+    a: dict | None
+    b: dict | None
+    diff: float
+    """median(a's per-step time) − median(b's), seconds."""
+    noise: bool
+    """The difference is inside the row's own noise (the sides' interquartile ranges overlap)."""
+    only: str = ""
+    """The side it exists on, when the other has no row of that name."""
+
+    @property
+    def finding(self) -> bool:
+        return not self.noise and not self.only
+
+
+def _total(row: dict | None) -> float:
+    return 0.0 if row is None else quartiles(row["steps"])[1]
+
+
+def aligned(a: dict, b: dict, names: tuple[str, str] = ("a", "b")) -> list[Aligned]:
+    """Every canonical row of either side; ranked findings first (largest difference first), then the
+    rows inside their noise, then the one-sided rows."""
+    ra, rb = module_rows(a), module_rows(b)
+    out = []
+    for n in set(ra) | set(rb):
+        x, y = ra.get(n), rb.get(n)
+        only = names[0] if y is None else names[1] if x is None else ""
+        noise = True
+        if x is not None and y is not None:
+            qa, qb = quartiles(x["steps"]), quartiles(y["steps"])
+            noise = not (qa[0] > qb[2] or qb[0] > qa[2])
+        out.append(Aligned(n, x, y, _total(x) - _total(y), noise, only))
+    return sorted(out, key=lambda r: (0 if r.finding else 1 if not r.only else 2, -abs(r.diff), r.name))
+
+
+def coverage(explain: dict, step_s: float | None) -> float | None:
+    parts = sum(r["fwd_s"] + r["bwd_s"] for r in explain["modules"].values())
+    return parts / step_s if step_s else None
+
+
+def _ms(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def _fb(row: dict | None) -> str:
+    if row is None:
+        return "–"
+    text = f"{row['fwd_med_s'] * 1e3:.2f} / {row['bwd_med_s'] * 1e3:.2f}"
+    return text + (f" (recompute {row['recompute_s'] * 1e3:.2f})" if row.get("recompute_s") else "")
+
+
+def _iqr(row: dict | None) -> str:
+    if row is None:
+        return "–"
+    q1, _, q3 = quartiles(row["steps"])
+    return f"{q1 * 1e3:.2f}–{q3 * 1e3:.2f}"
+
+
+@dataclass
+class Verdict:
+    """Whether the rows explain the measured gap: the rows' sum against it, each with its noise."""
+
+    reliable: bool
+    rows_gap_s: float
+    why: str = ""
+
+
+def _half_iqr(values: list[float]) -> float:
+    q1, _, q3 = quartiles(values)
+    return (q3 - q1) / 2
+
+
+def _measured_noise(side) -> float:
+    p10, p90 = getattr(side, "step_time_p10_s", None), getattr(side, "step_time_p90_s", None)
+    return (p90 - p10) / 2 if p10 is not None and p90 is not None else 0.0
+
+
+def verdict(rows: list[Aligned], ea: dict, eb: dict, gap: float | None, gap_noise: float,
+            names: tuple[str, str], diagnosis: list[str]) -> Verdict:
+    """Reliable when the measured gap is beyond its noise and the rows' sum has its sign and its size
+    (within both noises and :data:`SIZE_TOLERANCE` of the gap)."""
+    a, b = names
+    rows_gap = sum(r.diff for r in rows)
+    rows_noise = _half_iqr(ea.get("hooked_steps_s") or [ea["hooked_step_s"]]) \
+        + _half_iqr(eb.get("hooked_steps_s") or [eb["hooked_step_s"]])
+    said = (f"the rows' sum gives {a} − {b} {rows_gap * 1e3:+.2f} ms (±{rows_noise * 1e3:.2f}) against a measured "
+            f"{'–' if gap is None else f'{gap * 1e3:+.2f}'} ms (±{gap_noise * 1e3:.2f})")
+    why = ""
+    if gap is None:
+        why = "no measured gap"
+    elif abs(gap) <= gap_noise:
+        why = f"the measured gap is inside its own noise: there is no difference to explain ({said})"
+    elif abs(rows_gap) > rows_noise and (rows_gap > 0) != (gap > 0):
+        why = f"the sign differs: {said}"
+    elif abs(rows_gap - gap) > rows_noise + gap_noise + SIZE_TOLERANCE * abs(gap):
+        why = f"the size differs by {abs(rows_gap - gap) / abs(gap):.0%} of the gap: {said}"
+    if why and diagnosis:
+        why += "; " + "; ".join(diagnosis)
+    return Verdict(not why, rows_gap, why)
+
+
+def _share(diff: float, v: Verdict) -> str:
+    return f"{diff / v.rows_gap_s:.0%}" if v.reliable and v.rows_gap_s else "–"
+
+
+def module_table(names: tuple[str, str], rows: list[Aligned], v: Verdict) -> Table:
+    a, b = names
+    cells, records = [], []
+    rank = 0
+
+    def note(r: Aligned) -> str:
+        nonlocal rank
+        if r.only:
+            return f"{r.only} only"
+        if r.noise:
+            return "within noise"
+        rank += 1
+        return str(rank)
+
+    for r in rows[:SHOWN]:
+        cells.append([r.name, _fb(r.a), _fb(r.b), f"{r.diff * 1e3:+.2f}", f"{_iqr(r.a)}; {_iqr(r.b)}", note(r),
+                      _share(r.diff, v)])
+        records.append({"module": r.name, f"{a}_fwd_s": r.a and r.a["fwd_med_s"], f"{a}_bwd_s": r.a and r.a["bwd_med_s"],
+                        f"{b}_fwd_s": r.b and r.b["fwd_med_s"], f"{b}_bwd_s": r.b and r.b["bwd_med_s"],
+                        "diff_s": r.diff, "rank": cells[-1][5]})
+    rest = rows[SHOWN:]
+    if rest:
+        diff = sum(r.diff for r in rest)
+        fold = lambda side: {"fwd_med_s": sum((getattr(r, side) or {}).get("fwd_med_s", 0.0) for r in rest),  # noqa: E731
+                             "bwd_med_s": sum((getattr(r, side) or {}).get("bwd_med_s", 0.0) for r in rest)}
+        ranked = sum(1 for r in rest if r.finding)
+        cells.append([f"({len(rest)} more rows)", _fb(fold("a")), _fb(fold("b")), f"{diff * 1e3:+.2f}", "",
+                      f"{ranked} ranked" if ranked else "", _share(diff, v)])
+        records.append({"module": f"({len(rest)} more rows)", "diff_s": diff, "rank": ""})
+    return Table(header=["Module (canonical name)", f"{a} fwd / bwd (ms, median)", f"{b} fwd / bwd (ms, median)",
+                         f"{a} − {b} (ms)", f"p25–p75 (ms) {a}; {b}", "rank", "share of the rows' gap"],
+                 cells=cells, records=records, numeric=(1, 2, 3, 6), name="explain-modules")
+
+
+def _ops(explain: dict, category: str, top: int = 3) -> str:
+    ops = (explain.get("category_ops") or {}).get(category) or {}
+    return ", ".join(list(ops)[:top])
+
+
+def category_table(names: tuple[str, str], ea: dict, eb: dict) -> Table:
+    a, b = names
+    cells = []
+    for cat in CATEGORIES:
+        va, vb = ea["categories"].get(cat, 0.0), eb["categories"].get(cat, 0.0)
+        ops = "; ".join(x for x in (_ops(ea, cat), _ops(eb, cat)) if x)
+        cells.append([cat, _ms(va), _ms(vb), f"{(va - vb) * 1e3:+.2f}", ops])
+    ta, tb = sum(ea["categories"].values()), sum(eb["categories"].values())
+    cells.append(["total (profiled operators)", _ms(ta), _ms(tb), f"{(ta - tb) * 1e3:+.2f}", ""])
+    cells.append(["the profiled step", _ms(ea["profiler_step_s"]), _ms(eb["profiler_step_s"]),
+                  f"{(ea['profiler_step_s'] - eb['profiler_step_s']) * 1e3:+.2f}", ""])
+    return Table(header=["Category", f"{a} (ms per step)", f"{b} (ms per step)", f"{a} − {b} (ms)",
+                         "main operators (trace.json's xfwCategories has all)"], cells=cells,
+                 numeric=(1, 2, 3), name="explain-categories", csv=False)
+
+
+def _spread(values: list[float] | None, fallback: float) -> str:
+    q1, q2, q3 = quartiles(values or [fallback])
+    return f"{q2 * 1e3:.2f} ms (p25–p75 {q1 * 1e3:.2f}–{q3 * 1e3:.2f})"
+
+
+def _cost(label: str, values: list[float] | None, fallback: float, side) -> str:
+    """``label``'s step against the measured one; a factor only when it is above both spreads."""
+    step, p10, p90 = side.step_time_median_s, side.step_time_p10_s, side.step_time_p90_s
+    q1, q2, q3 = quartiles(values or [fallback])
+    low, high = (p10 if p10 is not None else step), (p90 if p90 is not None else step)
+    if q1 > high:
+        return f"{label} step {_spread(values, fallback)}: ×{q2 / step:.2f} the measured step"
+    if q3 < low:
+        return (f"{label} step {_spread(values, fallback)}: faster than the measured step, so the explain process ran "
+                "at another speed than the run; its cost cannot be read here")
+    return f"{label} step {_spread(values, fallback)}: no cost above the measured step's spread"
+
+
+def side_lines(name: str, explain: dict, side) -> str:
+    step_s = side.step_time_median_s if side is not None else None
+    if not step_s:
+        return f"{name}: no measured step time"
+    cov = coverage(explain, step_s)
+    p10, p90 = side.step_time_p10_s, side.step_time_p90_s
+    measured = f"measured step {_ms(step_s)} ms" + (f" (p10–p90 {_ms(p10)}–{_ms(p90)})" if p10 is not None else "")
+    trace = Path(explain["path"]).with_name(explain["trace"])
+    return (f"{name}: {measured}; coverage {cov:.0%} (module rows' sum / measured step); "
+            f"{_cost('profiled', explain.get('profiler_steps_s'), explain['profiler_step_s'], side)}; "
+            f"{_cost('hooked', explain.get('hooked_steps_s'), explain['hooked_step_s'], side)}; "
+            f"a plain step in the explain process {_spread(explain.get('plain_steps_s'), explain['plain_step_s'])}; "
+            f"trace: {trace}")
+
+
+def _first_measured_hashes(run_dir: Path) -> list | None:
+    """The first step record's micro-batch hashes (reading no further than that record)."""
+    try:
+        with open(run_dir / "steps.jsonl", encoding="utf-8") as f:
+            for n, line in enumerate(f):
+                if n > 64 or len(line) > 1_000_000:
+                    return None
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and record.get("kind") == "step":
+                    hashes = record.get("batch_hashes")
+                    return hashes if isinstance(hashes, list) else None
+    except OSError:
+        return None
+    return None
+
+
+def program_check(explain: dict) -> tuple[str, list[str]]:
+    """(what the explain process ran with, one line; the ways it differs from the measured run's program)."""
+    ran = explain.get("ran_with")
+    if not isinstance(ran, dict):
+        return "not recorded (an explain.json from before xfw recorded it)", ["what it ran with is not recorded"]
+    run_dir = Path(explain["path"]).parent
+    differs: list[str] = []
+    try:
+        spec = json.loads((run_dir / "spec.json").read_text(encoding="utf-8"))
+        recorded = json.loads((run_dir / "env.json").read_text(encoding="utf-8")).get("interpreter")
+    except (OSError, ValueError, AttributeError):
+        spec, recorded = {}, None
+    if recorded and recorded != ran.get("interpreter"):
+        differs.append(f"interpreter {ran.get('interpreter')} (the run's: {recorded})")
+    env = ran.get("env") or {}
+    for key, value in (spec.get("backend_env") or {}).items():
+        if env.get(key) != value:
+            differs.append(f"{key}={env.get(key)!r} (the run's backends.<name>.env: {value!r})")
+    threads = spec.get("measure", {}).get("cpu_threads")
+    if threads is not None and env.get("OMP_NUM_THREADS") != str(threads):
+        differs.append(f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS')!r} (measure.cpu_threads: {threads})")
+    if spec and ran.get("knobs") != spec.get("backend_knobs", {}):
+        differs.append(f"knobs {ran.get('knobs')} (the run's: {spec.get('backend_knobs')})")
+    first = _first_measured_hashes(run_dir)
+    same = "unknown" if not first or not ran.get("first_batch_hashes") else \
+        "the measured run's" if first == ran["first_batch_hashes"] else "NOT the measured run's"
+    if same.startswith("NOT"):
+        differs.append("its first micro-batches are not the measured run's")
+    shown = " ".join(f"{k}={v}" for k, v in env.items() if v is not None) or "none set"
+    data = ran.get("data") or {}
+    line = (f"interpreter {ran.get('interpreter')}; variables {shown}; knobs {ran.get('knobs') or '{}'}; "
+            f"data {data.get('kind')}{' ' + str(data.get('fingerprint'))[:12] if data.get('fingerprint') else ''}, "
+            f"first micro-batches {same}")
+    return line, differs
+
+
+def _diagnosis(names: tuple[str, str], sides: tuple, explains: tuple[dict, dict]) -> list[str]:
+    """Why the rows may miss the measured gap: each side's explain process ran at another speed than its
+    run, or the hooks cost the sides differently."""
+    out = []
+    for name, side, e in zip(names, sides, explains):
+        plain = quartiles(e.get("plain_steps_s") or [e["plain_step_s"]])
+        low = side.step_time_p10_s if side.step_time_p10_s is not None else side.step_time_median_s
+        high = side.step_time_p90_s if side.step_time_p90_s is not None else side.step_time_median_s
+        if low is not None and high is not None and (plain[0] > high or plain[2] < low):
+            out.append(f"{name}'s explain process ran a plain step in {_ms(plain[1])} ms against {_ms(side.step_time_median_s)} "
+                       f"ms measured (p10–p90 {_ms(low)}–{_ms(high)}): the host's load changed, run it again on a quiet machine")
+    ratios = [quartiles(e.get("hooked_steps_s") or [e["hooked_step_s"]])[1]
+              / max(quartiles(e.get("plain_steps_s") or [e["plain_step_s"]])[1], 1e-12) for e in explains]
+    if abs(ratios[0] - ratios[1]) > 0.1:
+        out.append(f"the hooks' cost differs between the sides (hooked step ×{ratios[0]:.2f} the plain step on "
+                   f"{names[0]}, ×{ratios[1]:.2f} on {names[1]}): small modules' rows are inflated more on the first")
+    return out
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:80] or "row"
+
+
+def chart_name(title: str, index: int) -> str:
+    """``explain.png`` for the first row of a page, ``explain-<row>.png`` for the others (never one file for two)."""
+    return "explain.png" if index == 0 else f"explain-{_slug(title)}.png"
 
 
 def load_side(run_dirs: list[str]) -> dict | None:
@@ -55,111 +373,86 @@ def load_side(run_dirs: list[str]) -> dict | None:
     return None
 
 
-def _ms(seconds: float | None) -> str:
-    return "–" if seconds is None else f"{seconds * 1e3:.2f}"
+def one_sided_reasons(rows: list[Aligned], names: tuple[str, str]) -> list[str]:
+    out = []
+    for r in rows:
+        if r.only:
+            other = names[1] if r.only == names[0] else names[0]
+            out.append(f"{r.name} ({r.only} only, {_ms(_total(r.a or r.b))} ms): {other} has no module under this "
+                       f"canonical name (its framework does this work inside another row, or not at all); not compared")
+    return out
 
 
-def _fb(row: dict | None) -> str:
-    if row is None:
-        return "–"
-    text = f"{row['fwd_s'] * 1e3:.2f} / {row['bwd_s'] * 1e3:.2f}"
-    return text + (f" (recompute {row['recompute_s'] * 1e3:.2f})" if row.get("recompute_s") else "")
-
-
-def _total(row: dict | None) -> float:
-    return 0.0 if row is None else row["fwd_s"] + row["bwd_s"]
-
-
-def aligned(a: dict, b: dict) -> list[tuple[str, dict | None, dict | None, float]]:
-    """(name, a's row, b's row, a − b seconds), largest absolute difference first."""
-    ra, rb = module_rows(a), module_rows(b)
-    out = [(n, ra.get(n), rb.get(n), _total(ra.get(n)) - _total(rb.get(n))) for n in set(ra) | set(rb)]
-    return sorted(out, key=lambda r: (-abs(r[3]), r[0]))
-
-
-def coverage(explain: dict, step_s: float | None) -> float | None:
-    parts = sum(_total(r) for r in explain["modules"].values())
-    return parts / step_s if step_s else None
-
-
-def _share(diff: float, gap: float | None) -> str:
-    return f"{diff / gap:.0%}" if gap else "–"
-
-
-def module_table(names: tuple[str, str], rows: list, gap: float | None) -> Table:
-    a, b = names
-    cells, records = [], []
-    for name, ra, rb, diff in rows[:SHOWN]:
-        cells.append([name, _fb(ra), _fb(rb), f"{diff * 1e3:+.2f}", _share(diff, gap)])
-        records.append({"module": name, f"{a}_fwd_s": ra and ra["fwd_s"], f"{a}_bwd_s": ra and ra["bwd_s"],
-                        f"{b}_fwd_s": rb and rb["fwd_s"], f"{b}_bwd_s": rb and rb["bwd_s"], "diff_s": diff})
-    rest = rows[SHOWN:]
-    if rest:
-        diff = sum(r[3] for r in rest)
-        fold = lambda side: {"fwd_s": sum((r[side] or {}).get("fwd_s", 0.0) for r in rest),  # noqa: E731
-                             "bwd_s": sum((r[side] or {}).get("bwd_s", 0.0) for r in rest)}
-        cells.append([f"({len(rest)} more rows)", _fb(fold(1)), _fb(fold(2)), f"{diff * 1e3:+.2f}", _share(diff, gap)])
-        records.append({"module": f"({len(rest)} more rows)", "diff_s": diff})
-    return Table(header=["Module (canonical name)", f"{a} fwd / bwd (ms)", f"{b} fwd / bwd (ms)",
-                         f"{a} − {b} (ms)", "share of the gap"],
-                 cells=cells, records=records, numeric=(1, 2, 3, 4), name="explain-modules")
-
-
-def category_table(names: tuple[str, str], ea: dict, eb: dict) -> Table:
-    a, b = names
-    cells = []
-    for cat in CATEGORIES:
-        va, vb = ea["categories"].get(cat, 0.0), eb["categories"].get(cat, 0.0)
-        cells.append([cat, _ms(va), _ms(vb), f"{(va - vb) * 1e3:+.2f}"])
-    ta, tb = sum(ea["categories"].values()), sum(eb["categories"].values())
-    cells.append(["total (profiled operators)", _ms(ta), _ms(tb), f"{(ta - tb) * 1e3:+.2f}"])
-    return Table(header=["Category", f"{a} (ms per step)", f"{b} (ms per step)", f"{a} − {b} (ms)"], cells=cells,
-                 numeric=(1, 2, 3), name="explain-categories", csv=False)
-
-
-def side_lines(name: str, explain: dict, step_s: float | None) -> str:
-    cov = coverage(explain, step_s)
-    hooks = explain["hooked_step_s"] / step_s if step_s else None
-    prof = explain["profiler_step_s"] / step_s if step_s else None
-    inner = coverage(explain, explain["hooked_step_s"])
-    return (f"{name}: measured step {_ms(step_s)} ms; coverage {cov:.0%} (module rows' sum / measured step; "
-            f"{inner:.0%} of the hooked step they were timed in); overhead: hooked step ×{hooks:.2f}, profiled "
-            f"step ×{prof:.2f} the measured step; a plain step in the explain process "
-            f"{_ms(explain['plain_step_s'])} ms; trace: {Path(explain['path']).with_name(explain['trace'])}"
-            if step_s else f"{name}: no measured step time")
-
-
-def row_blocks(row: ComparisonRow, names: tuple[str, str], out_dir: Path | None) -> list:
-    from xfw.report.contrast import row_name
-
+def row_blocks(row: ComparisonRow, names: tuple[str, str], out_dir: Path | None, index: int = 0) -> list:
     a, b = names
     title = row_name(row)
     ea, eb = (load_side(row.sides[n].run_dirs) if n in row.sides else None for n in names)
     if ea is None or eb is None:
         missing = [n for n, e in zip(names, (ea, eb)) if e is None]
         return [Heading(f"Explain: {title}", 3), Paragraph(f"no explain.json for {', '.join(missing)}")]
-    sa, sb = row.sides[a].step_time_median_s, row.sides[b].step_time_median_s
+    side_a, side_b = row.sides[a], row.sides[b]
+    sa, sb = side_a.step_time_median_s, side_b.step_time_median_s
     gap = sa - sb if sa is not None and sb is not None else None
-    rows = aligned(ea, eb)
+    gap_noise = _measured_noise(side_a) + _measured_noise(side_b)
+    programs = {n: program_check(e) for n, e in zip(names, (ea, eb))}
+    rows = aligned(ea, eb, names)
+    diagnosis = [f"{n}'s explain process did not run the measured program: {', '.join(d)}"
+                 for n, (_, d) in programs.items() if d] + _diagnosis(names, (side_a, side_b), (ea, eb))
+    v = verdict(rows, ea, eb, gap, gap_noise, names, diagnosis)
+    if any(d for _, d in programs.values()):
+        v = Verdict(False, v.rows_gap_s, v.why or "; ".join(diagnosis))
     blocks: list = [Heading(f"Explain: {title}", 3),
                     Paragraph(f"Measured step: {a} {_ms(sa)} ms, {b} {_ms(sb)} ms, gap {a} − {b} "
-                              f"{'–' if gap is None else f'{gap * 1e3:+.2f}'} ms."),
-                    module_table(names, rows, gap), category_table(names, ea, eb),
-                    Bullets([side_lines(a, ea, sa), side_lines(b, eb, sb)], title="Coverage and overhead")]
+                              f"{'–' if gap is None else f'{gap * 1e3:+.2f}'} ms (±{gap_noise * 1e3:.2f}: half "
+                              "the p10–p90 ranges).")]
+    blocks.append(Paragraph(f"**The explanation is unreliable here**, because {v.why}. The rows are shown; no shares."
+                            if not v.reliable else
+                            f"The rows' sum ({v.rows_gap_s * 1e3:+.2f} ms) agrees with the measured gap within the "
+                            "noise: shares are of the rows' gap and add up to 100%."))
+    blocks += [module_table(names, rows, v), category_table(names, ea, eb)]
+    one_sided = one_sided_reasons(rows, names)
+    if one_sided:
+        blocks.append(Bullets(one_sided, title="Rows on one side only"))
+    blocks.append(Bullets([f"{n}: {line}" for n, (line, _) in programs.items()],
+                          title="What each explain process ran (the measured run's program)"))
+    blocks.append(Bullets([side_lines(a, ea, side_a), side_lines(b, eb, side_b)],
+                          title="Coverage and the profiler's cost"))
     if out_dir is not None and gap is not None:
         from xfw.report.plot import plot_waterfall
 
-        top = rows[:WATERFALL_PARTS]
-        parts = [(n, d) for n, _, _, d in top] + [("other rows", sum(r[3] for r in rows[WATERFALL_PARTS:]))]
+        ranked = [r for r in rows if r.finding][:WATERFALL_PARTS]
+        parts = [(r.name, r.diff) for r in ranked]
+        parts.append(("rows within noise or one-sided", sum(r.diff for r in rows if r not in ranked)))
         parts.append(("not covered", gap - sum(d for _, d in parts)))
-        name = "explain.png" if not row.variant else f"explain-{len(list(out_dir.glob('explain*.png')))}.png"
         try:
             chart = plot_waterfall((f"{b} step", sb), [(_short(n), d) for n, d in parts], (f"{a} step", sa),
-                                   out_dir / name, title=f"{title}: from {b}'s step to {a}'s (ms)")
+                                   out_dir / chart_name(title, index),
+                                   title=f"{title}: from {b}'s step to {a}'s (ms)")
             blocks.append(Image(chart, f"waterfall from {b}'s step time to {a}'s"))
         except OSError:
             pass
     return blocks
+
+
+def single_blocks(row: ComparisonRow, name: str) -> list:
+    """One backend: its own rows and categories; nothing to compare it with."""
+    title = row_name(row)
+    e = load_side(row.sides[name].run_dirs) if name in row.sides else None
+    if e is None:
+        return [Heading(f"Explain: {title}", 3), Paragraph(f"no explain.json for {name}")]
+    rows = sorted(module_rows(e).items(), key=lambda kv: -_total(kv[1]))
+    cells = [[n, _fb(r), _ms(_total(r)), _iqr(r)] for n, r in rows[:SHOWN]]
+    cats = [[c, _ms(e["categories"].get(c, 0.0)), _ops(e, c)] for c in CATEGORIES]
+    line, differs = program_check(e)
+    return [Heading(f"Explain: {title} ({name} alone)", 3),
+            Paragraph(f"One backend ({name}): its own rows, largest first; there is no other side to compare with "
+                      "(`--backends A,B` for a comparison)."),
+            Table(header=["Module (canonical name)", f"{name} fwd / bwd (ms, median)", "total (ms)", "p25–p75 (ms)"],
+                  cells=cells, numeric=(1, 2), name="explain-modules"),
+            Table(header=["Category", f"{name} (ms per step)", "main operators"], cells=cats, numeric=(1,),
+                  name="explain-categories", csv=False),
+            Bullets([f"{name}: {line}" + (f" — differs: {', '.join(differs)}" if differs else ""),
+                     side_lines(name, e, row.sides[name])], title="What it ran, coverage and the profiler's cost")]
 
 
 def _short(name: str) -> str:
@@ -168,17 +461,20 @@ def _short(name: str) -> str:
 
 def explain_page(rows: list[ComparisonRow], backends: list[str], out_dir: Path | None,
                  notes: list[str] = ()) -> Page:
-    names = (backends[0], backends[1]) if len(backends) > 1 else (backends[0], backends[0])
     blocks: list = []
-    for row in rows:
-        blocks += row_blocks(row, names, out_dir)
+    for index, row in enumerate(rows):
+        if len(backends) > 1:
+            blocks += row_blocks(row, (backends[0], backends[1]), out_dir, index)
+        else:
+            blocks += single_blocks(row, backends[0])
     if notes:
         blocks += [Heading("Not explained", 3), Bullets(list(notes))]
     blocks.append(Paragraph(
         "Module rows are self times under the canonical module names (a container's row is its own code: "
         "an attention block's row holds the attention itself); `loss` is the loss wrapper's own code and backward "
         "until the model's first module gradient, `(autograd, outside modules)` the rest of backward outside "
-        "every module, `optimizer` the optimizer step. Recompute is the forward run again inside backward. The "
-        "rows are the median one of 5 profiled steps, taken after the measured window in a process of its own "
-        "(docs/explain.md).", muted=True))
+        "every module, `optimizer` the optimizer step. Recompute is the forward run again inside backward. Each "
+        "figure is the median over the profiled steps, with its interquartile range; a row is ranked only when the "
+        "two sides' ranges do not overlap. The steps are taken after the measured window in a process of its own "
+        "that runs the measured run's program (docs/explain.md).", muted=True))
     return Page(title="Where the step goes", blocks=blocks)

@@ -6,15 +6,15 @@
   own parameter's module) or holds some (``scope_names``); ``Tensor.register_hook`` on each output
   that needs a gradient marks the call's backward start, on each input that needs one and on the
   layer's own trainable parameters its end;
-* categories and the trace: ``paddle.profiler`` (host operators; GPU kernels on a GPU), exported as
-  a Chrome trace.
+* categories and the trace: ``paddle.profiler`` (host operators with their input shapes; GPU kernels
+  on a GPU), exported as a Chrome trace, each operator's category written into it.
 """
 
 from __future__ import annotations
 
 import paddle
 
-from xfw.contract.explain import LOSS, Timeline, run_explain, scope_names, trace_categories
+from xfw.contract.explain import LOSS, Timeline, refuse_many, run_explain, scope_names, trace_categories
 from xfw_paddle import parallel
 from xfw_paddle.families import family_module
 from xfw_paddle.model import canonical_names
@@ -80,7 +80,8 @@ class PaddleHooks:
         from paddle import profiler
 
         targets = [profiler.ProfilerTarget.CPU] + ([profiler.ProfilerTarget.GPU] if self.session.gpu else [])
-        prof = profiler.Profiler(targets=targets, on_trace_ready=lambda _prof: None)
+        prof = profiler.Profiler(targets=targets, on_trace_ready=lambda _prof: None,
+                                 record_shapes=True)  # shapes: attention's products
         prof.start()
         for _ in range(steps):
             run()
@@ -88,11 +89,13 @@ class PaddleHooks:
         prof.stop()
         prof.export(trace_path, format="json")
         return trace_categories(trace_path, op_cats=("Operator", "OperatorInner", "DygraphKernelLaunch", "UserDefined"),
-                                optimizer_marks=("Optimization Step",), kernel_cats=("Kernel",))
+                                optimizer_marks=("Optimization Step",), kernel_cats=("Kernel",),
+                                layer_cats=("Forward",))  # no shapes in Paddle's trace: attention by its layer
 
 
 def explain(spec: dict, path: str) -> None:
     from xfw_paddle.session import PaddleSession
 
+    refuse_many(spec)  # before the session: a multi-process spec would fail building it, for another reason
     session = PaddleSession(spec)
     run_explain(spec, session, PaddleHooks(session, spec), path)

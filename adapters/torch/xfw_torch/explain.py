@@ -7,8 +7,8 @@
   that needs a gradient and on the module's own trainable parameters its end;
 * recompute: checkpointing's early stop is off while the hooks time (every recomputed module is
   entered and left; the rest of a block that early stop would skip is recomputed too);
-* categories and the trace: ``torch.profiler`` (CPU operators; CUDA kernels on a GPU),
-  ``export_chrome_trace``.
+* categories and the trace: ``torch.profiler`` (CPU operators with their input shapes; CUDA kernels
+  on a GPU), ``export_chrome_trace``, each operator's category written into the trace.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from xfw.contract import hf_names
-from xfw.contract.explain import LOSS, Timeline, run_explain, scope_names, trace_categories
+from xfw.contract.explain import LOSS, Timeline, refuse_many, run_explain, scope_names, trace_categories
 from xfw_torch import parallel
 
 
@@ -85,7 +85,7 @@ class TorchHooks:
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.session.cuda else [])
-        with profile(activities=activities) as prof:
+        with profile(activities=activities, record_shapes=True) as prof:  # shapes: attention's products
             for _ in range(steps):
                 run()
         prof.export_chrome_trace(trace_path)
@@ -96,5 +96,6 @@ class TorchHooks:
 def explain(spec: dict, path: str) -> None:
     from xfw_torch.session import TorchSession
 
+    refuse_many(spec)  # before the session: a multi-process spec would fail building it, for another reason
     session = TorchSession(spec)
     run_explain(spec, session, TorchHooks(session), path)
