@@ -72,8 +72,30 @@ def _pairs(flag: str, pairs: tuple[str, ...], example: str) -> dict[str, str]:
     return out
 
 
-def _interpreters(pairs: tuple[str, ...]) -> dict[str, str]:
-    return _pairs("--python", pairs, "--python paddle=/opt/paddle/bin/python")
+def _interpreters(pairs: tuple[str, ...], backends: str | None = None, flag: str = "--backends") -> dict[str, str]:
+    """``--python NAME=PATH`` pairs, and each instance's ``ADAPTER@LABEL=PATH`` in ``backends``."""
+    out = _pairs("--python", pairs, "--python paddle=/opt/paddle/bin/python")
+    for instance in _instances(backends, flag) if backends else []:
+        given = instance.python or instance.wheel  # a wheel file is built (workflow.prepare_backends)
+        if given and instance.name in out:
+            _fail(f"--python {instance.name}=...: {flag} already gives {instance.name}'s build")
+        if given:
+            out[instance.name] = given
+    return out
+
+
+def _instances(text: str, flag: str = "--backends"):
+    from xfw.run import instances
+
+    try:
+        return instances.parse_list(text, flag=flag)
+    except instances.InstanceError as err:
+        _fail(str(err))
+
+
+def _backend_names(text: str, flag: str = "--backends") -> list[str]:
+    """The backends' names, instances included (``paddle@3.2.0``; an ``=PATH`` goes to :func:`_interpreters`)."""
+    return [instance.name for instance in _instances(text, flag)]
 
 
 def _backend_list(text: str) -> list[str]:
@@ -197,7 +219,8 @@ def run(recipe, backend, overrides, comparison, repeat, pythons, out_dir, node_r
         print_command) -> None:
     """Run one recipe on one backend and report it."""
     _finish(lambda: workflow.compare(
-        [recipe], [backend], overrides=_with_repeat(overrides, repeat, comparison), interpreters=_interpreters(pythons),
+        [recipe], _backend_names(backend, "--backend")[:1], overrides=_with_repeat(overrides, repeat, comparison),
+        interpreters=_interpreters(pythons, backend, "--backend"),
         out_dir=out_dir, rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port),
         print_command=print_command, force=force, progress=None if print_command else _progress(), log=_log))
 
@@ -218,32 +241,48 @@ def run(recipe, backend, overrides, comparison, repeat, pythons, out_dir, node_r
 @force_option
 @click.option("--explain", is_flag=True, help="After the runs, profile a few steps per side and align them by "
                                               "module and category (explain.md, explain.png; docs/explain.md).")
+@click.option("--contrast", default=None, metavar="FIRST:SECOND",
+              help="The two backends the contrast (and --ab) is of, e.g. paddle@3.3.1:paddle@3.0.0 "
+                   "(default: the first two of --backends).")
+@click.option("--ab", is_flag=True,
+              help="A/B the contrast's two backends: run them alternately (A B B A ...) --repeat N times and give "
+                   "their ratio with a 95% interval, the smallest change N pairs could detect and a verdict "
+                   "(paired t-test on log ratios; docs/builds.md).")
 def compare(recipes, backends, overrides, comparison, repeat, pythons, out_dir, node_rank, master_addr, master_port,
-            parity_dirs, force, explain) -> None:
+            parity_dirs, force, explain, contrast, ab) -> None:
     """Run recipes on several backends, one at a time, and print the contrast table. The settings
     section shows each recipe's parity status: the newest parity.json with the same recipe
     fingerprint in --parity DIR, in --out (or one level below) or in runs/parity-<recipe>."""
     _finish(lambda: workflow.compare(
-        list(recipes), _backend_list(backends), overrides=_with_repeat(overrides, repeat, comparison),
-        interpreters=_interpreters(pythons), out_dir=out_dir,
+        list(recipes), _backend_names(backends), overrides=_with_repeat(overrides, repeat, comparison),
+        interpreters=_interpreters(pythons, backends), out_dir=out_dir,
         rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port), parity_dirs=list(parity_dirs),
-        force=force, progress=_progress(), log=_log, explain=explain))
+        force=force, progress=_progress(), log=_log, explain=explain, ab=ab, contrast=contrast))
 
 
 @main.command(name="explain")
-@click.argument("recipe", type=click.Path())
+@click.argument("recipe", type=click.Path(), required=False)
 @click.option("--backends", "backends", default="paddle,torch", show_default=True,
               help="Comma-separated backends; the gap = first - second.")
 @set_option
 @python_option
 @out_option
 @force_option
-def explain_command(recipe, backends, overrides, pythons, out_dir, force) -> None:
+@click.option("--categories", is_flag=True, help="Print how operators are put into categories (the map both "
+                                                 "sides share) and exit; no RECIPE needed.")
+def explain_command(recipe, backends, overrides, pythons, out_dir, force, categories) -> None:
     """Compare RECIPE, then explain the gap: each side profiles a few steps after its measured window
     (module hooks, the framework's profiler) and the report aligns them by canonical module name and
     by category, with a waterfall of the step-time difference (docs/explain.md)."""
+    if categories:
+        from xfw.contract.explain import category_rules
+
+        click.echo(category_rules())
+        return
+    if recipe is None:
+        raise click.UsageError("Missing argument 'RECIPE' (or --categories).")
     _finish(lambda: workflow.compare(
-        [recipe], _backend_list(backends), overrides=list(overrides), interpreters=_interpreters(pythons),
+        [recipe], _backend_names(backends), overrides=list(overrides), interpreters=_interpreters(pythons, backends),
         out_dir=out_dir, force=force, progress=_progress(), log=_log, explain=True))
 
 
@@ -264,8 +303,8 @@ def sweep(recipe, axes, backends, comparison, repeat, pythons, out_dir, force) -
     """Run a recipe at every combination of --set values, one run at a time; resumable (both comparisons
     at once: --set comparison=like-for-like,published)."""
     _finish(lambda: workflow.sweep(
-        recipe, list(axes), _backend_list(backends), fixed=_with_repeat((), repeat, comparison),
-        interpreters=_interpreters(pythons), out_dir=out_dir, force=force, progress=_progress(), log=_log))
+        recipe, list(axes), _backend_names(backends), fixed=_with_repeat((), repeat, comparison),
+        interpreters=_interpreters(pythons, backends), out_dir=out_dir, force=force, progress=_progress(), log=_log))
 
 
 @main.command()
@@ -286,8 +325,8 @@ def sweep(recipe, axes, backends, comparison, repeat, pythons, out_dir, force) -
 def maxbatch(recipe, backends, candidates, max_micro, overrides, pythons, out_dir, force) -> None:
     """Find the largest micro-batch that fits, per backend; each probe a separate process."""
     _finish(lambda: workflow.maxbatch(
-        recipe, _backend_list(backends), overrides=list(overrides), candidates=candidates, max_micro=max_micro,
-        interpreters=_interpreters(pythons), out_dir=out_dir, force=force, progress=_progress(), log=_log))
+        recipe, _backend_names(backends), overrides=list(overrides), candidates=candidates, max_micro=max_micro,
+        interpreters=_interpreters(pythons, backends), out_dir=out_dir, force=force, progress=_progress(), log=_log))
 
 
 @main.command()
@@ -349,8 +388,8 @@ def parity(recipe, backends, steps, overrides, pythons, out_dir, weights, force)
     """Train both backends from the same weights on the same batches (fp32, CPU-exact) and
     compare the loss and the gradient norm per step; exit 1 when a step is outside tolerance. A
     failing run names the first module whose output differs on the first batch, or says why none."""
-    _finish(lambda: workflow.parity(recipe, _backend_list(backends), steps=steps, overrides=list(overrides),
-                                    interpreters=_interpreters(pythons), out_dir=out_dir, force=force,
+    _finish(lambda: workflow.parity(recipe, _backend_names(backends), steps=steps, overrides=list(overrides),
+                                    interpreters=_interpreters(pythons, backends), out_dir=out_dir, force=force,
                                     weights=_pairs("--weights", weights, "--weights paddle=runs/changed")))
 
 
@@ -382,11 +421,32 @@ def converge(recipe, backends, seeds, steps, eval_every, eval_samples, target, o
     for several seeds from one exported start per seed, on identical batches, evaluating a held-out split
     every K steps; then a verdict per eval point (Welch's t-test over seeds, two-sided, alpha 0.05) and each
     side's time to a target eval loss from its measured ips. docs/converge.md."""
-    _finish(lambda: workflow.converge(recipe, _backend_list(backends), seeds=seeds, steps=steps, eval_every=eval_every,
+    _finish(lambda: workflow.converge(recipe, _backend_names(backends), seeds=seeds, steps=steps, eval_every=eval_every,
                                       eval_samples=eval_samples, target=target,
                                       overrides=_with_repeat(overrides, None, comparison),
-                                      interpreters=_interpreters(pythons), out_dir=out_dir, force=force,
+                                      interpreters=_interpreters(pythons, backends), out_dir=out_dir, force=force,
                                       progress=_progress(), log=_log))
+
+
+@main.command()
+@click.argument("recipe", type=click.Path())
+@click.option("--builds", "builds_path", required=True, type=click.Path(), metavar="FILE",
+              help="The builds in order, one a line as --backends writes them: paddle@3.2.0, "
+                   "paddle@nightly-1102=/opt/nightly-1102/bin/python (# starts a comment).")
+@click.option("--good", required=True, metavar="NAME", help="A build without the change (ADAPTER@LABEL, a line of FILE).")
+@click.option("--bad", required=True, metavar="NAME", help="A later build with it (ADAPTER@LABEL, a line of FILE).")
+@click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True, metavar="N",
+              help="Pairs per A/B (each build against the good one, alternated A B B A).")
+@set_option
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Directory for every A/B and bisect.* (default: runs/bisect-<recipe>); the same --out resumes.")
+@force_option
+def bisect(recipe, builds_path, good, bad, repeat, overrides, out_dir, force) -> None:
+    """Find the first build with a change: A/B the bad build against the good one, then the build halfway
+    between the last without the change and the first with it, until they meet (at most ceil(log2 n) + 1
+    A/Bs for n builds). Each A/B: paired t-test on log ratios, two-sided, alpha 0.05 (docs/builds.md)."""
+    _finish(lambda: workflow.bisect(recipe, builds_path, good=good, bad=bad, overrides=list(overrides), repeat=repeat,
+                                    out_dir=out_dir, force=force, progress=_progress(), log=_log))
 
 
 @main.command()
@@ -410,8 +470,8 @@ def nightly(suite, history_dir, night, overrides, comparison, only_backends, pyt
     Killed at any moment, the same command resumes the night and keeps every finished run."""
     _finish(lambda: workflow.nightly(
         suite, history_dir, night=night, overrides=_with_repeat(overrides, None, comparison), report_only=report_only,
-        only_backends=_backend_list(only_backends) if only_backends is not None else None,
-        interpreters=_interpreters(pythons), rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port),
+        only_backends=_backend_names(only_backends) if only_backends is not None else None,
+        interpreters=_interpreters(pythons, only_backends), rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port),
         progress=None if report_only else _progress(), log=_log))
 
 
@@ -432,17 +492,23 @@ def selfcheck(backends, families, paths, comparison, pythons, out_dir) -> None:
     from xfw.report.selfcheck import BY_NAME
 
     _finish(lambda: workflow.selfcheck(
-        _backend_list(backends), families=_backend_list(families),
-        paths=_backend_list(paths) if paths else list(BY_NAME), interpreters=_interpreters(pythons),
+        _backend_names(backends), families=_backend_list(families),
+        paths=_backend_list(paths) if paths else list(BY_NAME), interpreters=_interpreters(pythons, backends),
         out_dir=out_dir, progress=_progress(), log=_log, comparison=comparison))
 
 
 @main.command(name="env")
-@click.option("--backends", default="paddle,torch", show_default=True, help="Backends to describe.")
+@click.option("--backends", default="paddle,torch", show_default=True,
+              help="Backends to describe (instances too: paddle@3.2.0 builds its environment first).")
 @python_option
-def env_command(backends, pythons) -> None:
-    """Show each backend's interpreter, whether its adapter imports, and its versions."""
-    _finish(lambda: workflow.describe_backends(_backend_list(backends), _interpreters(pythons)))
+@click.option("--remove", "remove", default=None, metavar="NAME",
+              help="Delete the built environment of instance NAME (e.g. paddle@3.2.0) and say what it freed.")
+def env_command(backends, pythons, remove) -> None:
+    """Show each backend's interpreter, whether its adapter imports, its versions and build, and the
+    environments xfw has built for instances (docs/builds.md)."""
+    if remove is not None:
+        _finish(lambda: workflow.remove_env(remove))
+    _finish(lambda: workflow.describe_backends(_backend_names(backends), _interpreters(pythons, backends), log=_log))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ TRAINING = {"compare", "run", "sweep", "nightly", "converge"}
 CHEAP = ["--set", "measure.warmup_steps=1", "--set", "measure.steps=2"]
 SELFCHECK_WHY = ("the full selfcheck trains 64 runs (about 9 minutes on 2 cores); tests/contract/test_selfcheck.py "
                  "runs its paths")
+BISECT_WHY = ("builds an environment for each Paddle version it visits (about 30 s and 700 MiB each) and A/Bs "
+              "them; tests/unit/test_builds.py runs a bisect end to end, results/cpu/ab/ records this one")
 PRELUDE = [("README.md (make demo)", "xfw compare recipes/tiny/llava_sft.yaml --backends paddle,torch --out runs/demo")]
 """What ``make demo`` runs (README: "runs `xfw compare recipes/tiny/llava_sft.yaml --backends paddle,torch`",
 writing runs/demo), before the commands that read runs/demo."""
@@ -78,6 +80,8 @@ def skip_reason(argv: list[str]) -> str | None:
     sub = argv[1] if len(argv) > 1 else ""
     if sub == "selfcheck" and "--families" not in argv:
         return SELFCHECK_WHY
+    if sub == "bisect":
+        return BISECT_WHY
     full_size = [p for p in _recipes(argv) if "tiny" not in p.parts and p.parent.name in ("recipes",)]
     if full_size and sub in ("compare", "run", "sweep", "maxbatch", "parity"):
         return f"{full_size[0].name}: a full-size model, for GPUs"

@@ -90,8 +90,12 @@ def test_a_killed_process_names_the_signal():
 
 
 def test_missing_interpreter_is_a_clear_error_before_launch(tmp_path):
+    (tmp_path / "adapters" / "nothing" / "xfw_nothing").mkdir(parents=True)  # an adapter, never set up
     with pytest.raises(launcher.BackendError, match=r"no interpreter at .venv/nothing/bin/python"):
         launcher.resolve_backend("nothing", {}, root=tmp_path)
+    # a misspelt backend is unknown, with the known ones listed (not told to run make setup)
+    with pytest.raises(launcher.BackendError, match=r"unknown backend 'padle' \(known: nothing;"):
+        launcher.resolve_backend("padle", {}, root=tmp_path)
     with pytest.raises(launcher.BackendError, match="no such interpreter"):
         launcher.resolve_backend("x", {"x": str(tmp_path / "python")})
 

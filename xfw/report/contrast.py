@@ -41,8 +41,36 @@ def fmt_rate(value: float | None) -> str:
 def fmt_contrast(row: ComparisonRow) -> str:
     if row.contrast is None:
         return "n/a"
-    text = f"{row.contrast:+.0%}" if abs(row.contrast) >= 0.1 else f"{row.contrast:+.1%}"
+    text = _pct(row.contrast)
     return text + (" (noise)" if row.within_noise else "")
+
+
+def _pct(value: float) -> str:
+    return f"{value:+.0%}" if abs(value) >= 0.1 else f"{value:+.1%}"
+
+
+ONE_RUN = "one run, no spread"
+"""What a headline figure says where it has no spread to show (no repeats)."""
+
+
+def contrast_range(row: ComparisonRow, backends: list[str]) -> tuple[float, float] | None:
+    """The lowest and highest contrast the repeats allow (first side's lowest against the second's
+    highest, and the other way round); None unless both sides have repeats."""
+    a, b = (row.sides[name] for name in backends[:2])
+    if row.contrast is None or a.num_repeats < 2 or b.num_repeats < 2 or not (b.ips_low and b.ips_high):
+        return None
+    return (a.ips_low - b.ips_high) / b.ips_high, (a.ips_high - b.ips_low) / b.ips_low
+
+
+def fmt_headline_contrast(row: ComparisonRow, backends: list[str]) -> str:
+    """The contrast as the table and the chart show it: with the range its repeats allow, or saying it
+    is one run with no spread."""
+    if row.contrast is None or len(backends) < 2:
+        return fmt_contrast(row)
+    span = contrast_range(row, backends)
+    spread_text = f"range {_pct(span[0])} to {_pct(span[1])}" if span else ONE_RUN if all(
+        row.sides[n].num_repeats < 2 for n in backends[:2]) else "one side one run, no spread"
+    return f"{_pct(row.contrast)} ({spread_text})" + (" (noise)" if row.within_noise else "")
 
 
 def fmt_memory_pair(alloc: float | None, reserved: float | None, source: str | None, *, what: str = "") -> str:
@@ -77,16 +105,18 @@ def fmt_memory(side: Side, unit: tuple[str, int] | None = None) -> str:
     reserved on a GPU. ``unit``: the table's (:func:`memory_unit`)."""
     if not side.ok or side.memory_bytes is None:
         return "–"
+    noise = f"; spread {side.memory_spread:.1%}" if side.memory_spread is not None else f"; {ONE_RUN}"
     if side.memory_source in ("rss_training", "peak_rss"):
         name, scale = unit or memory_unit([side.memory_bytes])
         if side.memory_source == "peak_rss":
             after = side.rss_after_build_bytes
-            return f"{side.memory_bytes / scale:.2f} {name} peak RSS" + (
-                f" ({after / scale:.2f} after build)" if after else "")
-        return (f"{side.memory_bytes / scale:.2f} {name} training (peak RSS {side.rss_peak_bytes / scale:.2f}, "
-                f"{side.rss_after_build_bytes / scale:.2f} after build)")
-    return fmt_memory_pair(side.mem_alloc_peak_bytes, side.mem_reserved_peak_bytes, side.memory_source,
+            return (f"{side.memory_bytes / scale:.2f} {name} whole-process peak RSS (start-up included, not training "
+                    "memory" + (f"; {after / scale:.2f} {name} after build" if after else "") + f"{noise})")
+        return (f"{side.memory_bytes / scale:.2f} {name} training (peak RSS {side.rss_peak_bytes / scale:.2f} {name}, "
+                f"{side.rss_after_build_bytes / scale:.2f} {name} after build{noise})")
+    pair = fmt_memory_pair(side.mem_alloc_peak_bytes, side.mem_reserved_peak_bytes, side.memory_source,
                            what="alloc/reserved")
+    return pair[:-1] + f"{noise})" if pair.endswith(")") else pair
 
 
 def fmt_mfu(side: Side) -> str:
@@ -96,7 +126,7 @@ def fmt_mfu(side: Side) -> str:
 
 def fmt_side_rate(side: Side) -> str:
     if side.ok:
-        spread = f" (spread {side.ips_spread:.1%})" if side.ips_spread is not None else ""
+        spread = f" (spread {side.ips_spread:.1%})" if side.ips_spread is not None else f" ({ONE_RUN})"
         return fmt_rate(side.ips) + spread + (PARSED_MARK if is_parsed(side) else "")
     return Strong(side.status)
 
@@ -124,12 +154,15 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
     a, b = backends[0], backends[1] if len(backends) > 1 else None
     shown = strip_common([row.variant for row in rows])  # keys every row shares say nothing
     with_variant = any(shown)
-    header = ["Model", "Stage"] + (["Variant"] if with_variant else []) + [f"{a} ips"]
+    kinds = [comparison.kind_of(row) for row in rows]
+    with_kind = len(set(kinds)) > 1  # a sweep over comparison=like-for-like,published: each row says which
+    header = ["Model", "Stage"] + (["Variant"] if with_variant else []) + (["Comparison"] if with_kind else []) \
+        + [f"{a} ips"]
     if b:
         header += ["Contrast", f"{b} ips"]
     header += [f"{name} ips" for name in backends[2:]]  # a third backend and on: its ips, no contrast
     numeric = tuple(i for i, h in enumerate(header) if h.endswith(" ips") or h == "Contrast")
-    header += [f"{name} memory" for name in backends]
+    header += [memory_header(rows, name) for name in backends]
     with_mfu = any(side.mfu is not None or side.on_gpu for row in rows for side in row.sides.values())
     if with_mfu:
         numeric += tuple(range(len(header), len(header) + len(backends)))
@@ -138,13 +171,14 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
     cells = []
     previous_model = None
     unit = memory_unit(s.memory_bytes for row in rows for s in row.sides.values() if s.ok)
-    for row, variant in zip(rows, shown):
+    for row, variant, kind in zip(rows, shown, kinds):
         line = [row.model if row.model != previous_model else "", row.stage]
         line += [variant_label(variant)] if with_variant else []
+        line += [kind] if with_kind else []
         line += [fmt_side_rate(row.sides[a])]
         previous_model = row.model
         if b:
-            line += [fmt_contrast(row), fmt_side_rate(row.sides[b])]
+            line += [fmt_headline_contrast(row, backends), fmt_side_rate(row.sides[b])]
         line += [fmt_side_rate(row.sides[name]) for name in backends[2:]]
         line += [fmt_memory(row.sides[name], unit) for name in backends]
         if with_mfu:
@@ -155,6 +189,13 @@ def contrast_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
     return Table(header=header, cells=cells, records=numeric_records(rows, backends), numeric=numeric,
                  name="contrast", notes=([PARSED_LINE] if parsed else []) + (mfu_notes(rows) if with_mfu else [])
                  + noise_notes(rows, backends))
+
+
+def memory_header(rows: list[ComparisonRow], name: str) -> str:
+    """``paddle memory``; ``paddle memory (whole-process peak RSS)`` where every figure of the column is a
+    whole process's peak (a command xfw attached to): never under the header training memory stands under."""
+    sources = {row.sides[name].memory_source for row in rows if row.sides[name].ok and row.sides[name].memory_bytes}
+    return f"{name} memory (whole-process peak RSS)" if sources == {"peak_rss"} else f"{name} memory"
 
 
 def mfu_notes(rows: list[ComparisonRow]) -> list[str]:
@@ -214,13 +255,25 @@ def settings_blocks(rows: list[ComparisonRow], backends: list[str]) -> list:
         if row.data_line:
             blocks.append(Paragraph(row.data_line))
         if row.settings:
-            cells = [[key, *(str(values.get(b, "–")) for b in backends), "⚠ differs" if key in row.differing else
+            cells = [[key, *(str(values.get(b, "–")) for b in backends), knob_not_run(row, key) or
+                      "⚠ differs" if key in row.differing else
                       "deliberate (" + ", ".join(f"backends.{b}.override" for b in row.deliberate_by[key]) + ")"
                       if key in row.deliberate_by else
                       _SETTING_NOTES.get(key, "") if len({repr(v) for v in values.values()}) > 1 else ""]
                      for key, values in row.settings.items()]
             blocks.append(Table(header=["Setting", *backends, ""], cells=cells, name="settings", csv=False))
     return blocks
+
+
+def knob_not_run(row: ComparisonRow, key: str) -> str:
+    """For a ``knob.<name>`` row: ``⚠ not what ran on torch: asked true: a CPU has no TF32`` where a side's
+    adapter could not carry the knob out here (``applied.not_honoured``); "" otherwise."""
+    if not key.startswith("knob."):
+        return ""
+    knob = key.removeprefix("knob.").split(".")[0]
+    notes = [f"{name}: {side.applied['not_honoured'][knob]}" for name, side in row.sides.items()
+             if knob in ((side.applied or {}).get("not_honoured") or {})]
+    return f"⚠ not what ran ({'; '.join(notes)})" if notes else ""
 
 
 _SETTING_NOTES = {"mem_source": "differs: each framework's own memory figure (an extra in the CSV, extra_own_*), "
@@ -280,11 +333,43 @@ def provenance_table(rows: list[ComparisonRow], backends: list[str]) -> Table:
                       "host": env.get("host", {}).get("hostname", "–"),
                       "device": described.get("device_name") or side.device or "–",
                       "framework": f"{described.get('framework', name)} {described.get('framework_version', '?')}",
+                      "build": fmt_build(described.get("build")),
                       "started_utc": env.get("date_utc", "–")}
             cells.append(list(record.values()))
             records.append(record)
     return Table(header=["Row", "Backend", "Start (weights)", "Data", "xfw commit", "Host", "Device", "Framework",
-                         "Started (UTC)"], cells=cells, records=records, name="provenance", csv=False)
+                         "Build", "Started (UTC)"], cells=cells, records=records, name="provenance", csv=False)
+
+
+def fmt_build(build: dict | None) -> str:
+    """A backend's build as every report names it: its commit, the wheel's hash, where it came from
+    (``xfw.workflow.base.build_facts``); "–" for runs recorded before builds were."""
+    if not build:
+        return "–"
+    parts = [f"commit {build['commit'][:12]}" if build.get("commit") else "no commit recorded",
+             *([f"wheel sha256 {build['wheel_sha256'][:12]}"] if build.get("wheel_sha256") else []),
+             str(build.get("source") or "")]
+    return ", ".join(p for p in parts if p)
+
+
+def builds_heading(backends: list[str]) -> str:
+    """When the contrast is between two builds of one framework (``paddle@3.2.0`` against ``paddle``), the
+    heading says so first: a reader must not take it for the framework comparison."""
+    if len(backends) < 2 or backends[0].partition("@")[0] != backends[1].partition("@")[0]:
+        return ""
+    return (f"Two builds of {backends[0].partition('@')[0]}: {backends[0]} against {backends[1]}, the same recipe "
+            "and settings on both (the contrast is between the builds, not between frameworks). ")
+
+
+def test_device_flag(rows: list[ComparisonRow]) -> str:
+    """Where a side ran on a CPU test device (Paddle's ``testcpu``): its timings are a CPU's, not a GPU's."""
+    on_test = sorted({name for row in rows for name, side in row.sides.items() if side.ok and (
+        "test device" in str(side.applied.get("device", "")).lower() or "testcpu" in str(side.device).lower()
+        or "test device" in str(side.device).lower())})
+    if not on_test:
+        return ""
+    return (f"{' and '.join(on_test)} ran on xfw's CPU test device (testcpu): its GPU code paths ran on a CPU, so "
+            "its timings and memory are a CPU's, not a GPU's (docs/testdevice.md).")
 
 
 def _any_attached(rows: list[ComparisonRow]) -> bool:
@@ -292,13 +377,17 @@ def _any_attached(rows: list[ComparisonRow]) -> bool:
 
 
 def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str = "Training benchmark",
-                  chart: Path | None = None, warnings: list[str] = ()) -> Page:
+                  chart: Path | None = None, warnings: list[str] = (), extra: list = ()) -> Page:
     """The whole compare report: which comparison it is, table, chart, how to read it, failed runs,
     warnings, settings, what each side ran differently and its source (xfw.report.comparison)."""
     deliberate = deliberate_lines(rows)
-    blocks: list = [Paragraph(f"**{comparison.title(rows)}.**" + (
+    variables = list(dict.fromkeys(v for row in rows for v in comparison.result_variables(row)))
+    blocks: list = [Paragraph(f"**{builds_heading(backends)}{comparison.title(rows)}.**" + (
+        f" **{test_device_flag(rows)}**" if test_device_flag(rows) else "") + (
         f" **With {len(deliberate)} deliberate difference{'s' if len(deliberate) > 1 else ''} between the sides "
-        "(per-backend overrides, listed under the table).**" if deliberate else "")), contrast_table(rows, backends)]
+        "(per-backend overrides, listed under the table).**" if deliberate else "") + (
+        f" **Set for a side: {'; '.join(variables)}; variables that can change the program or what is measured "
+        "(see the warnings).**" if variables else "")), contrast_table(rows, backends), *extra]
     if deliberate:
         blocks.append(Bullets(deliberate, name="deliberate", title="Deliberate differences (per-backend overrides): "
                               "each side ran these recipe keys as listed, on purpose"))

@@ -107,6 +107,7 @@ def row_from_result(result: RunResult, spec: dict, *, night: str, night_started_
         "knobs": {**spec.get("backend_knobs", {}), **{f"env.{k}": v for k, v in (spec.get("backend_env") or {}).items()},
                   **{f"override.{k}": v for k, v in (spec.get("overrides") or {}).items()}},
         "framework_version": applied.get("framework_version"), "device_name": applied.get("device_name"),
+        "build": (env.get("backend") or {}).get("build"), "interpreter": env.get("interpreter"),
         "versions": {k.removeprefix("version_"): v for k, v in applied.items() if k.startswith("version_")},
         "host": env.get("host", {}).get("hostname"), "python": env.get("python"),
         "xfw_git_sha": env.get("xfw_git_sha"), "wall_time_s": result.wall_time_s, "run_dir": run_dir,

@@ -196,6 +196,26 @@ def _knob_note(current: dict, previous: dict) -> str:
         f"{k} {before.get(k, '–')} → {now.get(k, '–')}" for k in changed)
 
 
+def build_name(row: dict) -> str:
+    """A night's build as a bisect names it: ``paddle@3.2.1`` (its version), the commit beside it."""
+    build = row.get("build") or {}
+    version = build.get("framework_version") or row.get("framework_version") or "?"
+    commit = f" (commit {build['commit'][:12]})" if build.get("commit") else ""
+    return f"{row['backend'].partition('@')[0]} {version}{commit}"
+
+
+def bisect_note(entry: str, last_good: dict, current: dict) -> str:
+    """The last good and the first bad night's builds, and the bisect that would search between them
+    (docs/builds.md): each night as an instance of the interpreter it ran, the builds between to be added."""
+    adapter = current["backend"].partition("@")[0]
+    lines = [f"{adapter}@night-{row['night']}" + (f"={row['interpreter']}" if row.get("interpreter") else "")
+             for row in (last_good, current)]
+    return (f"last good night {last_good['night']}: {build_name(last_good)}; first bad night {current['night']}: "
+            f"{build_name(current)}; to find the build: put the builds between them in order in a file, "
+            f"first '{lines[0]}', last '{lines[1]}', and run `xfw bisect <{entry}'s recipe> --builds FILE "
+            f"--good {lines[0].split('=')[0]} --bad {lines[1].split('=')[0]}`")
+
+
 def evaluate(rows: list[dict], night: str, policy: RegressionPolicy) -> list[Verdict]:
     """Every (entry, backend) of ``night`` against the previous nights of ``rows`` (a history)."""
     folded = _per_night(rows)
@@ -300,7 +320,8 @@ def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: l
     if status != "ok":
         if last is not None and last["status"] == "ok":
             return [Verdict(**base, metric="status", verdict="regression",
-                            note=f"was ok on {last['night']}, now {status}: {current.get('reason', '')}")]
+                            note=f"was ok on {last['night']}, now {status}: {current.get('reason', '')}; "
+                                 + bisect_note(entry, last, current))]
         verdict = "ok" if status in _QUIET_STATUSES else "failed"
         return [Verdict(**base, metric="status", verdict=verdict, note=f"{status}: {current.get('reason', '')}")]
     if not same:
@@ -340,6 +361,8 @@ def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: l
         else:
             verdict = "ok"
         note = knob_note if verdict != "ok" else ""
+        if verdict == "regression" and good:
+            note = "; ".join(n for n in (note, bisect_note(entry, good[-1], current)) if n)
         if verdict != "ok" and all(v is None for v, _ in between):
             # One night against one, no repeats: nothing measured says how far two runs differ by chance.
             verdict = NOT_ENOUGH
@@ -355,9 +378,11 @@ def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: l
 
 
 def _read_json(path: Path) -> dict:
+    from xfw.contract.atomic import UnreadableFile, read_json_object
+
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        return read_json_object(path)  # bounded, a regular file, a JSON object
+    except UnreadableFile:
         return {}
 
 

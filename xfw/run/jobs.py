@@ -27,7 +27,7 @@ from xfw.contract.atomic import UnreadableFile, read_json_object
 
 from xfw.report.nodes import assemble_parts
 from xfw.report.results import RunResult
-from xfw.run import launcher
+from xfw.run import instances, launcher
 from xfw.run.overrides import backend_recipe
 from xfw.run.recipe import Recipe
 
@@ -61,23 +61,35 @@ class Job:
     label: str = ""
     """How log lines name the job (default: the run directory's last two parts)."""
 
+    def __post_init__(self):  # an instance (paddle@3.2.0) runs with its adapter's knobs under its own
+        object.__setattr__(self, "recipe", instances.fold(self.recipe, self.backend))
+
     @property
     def name(self) -> str:
         return self.label or f"{self.run_dir.parent.name} / {self.run_dir.name}"
 
 
 def jobs_for(recipe: Recipe, backends: list[str], root: Path, groups: tuple[str, ...] = (), *,
-             variant: dict | None = None, label: str = "", node_rank: int = 0) -> list[Job]:
+             variant: dict | None = None, label: str = "", node_rank: int = 0, alternate: bool = False) -> list[Job]:
     """Every repeat of ``recipe`` on every backend, repeats outermost (so the sides alternate). A
     multi-node recipe's jobs are this node's parts (``node_rank``). Each job holds ``recipe`` as
     loaded; its backend's override (``backends.<name>.override``, which may change its repeats) is
     applied where it runs (``launcher.spec_for`` and ``launcher.launch``: :mod:`xfw.run.overrides`)."""
     node = node_rank if recipe.parallel.nnodes > 1 else None
-    repeats = {name: backend_recipe(recipe, name).measure.repeat for name in backends}
+    repeats = {name: backend_recipe(instances.fold(recipe, name), name).measure.repeat for name in backends}
     return [Job(recipe=recipe, backend=name, run_dir=run_dir_for(root, groups, name, k, repeats[name], node),
                 variant=dict(variant or {}), repeat_index=k,
                 label=f"{label} / {name if repeats[name] == 1 else f'{name}-r{k}'}" if label else "")
-            for k in range(max(repeats.values(), default=0)) for name in backends if k < repeats[name]]
+            for k in range(max(repeats.values(), default=0)) for name in ab_order(backends, k, alternate)
+            if k < repeats[name]]
+
+
+def ab_order(backends: list[str], repeat_index: int, alternate: bool = True) -> list[str]:
+    """The run order of one repeat. ``alternate`` (an A/B, xfw.report.ab): the first two backends A B, then
+    B A, then A B, ... (A B B A A B: a drift during the command moves both sides of a pair alike), the
+    others after them; else the given order every time."""
+    head = backends[:2][::-1] if alternate and repeat_index % 2 else backends[:2]
+    return head + backends[2:]
 
 
 class JobError(ValueError):

@@ -32,12 +32,12 @@ from xfw.contract import env as host
 from xfw.contract import lifeline
 from xfw.contract import records as rec
 from xfw.report.measure import summarize
-from xfw.run import command, logparse
+from xfw.run import command, instances, logparse
 from xfw.run.recipe import Recipe
 from xfw.run.overrides import backend_recipe
 from xfw.run.spec import resolve_spec
 from xfw.report.results import RunResult, mfu_fields, setup_from_spec
-from xfw.contract.atomic import write_json_atomic
+from xfw.contract.atomic import UnreadableFile, read_bounded, write_json_atomic
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 POLL_INTERVAL_S = 0.2
@@ -62,11 +62,16 @@ class BackendError(RuntimeError):
 @dataclass(frozen=True)
 class Backend:
     name: str
+    """What reports call it: ``paddle``, or an instance ``paddle@3.2.0`` (xfw.run.instances)."""
     python: str
 
     @property
+    def adapter(self) -> str:
+        return instances.adapter_of(self.name)
+
+    @property
     def module(self) -> str:
-        return f"xfw_{self.name}"
+        return f"xfw_{self.adapter}"
 
 
 class Progress(Protocol):
@@ -75,8 +80,26 @@ class Progress(Protocol):
     def finished(self, result: RunResult) -> None: ...
 
 
+def known_adapters(root: Path = PROJECT_ROOT) -> list[str]:
+    """The adapters this project has (``adapters/NAME/xfw_NAME``)."""
+    return sorted(p.parent.name for p in root.glob("adapters/*/xfw_*") if p.name == f"xfw_{p.parent.name}")
+
+
 def resolve_backend(name: str, interpreters: dict[str, str], root: Path = PROJECT_ROOT) -> Backend:
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+    """The interpreter of backend ``name``: ``--python NAME=PATH``, else ``.venv/NAME`` (a bare
+    adapter) or the instance's own environment (built by ``instances.ensure_env`` beforehand, or
+    the interpreter its ``=PATH`` gave)."""
+    if "@" in name and name not in interpreters:
+        try:
+            instance = instances.parse(name)
+        except instances.InstanceError as err:
+            raise BackendError(str(err)) from None
+        if instance.python or instance.built:
+            python = instance.python or str(instances.env_dir(instance, root) / "bin" / "python")
+            if not Path(python).exists():
+                raise BackendError(f"backend {name!r}: its environment is not built ({python})")
+            return Backend(instance.name, python)
+    elif "@" not in name and not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise BackendError(f"backend name {name!r} must be lowercase letters, digits or _")
     if name in interpreters:
         python = Path(interpreters[name])
@@ -86,6 +109,10 @@ def resolve_backend(name: str, interpreters: dict[str, str], root: Path = PROJEC
             raise BackendError(f"--python {name}={python}: not an executable file")
         return Backend(name, str(python))
     python = root / ".venv" / name / "bin" / "python"
+    known = known_adapters(root)
+    if not python.exists() and name not in known:
+        raise BackendError(f"unknown backend {name!r} (known: {', '.join(known)}; an instance of one is "
+                           f"ADAPTER@VERSION, or NAME with --python {name}=/path/to/python)")
     if not python.exists():
         raise BackendError(f"backend {name!r}: no interpreter at {python.relative_to(root)}; "
                            f"run `make setup` or pass --python {name}=/path/to/python")
@@ -208,22 +235,68 @@ def classify(*, exit_code: int | None, timed_out: bool, records: list[dict], num
         return "crashed", f"killed by {name}" + (" (the kernel's OOM killer?)" if name == "SIGKILL" else "")
     last = _last_line(stderr_tail)
     hint = " (out of memory?)" if _OOM_PATTERNS.search(stderr_tail) and not _OOM_PATTERNS.search(last) else ""
-    return "crashed", (f"{last}{hint} (exit code {exit_code})" if last
-                       else f"exit code {exit_code} with no records of an error")
+    code = f"exit code {exit_code}{_signal_in(exit_code)}"
+    text = f"{last}{hint} ({code})" if last else f"{code} with no records of an error"
+    started = {r["rank"] for r in records if r.get("kind") == "start" and isinstance(r.get("rank"), int)}
+    unended = sorted(started - ends)
+    if unended and num_processes > 1:  # which rank went: a launcher's last line names neither rank nor signal
+        steps = sum(1 for r in records if r.get("kind") == "step" and r.get("rank") == unended[0])
+        text = (f"rank {', '.join(map(str, unended[:8]))} of {num_processes} ended without its end record "
+                f"(rank {unended[0]} after {steps} steps); {text}")
+    return "crashed", text
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Terminate the whole process group (torchrun and its workers too)."""
+_ENDING_SIGNALS = {int(s) for s in (signal.SIGINT, signal.SIGABRT, signal.SIGBUS, signal.SIGKILL, signal.SIGSEGV,
+                                     signal.SIGTERM)}
+
+
+def _signal_in(exit_code: int | None) -> str:
+    """``" (SIGTERM?)"`` where an exit code reads as a signal: 128 + N (a shell, a launcher's report) or
+    256 − N (a process that exited with −N, as a byte); "" otherwise."""
+    if exit_code is None or exit_code <= 128:
+        return ""
+    for number, how in ((exit_code - 128, "128 + "), (256 - exit_code, "256 − ")):
+        if number in _ENDING_SIGNALS:
+            return f", {how}{number}: {signal.Signals(number).name}?"
+    return ""
+
+
+def _tree(pid: int) -> set[str]:
+    """``pid:start`` of every living process below ``pid``, whatever group or session it moved to."""
+    return {ident for ident in map(lifeline.identity, lifeline.descendants(pid)) if not ident.endswith(":None")}
+
+
+def _signal_all(proc: subprocess.Popen, started: set[str], sig: int) -> None:
+    """``sig`` to the run's process group and to every process it started that is still the same process
+    (a rank in a group or session of its own, an orphan the launcher left: reliability 23)."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, sig)
+    for ident in started:
+        if lifeline.is_alive(ident):
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(ident.partition(":")[0]), sig)
+
+
+def _stop(proc: subprocess.Popen, started: set[str] | None = None) -> None:
+    """Terminate the whole process group (torchrun and its workers too), every process the run started
+    outside it (``started``, and what is below it now), stopped ones included (SIGCONT after SIGTERM:
+    a stopped process handles its SIGTERM only once continued; SIGKILL ends it in any state)."""
+    everything = (started if started is not None else set()) | _tree(proc.pid)
+    if started is not None:
+        started |= everything
     for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
+        _signal_all(proc, everything, sig)
+        if sig == signal.SIGTERM:
+            _signal_all(proc, everything, signal.SIGCONT)
         try:
             proc.wait(timeout=wait_s)
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+TREE_SCAN_S = 1.0
+"""How often the launcher notes the processes below a run (so one that leaves the group still ends with it)."""
 
 
 def spec_for(recipe: Recipe, backend: str, run_dir: Path) -> dict:
@@ -238,9 +311,9 @@ ADAPTER_FILE = "adapter.json"
 def running_adapter(run_dir: Path) -> dict | None:
     """The adapter an earlier command started in ``run_dir`` if it is still alive, else None."""
     try:
-        data = json.loads((run_dir / ADAPTER_FILE).read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(run_dir / ADAPTER_FILE, 1 << 20).decode("utf-8"))
         return data if lifeline.is_alive(data["process"]) else None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, UnreadableFile):
         return None
 
 
@@ -307,6 +380,7 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
         progress.started(backend.name, recipe.name, needed)
 
     tail, timed_out, interrupted, stopped = rec.RecordTail(records_path), False, False, False
+    started: set[str] = set()  # pid:start of each process seen below the run (_stop, the end below)
     t0 = time.monotonic()
     with open(run_dir / "stdout.log", "wb") as out, open(run_dir / "stderr.log", "wb") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -314,28 +388,32 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
                                                   lifeline.ENV: lifeline.identity()})
         try:
             write_json_atomic(run_dir / ADAPTER_FILE, {"process": lifeline.identity(proc.pid), "command": cmd})
+            scanned = 0.0
             while proc.poll() is None:
+                if time.monotonic() - scanned >= TREE_SCAN_S:  # every process the run starts ends with it
+                    started |= _tree(proc.pid)
+                    scanned = time.monotonic()
                 if time.monotonic() - t0 > timeout_s:
                     timed_out = True
-                    _stop(proc)
+                    _stop(proc, started)
                     break
                 if (log_lines is not None and log_lines.poll() >= needed) or (ended is not None and ended.due()):
                     stopped = True
-                    _stop(proc)
+                    _stop(proc, started)
                     break
                 if progress:
                     progress.update(backend.name, tail.poll())
                 time.sleep(POLL_INTERVAL_S)
         except KeyboardInterrupt:
             interrupted = True
-            _stop(proc)
+            _stop(proc, started)
         except BaseException:
-            _stop(proc)  # an I/O error in this loop must not leave the adapter running
+            _stop(proc, started)  # an I/O error in this loop must not leave the adapter running
             raise
         finally:
             (run_dir / ADAPTER_FILE).unlink(missing_ok=True)
-            with contextlib.suppress(OSError):  # what the run left in its group ends with it (reliability 16)
-                os.killpg(proc.pid, signal.SIGKILL)
+            # what the run left, in its group or outside it, stopped or not, ends with it (reliability 16, 23)
+            _signal_all(proc, started | (_tree(proc.pid) if proc.poll() is None else set()), signal.SIGKILL)
     if progress:
         progress.update(backend.name, tail.poll())
     wall = time.monotonic() - t0

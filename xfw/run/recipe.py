@@ -21,6 +21,7 @@ from typing import Any
 from xfw.contract import presets
 from xfw.contract.families import family_module
 from xfw.run import command
+from xfw.contract import envvars
 from xfw.run import published as published_settings
 from xfw.run.data.section import DATA_FAMILIES, DATA_PATHS, DataSpec
 from xfw.run.schema import FieldError, bounded, build
@@ -252,6 +253,13 @@ class Recipe:
         for name, knobs in self.backends.items():
             if not isinstance(knobs, dict):
                 raise FieldError(f"backends.{name}", f"must be a mapping of knobs, got {type(knobs).__name__}")
+            env = knobs.get("env")
+            conflict = envvars.thread_conflict(env, self.measure.cpu_threads) if isinstance(env, dict) else None
+            if conflict:
+                raise FieldError(f"backends.{name}.env.{conflict}",
+                                 f"{str(env[conflict])[:40]!r} contradicts measure.cpu_threads = "
+                                 f"{self.measure.cpu_threads} (xfw sets the thread variables from it; set "
+                                 "measure.cpu_threads instead, or null to leave them to this variable)")
         kinds = DATA_FAMILIES.get(self.data.kind)
         if kinds is not None and family not in kinds:
             raise FieldError("data.kind", f"{self.data.kind} data feeds {' and '.join(kinds)} models, not {family}")
@@ -298,6 +306,11 @@ def apply_override(data: dict, assignment: str, source: str) -> None:
         raise RecipeError(f"{source}: --set {assignment!r}: expected key.path=value")
     path, raw = assignment.split("=", 1)
     keys = path.strip().split(".")
+    if len(keys) > 2 and keys[0] == "backends" and "@" in keys[1]:  # an instance: paddle@3.2.0 keeps its dots
+        end = 2
+        while end < len(keys) and keys[end][:1].isdigit():
+            end += 1
+        keys = [keys[0], ".".join(keys[1:end]), *keys[end:]]
     if not all(keys):
         raise RecipeError(f"{source}: --set {assignment!r}: empty key in {path!r}")
     if not path.isprintable():  # a line break in a key would break the one-line error naming it

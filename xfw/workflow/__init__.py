@@ -19,9 +19,9 @@ command runs under), :mod:`~xfw.workflow.running` (the commands that launch runs
 """
 
 from xfw.workflow.base import Outcome, UsageError, data_summary, load_all, prepare_backends, write_page, write_report
-from xfw.workflow.reading import assemble, describe_backends, estimate, report, selfcheck
-from xfw.workflow.running import compare, converge, default_out_dir, launch_commands, maxbatch, nightly, parity, sweep
+from xfw.workflow.reading import assemble, describe_backends, estimate, remove_env, report, selfcheck
+from xfw.workflow.running import bisect, compare, converge, default_out_dir, launch_commands, maxbatch, nightly, parity, sweep
 
-__all__ = ["Outcome", "UsageError", "assemble", "compare", "converge", "data_summary", "default_out_dir", "describe_backends",
-           "estimate", "launch_commands", "load_all", "maxbatch", "nightly", "parity", "prepare_backends", "report",
+__all__ = ["Outcome", "UsageError", "assemble", "bisect", "compare", "converge", "data_summary", "default_out_dir", "describe_backends",
+           "estimate", "launch_commands", "load_all", "maxbatch", "nightly", "parity", "prepare_backends", "remove_env", "report",
            "selfcheck", "sweep", "write_page", "write_report"]

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from xfw.contract import knobs as knob_declaration
-from xfw.contract.atomic import write_text_atomic
+from xfw.contract.atomic import write_json_atomic, write_text_atomic
 from xfw.report import compare as cmp
 from xfw.report import contrast, table
 from xfw.report.plot import plot_comparison
 from xfw.report import breakdown
 from xfw.report.results import RunResult
 from xfw.report.table import Page
-from xfw.run import command, jobs, launcher, lock
+from xfw.run import command, instances, jobs, launcher, lock
 from xfw.run.overrides import OVERRIDE
 from xfw.run.recipe import Recipe, RecipeError, load_recipe
 from xfw.run.spec import resolve_spec
@@ -71,11 +71,13 @@ def knob_problems(recipe: Recipe, root: Path = launcher.PROJECT_ROOT) -> list[st
     that runs a command, or whose adapter declares nothing here, is left to its own checks."""
     problems = []
     for name, knobs in recipe.backends.items():
-        found = sorted(root.glob(f"adapters/*/xfw_{name}/{knob_declaration.KNOBS_FILE}"))
+        adapter = instances.adapter_of(name)  # an instance's knobs are its adapter's (xfw.run.instances)
+        found = sorted(root.glob(f"adapters/*/xfw_{adapter}/{knob_declaration.KNOBS_FILE}"))
         if "command" in knobs or not found:
             continue
         knobs = {k: v for k, v in knobs.items() if k != OVERRIDE}  # not a knob: checked as the recipe (xfw.run.overrides)
-        problem = knob_declaration.check(name, knobs, knob_declaration.read_declaration(found[0]))
+        declared = knob_declaration.read_spec(found[0])
+        problem = knob_declaration.check(name, knobs, declared["knobs"], declared["types"])
         if problem:
             problems.append(problem)
     return problems
@@ -92,7 +94,8 @@ def data_summary(recipe: Recipe) -> str:
     return f"{text}; prepared in {data['prepared']}"
 
 
-def prepare_backends(names: list[str], interpreters: dict[str, str], recipes: list[Recipe] = ()) -> jobs.Backends:
+def prepare_backends(names: list[str], interpreters: dict[str, str], recipes: list[Recipe] = (),
+                     log: Log = silent) -> jobs.Backends:
     """Resolve and describe each backend (fails fast, before any launch). A backend that runs a
     command in every one of ``recipes`` needs no interpreter and no description (xfw.run.command)."""
     if not names:
@@ -109,14 +112,52 @@ def prepare_backends(names: list[str], interpreters: dict[str, str], recipes: li
                                 f"(backends.{name}.command), not an interpreter; set the command's first item instead")
             out[name] = (launcher.Backend(name, ""), {"command": True})
             continue
+        adapter = instances.adapter_of(name)
+        if adapter != name and command.is_command(list(recipes), adapter):
+            problems.append(f"--backends {name}: backends.{adapter} runs a command (backends.{adapter}.command); "
+                            "an instance of it has no environment of its own to run")
+            continue
         try:
-            backend = launcher.resolve_backend(name, interpreters)
-            out[name] = (backend, launcher.describe_backend(backend))
-        except launcher.BackendError as err:
+            build = _built_instance(name, interpreters, log)
+            backend = launcher.resolve_backend(name, {**interpreters, **build.get("python", {})})
+            description = launcher.describe_backend(backend)
+        except (launcher.BackendError, instances.InstanceError) as err:
             problems.append(str(err))
+            continue
+        if adapter != name and description.get("backend", adapter) != adapter:  # an instance's interpreter
+            problems.append(f"--backends {name}: {backend.python} runs the {description.get('backend')!r} "
+                            f"adapter's framework, not {adapter!r}'s (xfw_{adapter} imports there but describes "
+                            f"itself as {description.get('backend')!r})")
+            continue
+        out[name] = (backend, {**description, "build": build_facts(name, backend.python, description,
+                                                                   build.get("record"))})
     if problems:
         raise UsageError("\n".join(problems))
     return out
+
+
+def _built_instance(name: str, interpreters: dict[str, str], log: Log) -> dict:
+    """An instance xfw builds (``paddle@3.2.0``, or a wheel given as ``paddle@L=/w/x.whl``): its environment,
+    built once (progress on ``log``); ``{"python": {name: interpreter}, "record": xfw-build.json}``."""
+    if "@" not in name:
+        return {}
+    given = interpreters.get(name, "")
+    instance = instances.parse(f"{name}={given}" if given.endswith(".whl") else name) if not given or \
+        given.endswith(".whl") else None
+    if instance is None or not instance.built:
+        return {}
+    python = instances.ensure_env(instance, log)
+    return {"python": {name: str(python)}, "record": instances.read_build(python.parent.parent)}
+
+
+def build_facts(name: str, python: str, description: dict, record: dict | None) -> dict:
+    """What every report names a backend's build by: framework version, its git commit (where the build
+    records one), the wheel's sha256 (where xfw built the environment), where it came from."""
+    default = launcher.PROJECT_ROOT / ".venv" / name / "bin" / "python"
+    source = (record or {}).get("source") or (f"the default environment (.venv/{name})"
+                                              if Path(python) == default else f"interpreter {python}")
+    return {"framework_version": description.get("framework_version"), "commit": description.get("framework_commit"),
+            "wheel_sha256": (record or {}).get("wheel_sha256"), "source": source}
 
 
 def refuse_commands(recipe: Recipe, backend_names: list[str], why: str) -> None:
@@ -150,17 +191,19 @@ def write_page(page: Page, out_dir: Path, stem: str = "report") -> Outcome:
 
 
 def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *, chart: bool = True,
-                 parity: dict[str, dict] | None = None, warnings: list[str] = ()) -> Outcome:
-    """report.md/csv/html and chart.png; ``parity`` (recipe name -> status) adds the parity lines.
+                 parity: dict[str, dict] | None = None, warnings: list[str] = (), ab: bool = False) -> Outcome:
+    """report.md/csv/html and chart.png; ``parity`` (recipe name -> status) adds the parity lines;
+    ``ab``: the A/B verdict of the first two backends per recipe under the table, and ab.json.
     Exit code 1 when any run is not ok."""
     rows = cmp.compare_runs(results, backends, parity=parity)
+    extra = ab_blocks(results, backends, out_dir) if ab and len(backends) > 1 else []
     try:
         chart_path = plot_comparison(rows, backends, out_dir / "chart.png") if chart else None
     except OSError as err:
         chart_path, problem = None, f"could not write {out_dir / 'chart.png'}: {err.strerror or err}"
     else:
         problem = ""
-    page = contrast.contrast_page(rows, backends, chart=chart_path, warnings=list(warnings))
+    page = contrast.contrast_page(rows, backends, chart=chart_path, warnings=list(warnings), extra=extra)
     page.blocks = breakdown.insert_blocks(page.blocks, breakdown.breakdown_blocks(rows, backends, out_dir if chart else None))
     outcome = write_page(page, out_dir)
     if chart_path is not None:
@@ -169,6 +212,24 @@ def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *
         outcome.notes.append(problem)
         outcome.exit_code = 1
     return judge_runs(outcome, results)
+
+
+def ab_blocks(results: list[RunResult], backends: list[str], out_dir: Path) -> list:
+    """Each recipe's A/B of ``backends[0]`` against ``backends[1]`` (xfw.report.ab) as a paragraph;
+    written to ab.json beside the report (a program reads the verdicts there)."""
+    from xfw.report.ab import ab_from_results
+    from xfw.report.table import Paragraph
+
+    verdicts, blocks = [], []
+    for recipe in dict.fromkeys(r.recipe for r in results):
+        found = ab_from_results([r for r in results if r.recipe == recipe], backends[0], backends[1])
+        verdicts.append({"recipe": recipe, **found.to_dict(), "text": found.text()})
+        blocks.append(Paragraph(f"**{recipe}: {found.text()}**"))
+    try:
+        write_json_atomic(out_dir / "ab.json", {"schema": 1, "verdicts": verdicts})
+    except OSError:
+        pass  # the verdicts are in the report itself
+    return blocks
 
 
 def not_applicable(r: RunResult) -> bool:

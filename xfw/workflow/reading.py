@@ -4,16 +4,19 @@
 
 from __future__ import annotations
 
-import json
+import math
+import os
 import shutil
 from pathlib import Path
+
+from xfw.contract.atomic import UnreadableFile, open_checked, read_bounded, read_json_object
 
 from xfw.report import compare as cmp
 from xfw.report import contrast, layouts, table
 from xfw.report import estimate as est
 from xfw.report.results import RunResult, load_runs
 from xfw.report.table import Page
-from xfw.run import jobs, launcher, lock
+from xfw.run import instances, jobs, launcher, lock
 from xfw.run.spec import resolve_spec
 from xfw.workflow.base import (Log, Outcome, UsageError, guarded, judge_runs, load_all, prepare_backends, silent,
                                write_page, write_report)
@@ -29,19 +32,32 @@ def estimate(recipe_path: str | None, overrides: list[str], run_dir: str | None)
             raise UsageError("--set applies to a RECIPE, not to --run (the run's spec.json is what ran)")
         spec_path = Path(run_dir) / "spec.json"
         try:
-            spec = json.loads(spec_path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise UsageError(f"{spec_path}: cannot read a run's spec ({err})") from None
+            spec = read_json_object(spec_path)  # bounded, a regular file, a JSON object (never a list)
+        except UnreadableFile as err:
+            raise UsageError(f"{err} (a run's spec)") from None
+        if not spec:
+            raise UsageError(f"{spec_path}: no run's spec there (--run names a run directory)")
         m = RunResult.load(run_dir).measurement
         measured = {"mem_alloc_peak_bytes": m.mem_alloc_peak_bytes,
                     "mem_reserved_peak_bytes": m.mem_reserved_peak_bytes, "mem_source": m.mem_source}
     else:
         (recipe,) = load_all([recipe_path], overrides)
         spec = resolve_spec(recipe, backend="estimate", run_id="estimate")
+    where = f"{Path(run_dir) / 'spec.json'}" if run_dir is not None else recipe_path
     try:
-        return Outcome(text=table.to_markdown(est.to_page(spec, est.estimate(spec), measured), images=False))
-    except (KeyError, NotImplementedError) as err:
-        raise UsageError(f"{run_dir or recipe_path}: cannot estimate ({err})") from None
+        estimate_ = est.estimate(spec)
+        numbers = [*estimate_.states.values(), estimate_.activations, estimate_.activations_other]
+        if not all(v is None or (isinstance(v, (int, float)) and math.isfinite(v)) for v in numbers):
+            raise UsageError(f"{where}: cannot estimate: the spec's sizes give a number that is not finite "
+                             "(edited by hand?)")
+        return Outcome(text=table.to_markdown(est.to_page(spec, estimate_, measured), images=False))
+    except KeyError as err:
+        raise UsageError(f"{where}: cannot estimate: the spec has no {err.args[0]!r} where xfw writes one "
+                         "(an unknown preset or family, or a spec edited by hand)") from None
+    except (NotImplementedError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError,
+            OverflowError, RecursionError) as err:
+        raise UsageError(f"{where}: cannot estimate ({type(err).__name__}: {str(err)[:200]}); a field of the "
+                         "wrong type or out of range (edited by hand?)") from None
 
 
 def report(paths: list[str], backend_names: list[str] | None, out_dir: Path | None, *, layout: str = "contrast",
@@ -58,6 +74,10 @@ def report(paths: list[str], backend_names: list[str] | None, out_dir: Path | No
     if unknown:
         raise UsageError(f"--backends {unknown[0]}: no run of that backend in the given directories")
     target = out_dir or Path(paths[0])
+    holder = lock.held_by(target)
+    if holder is not None:  # a live command writes its own report there when it ends
+        raise UsageError(f"{target} is in use by {holder}: its runs are still going; report them when it ends, "
+                         "or write this report elsewhere with --out")
     try:
         lock.writable_dir(target)
     except lock.OutError as err:
@@ -98,7 +118,7 @@ def assemble(paths: list[str], out_dir: Path, *, force: bool = False) -> Outcome
                     continue  # already here (a shared --out)
                 if target.exists() and not force and not _same_part(part_dir, target):
                     raise UsageError(f"{target} holds another run's part; choose another --out or pass --force")
-                shutil.copytree(part_dir, target, dirs_exist_ok=True)
+                copy_part(part_dir, target)
                 copied += 1
         results = [r for r in load_runs([out_dir]) if r.node]
         if not results:
@@ -113,9 +133,47 @@ def assemble(paths: list[str], out_dir: Path, *, force: bool = False) -> Outcome
 
 def _same_part(a: Path, b: Path) -> bool:
     try:
-        return (a / "summary.json").read_bytes() == (b / "summary.json").read_bytes()
-    except OSError:
+        return read_bounded(a / "summary.json") == read_bounded(b / "summary.json")
+    except (OSError, UnreadableFile):
         return False
+
+
+PART_FILE_MAX_BYTES = 4 << 30
+"""Largest file copied from a node's part (its steps.jsonl, logs, traces)."""
+
+
+def copy_part(source: Path, target: Path) -> None:
+    """A node's part copied into ``target``: regular files and directories only, each file read through
+    :func:`xfw.contract.atomic.open_checked` (a link only inside the part, never a FIFO or a device) and
+    at most :data:`PART_FILE_MAX_BYTES`; anything else is one UsageError naming the file, found before
+    anything is copied."""
+    plan: list[tuple[Path, Path]] = []
+    for folder, dirs, files in os.walk(source):  # links to directories are not followed
+        here = Path(folder)
+        for name in dirs:
+            if (here / name).is_symlink():
+                raise UsageError(f"{here / name}: a symbolic link to a directory in a node's part; not copied "
+                                 "(nothing was)")
+        for name in files:
+            path = here / name
+            try:
+                os.close(open_checked(path, within=source))
+            except UnreadableFile as err:
+                raise UsageError(f"{err} (a node's part; nothing was copied)") from None
+            except OSError as err:
+                raise UsageError(f"{path}: cannot read ({err.strerror or err}) (a node's part; nothing was copied)") \
+                    from None
+            plan.append((path, target / path.relative_to(source)))
+    for src, dst in plan:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fd = open_checked(src, within=source)
+        with os.fdopen(fd, "rb") as f_in:
+            if os.fstat(f_in.fileno()).st_size > PART_FILE_MAX_BYTES:
+                raise UsageError(f"{src}: larger than {PART_FILE_MAX_BYTES >> 30} GiB; not copied")
+            tmp = dst.with_name(f".{dst.name}.part")
+            with open(tmp, "wb") as f_out:
+                shutil.copyfileobj(f_in, f_out, 1 << 20)
+            os.replace(tmp, dst)
 
 
 def selfcheck(backend_names: list[str], *, families: list[str], paths: list[str], interpreters: dict[str, str],
@@ -151,18 +209,38 @@ def selfcheck(backend_names: list[str], *, families: list[str], paths: list[str]
     return outcome
 
 
-def describe_backends(backend_names: list[str], interpreters: dict[str, str]) -> Outcome:
-    """``xfw env``: each backend's interpreter, device and versions; exit 1 if one is unusable."""
+def describe_backends(backend_names: list[str], interpreters: dict[str, str], log: Log = silent) -> Outcome:
+    """``xfw env``: each backend's interpreter, device, versions and build (an instance's environment
+    built first, once); exit 1 if one is unusable."""
     lines, code = [], 0
     for name in backend_names:
         try:
-            backend = launcher.resolve_backend(name, interpreters)
-            info = launcher.describe_backend(backend)
-        except launcher.BackendError as err:
+            backend, info = prepare_backends([name], interpreters, log=log)[name]
+        except UsageError as err:
             lines.append(f"{name}: NOT AVAILABLE — {err}")
             code = 1
             continue
         versions = ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items())
         lines.append(f"{name}: {backend.python}\n  device: {info.get('device')} ({info.get('device_name')})\n"
-                     f"  versions: {versions}")
+                     f"  versions: {versions}" + (f"\n  commit: {info['framework_commit']}"
+                                                  if info.get("framework_commit") else ""))
+    built = instances.built_envs()
+    if built:
+        lines.append(f"built environments ({instances.BUILDS_DIR}; `xfw env --remove NAME` deletes one):")
+        for directory, record in built:
+            if record is None:
+                lines.append(f"  {directory.name}: unreadable or half built (remove it)")
+                continue
+            sha = record.get("wheel_sha256")
+            lines.append(f"  {directory.name}: {record.get('adapter')} {record.get('framework_version')} from "
+                         f"{record.get('source')}, {instances.fmt_size(int(record.get('size_bytes') or 0))}, built "
+                         f"{record.get('built_at')}" + (f", wheel sha256 {sha[:12]}" if sha else ""))
     return Outcome(text="\n".join(lines), exit_code=code)
+
+
+def remove_env(name: str) -> Outcome:
+    """``xfw env --remove NAME``: delete one built environment."""
+    try:
+        return Outcome(text=instances.remove_env(name))
+    except instances.InstanceError as err:
+        raise UsageError(str(err)) from None

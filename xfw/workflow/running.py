@@ -10,9 +10,9 @@ import os
 import shlex
 from pathlib import Path
 
-from xfw.contract.atomic import UnreadableFile, write_json_atomic
+from xfw.contract.atomic import UnreadableFile, read_json_object, write_json_atomic
 from xfw.report.results import RunResult
-from xfw.run import jobs, launcher
+from xfw.run import instances, jobs, launcher
 from xfw.run import maxbatch as mb
 from xfw.run import sweep as sw
 from xfw.run.overrides import backend_recipe
@@ -33,9 +33,38 @@ def default_out_dir(recipes: list[Recipe], root: Path = Path("runs")) -> Path:
     return root / f"{stamp}-{label}"
 
 
-def _jobs(recipes: list[Recipe], backends: list[str], out_dir: Path, node_rank: int = 0) -> list[jobs.Job]:
+def _jobs(recipes: list[Recipe], backends: list[str], out_dir: Path, node_rank: int = 0,
+          ab: bool = False) -> list[jobs.Job]:
     return [job for recipe in recipes
-            for job in jobs.jobs_for(recipe, backends, out_dir, (recipe.name,), node_rank=node_rank)]
+            for job in jobs.jobs_for(recipe, backends, out_dir, (recipe.name,), node_rank=node_rank, alternate=ab)]
+
+
+def contrast_order(backend_names: list[str], contrast: str | None) -> list[str]:
+    """The backends with ``--contrast FIRST:SECOND`` first (the report's contrast and an A/B are the
+    first against the second), the others after them in their order."""
+    if contrast is None:
+        return backend_names
+    first, sep, second = contrast.partition(":")
+    if not sep or not first or not second or first == second:
+        raise UsageError(f"--contrast {contrast!r}: expected FIRST:SECOND, two different backends of --backends "
+                         f"(e.g. --contrast {':'.join(backend_names[:2][::-1])})")
+    for name in (first, second):
+        if name not in backend_names:
+            raise UsageError(f"--contrast {contrast!r}: {name!r} is not one of --backends ({', '.join(backend_names)})")
+    return [first, second, *(n for n in backend_names if n not in (first, second))]
+
+
+def check_ab(recipes: list[Recipe], backend_names: list[str]) -> None:
+    """``--ab`` needs two backends to alternate and enough pairs for a verdict (xfw.report.ab.MIN_PAIRS)."""
+    from xfw.report.ab import MIN_PAIRS
+
+    if len(backend_names) < 2:
+        raise UsageError("--ab: needs two backends to alternate (e.g. --backends paddle@3.2.0,paddle)")
+    for recipe in recipes:
+        pairs = min(backend_recipe(instances.fold(recipe, n), n).measure.repeat for n in backend_names[:2])
+        if pairs < MIN_PAIRS:
+            raise UsageError(f"--ab: {recipe.name}: measure.repeat = {pairs} gives {pairs} pair(s); an A/B needs "
+                             f"at least {MIN_PAIRS} (add --repeat 5 or more)")
 
 
 def launch_commands(recipes: list[Recipe], backends: jobs.Backends, out_dir: Path,
@@ -81,12 +110,17 @@ def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: lis
             interpreters: dict[str, str], out_dir: Path | None = None,
             rendezvous: launcher.Rendezvous = launcher.Rendezvous(), parity_dirs: list[Path] | None = None,
             print_command: bool = False, force: bool = False, progress: launcher.Progress | None = None,
-            log: Log = silent, explain: bool = False) -> Outcome:
+            log: Log = silent, explain: bool = False, ab: bool = False, contrast: str | None = None) -> Outcome:
     """``xfw run`` (one backend) and ``xfw compare``: run every recipe on every backend and report.
     ``parity_dirs`` (a list, possibly empty): look up and show each recipe's parity status.
-    ``explain``: then each ok run's adapter profiles a few steps (``xfw explain``, :func:`explained`)."""
+    ``explain``: then each ok run's adapter profiles a few steps (``xfw explain``, :func:`explained`).
+    ``contrast``: FIRST:SECOND, the pair the contrast is of (default the first two backends);
+    ``ab``: those two run alternately (A B B A ...) and judged as an A/B (xfw.report.ab)."""
+    backend_names = contrast_order(backend_names, contrast)
     recipes = load_all(recipe_paths, overrides)
-    backends = prepare_backends(backend_names, interpreters, recipes)
+    if ab:
+        check_ab(recipes, backend_names)
+    backends = prepare_backends(backend_names, interpreters, recipes, log)
     chosen, out_dir = out_dir is not None, out_dir or default_out_dir(recipes)
     if print_command:  # into the default runs/<stamp>/ nothing: a look at the commands leaves no run behind
         return Outcome(text="\n".join(launch_commands(recipes, backends, out_dir, rendezvous, write=chosen)))
@@ -94,7 +128,7 @@ def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: lis
     check_node(recipes, rendezvous)
     with guarded(out_dir, rendezvous.node_rank if multi_node else None):
         refuse_foreign(out_dir, recipes, force)
-        todo = _jobs(recipes, list(backends), out_dir, rendezvous.node_rank)
+        todo = _jobs(recipes, list(backends), out_dir, rendezvous.node_rank, ab=ab)
         jobs.check_jobs(todo, force=force)
         unchecked = _unchecked(todo, backends)
         for warning in unchecked:
@@ -104,10 +138,10 @@ def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: lis
             results, _ = jobs.run_jobs(todo, backends, resume=False, force=force, progress=progress,
                                        rendezvous=rendezvous, log=silent)
         except jobs.JobsInterrupted as stop:
-            return interrupted(write_report(stop.results, backend_names, out_dir))
+            return interrupted(write_report(stop.results, backend_names, out_dir, ab=ab))
         results, notes = _with_sibling_parts(results, log)
         parity = None if parity_dirs is None else parity_statuses(recipes, out_dir, parity_dirs)
-        outcome = write_report(results, backend_names, out_dir, parity=parity, warnings=unchecked)
+        outcome = write_report(results, backend_names, out_dir, parity=parity, warnings=unchecked, ab=ab)
         outcome.notes += notes
         return explained(outcome, results, backend_names, backends, out_dir, log) if explain else outcome
 
@@ -118,7 +152,8 @@ def explained(outcome: Outcome, results: list[RunResult], backend_names: list[st
     written to explain.md/.csv/.html and explain.png beside the report, and printed."""
     from xfw.report import compare as cmp
     from xfw.report.explain import explain_page
-    from xfw.run.explain import explain_runs
+    from xfw.report.table import Image
+    from xfw.run.explain import explain_runs, not_applicable
 
     found = explain_runs(results, backends, log=log)
     notes = [f"{Path(run_dir).parent.name}/{Path(run_dir).name}: {why}" for run_dir, (_, why) in found.items() if why]
@@ -126,10 +161,11 @@ def explained(outcome: Outcome, results: list[RunResult], backend_names: list[st
     more = write_page(page, out_dir, stem="explain")
     outcome.text += "\n\n" + more.text
     outcome.paths.update({f"explain {k}": v for k, v in more.paths.items()})
-    if (out_dir / "explain.png").exists():
-        outcome.paths["explain chart"] = out_dir / "explain.png"
+    charts = [b.path for b in page.blocks if isinstance(b, Image)]  # one waterfall per recipe
+    outcome.paths.update({"explain chart" + (f" {i + 1}" if i else ""): c for i, c in enumerate(charts)})
     outcome.notes += more.notes
-    outcome.exit_code = outcome.exit_code or more.exit_code or (1 if any(why and "attached command" not in why for _, why in found.values()) else 0)
+    failed = any(why and not not_applicable(why) for _, why in found.values())
+    outcome.exit_code = outcome.exit_code or more.exit_code or (1 if failed else 0)
     return outcome
 
 
@@ -160,7 +196,7 @@ def sweep(recipe_path: str, axes: list[str], backend_names: list[str], *, fixed:
     if problems:
         raise UsageError("\n".join(problems))
     one_node([p.recipe for p in points], "sweep")
-    backends = prepare_backends(backend_names, interpreters, [p.recipe for p in points])
+    backends = prepare_backends(backend_names, interpreters, [p.recipe for p in points], log)
     out_dir = out_dir or Path("runs") / f"sweep-{points[0].recipe.name}"  # no timestamp: a rerun resumes
     with guarded(out_dir):
         refuse_foreign(out_dir, [points[0].recipe], force)
@@ -263,7 +299,7 @@ def converge(recipe_path: str, backend_names: list[str], *, seeds: int, steps: i
         raise UsageError("\n".join(problems))
     refuse_commands(chosen.recipe, backend_names, "converge starts both sides from one exported model, which only "
                     "xfw's own adapters do")
-    backends = prepare_backends(backend_names, interpreters, [chosen.recipe])
+    backends = prepare_backends(backend_names, interpreters, [chosen.recipe], log)
     out_dir = out_dir or Path("runs") / f"converge-{chosen.recipe.name}"
     with guarded(out_dir):
         log(f"converge in {out_dir}: {len(chosen.seeds)} seeds x {steps} steps, eval every {eval_every} steps on "
@@ -330,7 +366,7 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
     check_node(multi, rendezvous)
     if rendezvous.node_rank > 0 and night is None:
         raise UsageError(f"--node-rank {rendezvous.node_rank}: give every node the same --night (node 0 names it)")
-    backends = prepare_backends(names, interpreters, [e.recipe for e in suite.entries])
+    backends = prepare_backends(names, interpreters, [e.recipe for e in suite.entries], log)
     # A scheduler's polite stop (cron's `timeout`, Slurm's time limit) arrives as SIGTERM: the
     # running adapter is stopped the way Ctrl-C stops it, recorded as cut off and rerun on resume.
     with guarded(history_dir, rendezvous.node_rank if multi else None):
@@ -364,3 +400,98 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
                  f"\nselfcheck: {len(result.selfcheck)} verdicts, none failing")
     return Outcome(text=text, paths={"report": report_path, "history": history_dir / "history.jsonl"},
                    exit_code=result.exit_code)
+
+
+def bisect(recipe_path: str, builds_path: str, *, good: str, bad: str, overrides: list[str],
+           repeat: int = 5, out_dir: Path | None = None, force: bool = False,
+           progress: launcher.Progress | None = None, log: Log = silent) -> Outcome:
+    """``xfw bisect`` (:mod:`xfw.run.bisect`): A/B each chosen build against the good one until the first
+    build with the bad build's change is found; bisect.json/.md/.csv/.html; resumable. Exit 0 when the
+    search ended (found, or nothing to find), 1 when skipped builds left it undecided."""
+    from xfw.report.ab import MIN_PAIRS
+    from xfw.report.bisect import bisect_page
+    from xfw.run import bisect as bs
+    from xfw.run.recipe import load_recipe
+
+    try:
+        builds = bs.read_builds(builds_path)
+        lo, hi = bs.check_ends(builds, good, bad)
+    except bs.BisectError as err:
+        raise UsageError(str(err)) from None
+    if repeat < MIN_PAIRS:
+        raise UsageError(f"--repeat {repeat}: an A/B needs at least {MIN_PAIRS} pairs")
+    extra = [*overrides, f"measure.repeat={repeat}"]
+    (recipe,) = load_all([recipe_path], extra)  # every problem of the recipe before anything is built
+    refuse_commands(recipe, [good], "a bisect runs builds of xfw's own adapters")
+    by_name = {b.name: b for b in builds.builds}
+    interpreters = {b.name: b.python or b.wheel for b in builds.builds if b.python or b.wheel}
+    prepare_backends([good], {k: v for k, v in interpreters.items() if k == good}, [recipe], log)  # or nothing to judge against
+    out_dir = out_dir or Path("runs") / f"bisect-{recipe.name}"
+    state_path = out_dir / "bisect.json"
+    key = {"recipe": str(Path(recipe_path).resolve()), "builds": builds.names, "good": good, "bad": bad,
+           "overrides": extra, "recipe_name": recipe.name}
+    with guarded(out_dir):
+        try:
+            state = {} if force else read_json_object(state_path)
+        except UnreadableFile as err:
+            raise UsageError(f"{err} (give --force to start this bisect again)") from None
+        if state and state.get("key") != key:
+            raise UsageError(f"{state_path}: holds a bisect of other builds or settings; give another --out, or "
+                             "--force to replace it")
+        done = {d["build"]: bs.Decision(**d) for d in state.get("decisions", [])}
+        decisions: list[dict] = list(state.get("decisions", []))
+
+        def decide(name: str, position: int) -> bs.Decision:
+            if name in done:
+                log(f"bisect: {name}: decided before ({done[name].verdict}), kept")
+                return done[name]
+            step_dir = out_dir / f"ab-{name}"
+            decision = bs.Decision(build=name, position=position, verdict="skipped", directory=str(step_dir))
+            try:
+                outcome = compare([recipe_path], [name, good], overrides=extra, interpreters={
+                    k: v for k, v in interpreters.items() if k in (name, good)}, out_dir=step_dir, force=True,
+                    progress=progress, log=log, ab=True)
+            except UsageError as err:  # it did not build or import: recorded, skipped (the good one did, above)
+                decision.reason = str(err).splitlines()[0][:300]
+                log(f"bisect: {name}: skipped ({decision.reason})")
+            else:
+                decision = _decision(step_dir, name, position, good, outcome, decision)
+            decisions.append({k: v for k, v in vars(decision).items() if k != "has_change"})
+            write_json_atomic(state_path, {"schema": 1, "key": key, "decisions": decisions})
+            return decision
+
+        result = bs.search(builds.names, good, bad, decide, log)
+        planted = [n for n in builds.names[lo:hi + 1] if "planted" in n]
+        page = bisect_page(result, recipe.name, planted)
+        outcome = write_page(page, out_dir, stem="bisect")
+        write_json_atomic(state_path, {"schema": 1, "key": key, "decisions": decisions, "result": result.to_dict()})
+        outcome.paths["json"] = state_path
+    outcome.exit_code = outcome.exit_code or (1 if result.outcome == "undecided" else 0)
+    return outcome
+
+
+def _decision(step_dir: Path, name: str, position: int, good: str, outcome: Outcome, decision) -> object:
+    """One A/B's verdict from its directory (ab.json), or the reason its build was skipped."""
+    from xfw.report.results import RunResult
+
+    try:
+        verdict = read_json_object(step_dir / "ab.json").get("verdicts", [{}])[0]
+    except (UnreadableFile, IndexError):
+        verdict = {}
+    if verdict.get("verdict") in ("slower", "faster", "no change"):
+        for key in ("verdict", "ratio", "low", "high", "p_value", "detectable", "pairs"):
+            setattr(decision, key, verdict[key])
+        return decision
+    failed = []
+    for summary in sorted(step_dir.glob("*/*/summary.json")):
+        try:
+            run = RunResult.load(summary.parent)
+        except (UnreadableFile, ValueError, KeyError, TypeError):
+            continue
+        if not run.ok:
+            failed.append(f"{run.backend} {run.status}: {run.reason}")
+    if any(f.startswith(f"{good} ") for f in failed):
+        raise UsageError(f"bisect: the good build {good} itself did not run ({failed[0][:200]}); nothing can be "
+                         "judged against it")
+    decision.reason = (failed[0] if failed else f"no verdict from {verdict.get('pairs', 0)} pairs")[:300]
+    return decision

@@ -39,17 +39,22 @@ def device_kind(spec: dict) -> str:
 def watch_attention() -> set:
     """The kernels Paddle's ``F.scaled_dot_product_attention`` dispatches to in this process (its own
     selector's answers, recorded as it gives them: ``flash_attn``, ``mem_efficient``, ``math``)."""
-    from paddle.nn.functional import sdpa
+    try:  # Paddle 3.1 on: a module of its own; 3.0: a private function beside the attention itself
+        from paddle.nn.functional import sdpa as module
+        attribute = "select_sdp_for_sdpa"
+    except ImportError:
+        from paddle.nn.functional import flash_attention as module
+        attribute = "_select_sdp_for_sdpa"
 
-    seen, select = set(), sdpa.select_sdp_for_sdpa
+    seen, select = set(), getattr(module, attribute)
     if getattr(select, "xfw_seen", None) is not None:
         return select.xfw_seen
 
-    def recording(param):
-        name = select(param)
+    def recording(*args, **kwargs):
+        name = select(*args, **kwargs)
         seen.add({"math": "sdpa_math"}.get(name, name))
         return name
 
     recording.xfw_seen = seen
-    sdpa.select_sdp_for_sdpa = recording
+    setattr(module, attribute, recording)
     return seen

@@ -82,6 +82,7 @@ def describe() -> dict:
     main_py = str(Path(__file__).with_name("__main__.py"))
     return {
         "backend": "paddle", "framework": "paddle", "framework_version": paddle.__version__,
+        "framework_commit": getattr(paddle.version, "commit", None) or None,  # the build's own record (builds.md)
         "versions": library_versions(), "device": "gpu:0" if gpu else "cpu", "device_name": device_name(gpu),
         **({"cpu_test_device": testdevice.DEVICE_TYPE} if testdevice.available() else {}),
         "launcher": ["{python}", "-m", "xfw_paddle.launch", "--nnodes", "{nnodes}", "--rank", "{node_rank}",

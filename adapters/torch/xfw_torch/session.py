@@ -49,6 +49,7 @@ def describe() -> dict:
     cuda = torch.cuda.is_available()
     return {
         "backend": "torch", "framework": "torch", "framework_version": torch.__version__,
+        "framework_commit": getattr(torch.version, "git_version", None) or None,  # the build's own record (builds.md)
         "versions": _library_versions(), "device": "cuda:0" if cuda else "cpu",
         "device_name": torch.cuda.get_device_name(0) if cuda else cpu_model(),
         "cuda_version": torch.version.cuda, "cudnn_version": str(torch.backends.cudnn.version()) if cuda else None,

@@ -2,7 +2,8 @@
 
 Its behaviour comes from the spec's ``backends.<name>`` knobs (the spec is an adapter's only input):
 
-* ``behave``: ok | crash | hang | abort_after_end | oom_stderr
+* ``behave``: ok | crash | hang | abort_after_end | oom_stderr | stopped_child (starts a child in a session
+  of its own that stops itself with SIGSTOP, writes its ``pid:start`` to ``child_pid_file``, then hangs)
 * ``ips``: throughput of one process (samples/s); with N processes each rank runs at
   ``ips * scale_eff`` (so ``scale_eff: 0.9`` makes 2 processes 90% efficient)
 * ``oom_above_micro``: a micro-batch above this ends the run with an ``oom`` error record and a
@@ -10,6 +11,8 @@ Its behaviour comes from the spec's ``backends.<name>`` knobs (the spec is an ad
 * ``mem_per_sample_bytes``: peak memory grows by this much per sample of the micro-batch, over
   a 1 MiB base; rank r adds r x 4096 bytes so per-rank tables have distinct rows
 * ``params``: the parameter count the ``applied`` record reports
+* ``ips_jitter``: each run's ips times exp(N(0, jitter)), drawn from a generator seeded by the run's id, so
+  repeats differ as a noisy machine's would and every test run draws the same (A/B and bisect tests)
 
 All ranks of a multi-process spec are written by this one process (one RecordWriter per rank),
 so the core sees exactly what an N-rank run writes. It exists to test the launcher's
@@ -41,6 +44,11 @@ def main(argv):
     writers = [RecordWriter(records, rank) for rank in range(num_ranks)]
     behave = knobs.get("behave", "ok")
     rank_ips = float(knobs.get("ips", 100.0)) * (float(knobs.get("scale_eff", 1.0)) if num_ranks > 1 else 1.0)
+    if knobs.get("ips_jitter"):
+        import math
+        import random
+
+        rank_ips *= math.exp(random.Random(spec["run_id"]).gauss(0.0, float(knobs["ips_jitter"])))
     warmup, steps = spec["measure"]["warmup_steps"], spec["measure"]["steps"]
     micro = spec["batch"]["micro"]
     samples = spec["batch"]["global"] // num_ranks  # per rank per optimizer step
@@ -53,6 +61,16 @@ def main(argv):
         for w in writers:
             w.write("error", status="oom", message=f"out of memory at micro-batch {micro} (fake)")
         return EXIT_OOM
+    if behave == "stopped_child":
+        import subprocess
+
+        from xfw.contract.lifeline import identity
+
+        child = subprocess.Popen([sys.executable, "-c", "import os, signal, time; os.kill(os.getpid(), signal.SIGSTOP); "
+                                  "time.sleep(3600)"], start_new_session=True)
+        with open(knobs["child_pid_file"], "w") as f:
+            f.write(identity(child.pid))
+        time.sleep(3600)
     for i in range(warmup + steps):
         if behave == "crash" and i == 1:
             print("Traceback (most recent call last):\nRuntimeError: fake adapter crashed on purpose", file=sys.stderr)

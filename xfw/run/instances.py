@@ -1,0 +1,344 @@
+"""Backend instances: several builds of one adapter in one command (docs/builds.md).
+
+A backend is written ``ADAPTER`` (the default environment, ``.venv/ADAPTER``) or ``ADAPTER@LABEL``:
+
+* ``paddle@3.2.0`` -- a version: xfw builds ``.venv/builds/paddle@3.2.0`` once, from the adapter's own
+  requirements with the framework's one pin (the line marked ``# xfw: framework``) replaced;
+* ``paddle@/wheels/paddlepaddle-3.2.0-....whl`` or ``paddle@mine=/wheels/x.whl`` -- a wheel file, built the same way;
+* ``paddle@nightly-1102=/opt/nightly/bin/python`` -- an interpreter the user gives (or a wrapper script that
+  sets variables and execs a Python), used as it is.
+
+The instance's name (``paddle@3.2.0``) is the backend's name everywhere: run directories, reports,
+CSV columns, chart legends, ``backends.<name>`` in a recipe. An instance takes its adapter's knobs
+(``backends.paddle``) with its own (``backends."paddle@3.2.0"``) on top (:func:`fold`).
+
+A built environment is an overlay: a virtual environment of its own whose ``site-packages`` comes
+first and the default environment's after it (one ``.pth`` line), so pip installs only what differs
+from the default environment (the framework's wheel and whatever it needs in other versions) and
+never touches the default environment (pip does not uninstall outside its own environment).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from xfw.contract.atomic import write_json_atomic
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+BUILDS_DIR = Path(".venv") / "builds"
+"""Where built environments live, under the project root: one directory per instance name."""
+BUILD_FILE = "xfw-build.json"
+"""In a built environment: what it was built from (requirement, wheel hash, versions, size)."""
+FRAMEWORK_MARK = "# xfw: framework"
+"""Marks the line of an adapter's requirements.txt that an instance replaces."""
+PIP_TIMEOUT_S = 1800
+
+_ADAPTER = re.compile(r"[a-z][a-z0-9_]*")
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+_VERSION = re.compile(r"\d+(\.\d+)*([a-z]+\d*)?(\.post\d+)?(\.dev\d+)?(\+[A-Za-z0-9.]+)?")
+_WHEEL = re.compile(r"(?P<dist>[A-Za-z0-9_.]+)-(?P<version>[^-]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl")
+
+
+class InstanceError(ValueError):
+    """A backend written wrongly, or an environment that cannot be built; one line."""
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    """What every report calls it: ``paddle@3.2.0``; ``paddle`` for the default environment."""
+    adapter: str
+    """Whose adapter runs it: ``paddle`` (the package ``xfw_paddle``)."""
+    label: str = ""
+    version: str = ""
+    """A framework version xfw builds an environment for."""
+    wheel: str = ""
+    """A wheel file xfw builds an environment from (absolute)."""
+    python: str = ""
+    """An interpreter the user gave (absolute): used as it is."""
+
+    @property
+    def built(self) -> bool:
+        """Whether xfw builds this instance's environment (a version or a wheel)."""
+        return bool(self.version or self.wheel)
+
+    @property
+    def source(self) -> str:
+        """Where it comes from, in words: ``version 3.2.0``, ``wheel /w/x.whl``, ``interpreter /opt/.../python``."""
+        if self.version:
+            return f"version {self.version}"
+        if self.wheel:
+            return f"wheel {self.wheel}"
+        if self.python:
+            return f"interpreter {self.python}"
+        return f"the default environment (.venv/{self.adapter})"
+
+
+def adapter_of(name: str) -> str:
+    """``paddle@3.2.0`` -> ``paddle``; a bare name is its own adapter."""
+    return name.partition("@")[0]
+
+
+def parse(text: str, *, flag: str = "--backends") -> Instance:
+    """One backend as written on the command line or in a build list; InstanceError names ``flag``."""
+    text = text.strip()
+    head, at, rest = text.partition("@")
+    if not _ADAPTER.fullmatch(head):
+        raise InstanceError(f"{flag} {text!r}: {head!r} is not an adapter name (lowercase letters, digits, _)")
+    if not at:
+        return Instance(name=head, adapter=head)
+    label, eq, path = rest.partition("=")
+    if not eq and label.endswith(".whl"):  # paddle@/w/paddlepaddle-3.2.0-...whl: named by the wheel's version
+        wheel = _wheel_path(label, text, flag)
+        label = _WHEEL.fullmatch(wheel.name).group("version")
+        return Instance(name=f"{head}@{label}", adapter=head, label=label, wheel=str(wheel))
+    if not _LABEL.fullmatch(label):
+        raise InstanceError(f"{flag} {text!r}: the label {label!r} after @ must be letters, digits and . _ + - "
+                            "(a version such as 3.2.0, or a name such as nightly-1102=PATH)")
+    name = f"{head}@{label}"
+    if eq:
+        if not path:
+            raise InstanceError(f"{flag} {text!r}: nothing after '=' (give a wheel file or an interpreter)")
+        if path.endswith(".whl"):
+            return Instance(name=name, adapter=head, label=label, wheel=str(_wheel_path(path, text, flag)))
+        python = Path(path).expanduser()
+        if not python.exists():
+            raise InstanceError(f"{flag} {text!r}: no such interpreter {path}")
+        if not python.is_file() or not os.access(python, os.X_OK):
+            raise InstanceError(f"{flag} {text!r}: {path} is not an executable file")
+        return Instance(name=name, adapter=head, label=label, python=str(python.absolute()))
+    if not _VERSION.fullmatch(label):
+        raise InstanceError(f"{flag} {text!r}: {label!r} is not a version; give the build as {name}=PATH "
+                            "(a wheel file or an interpreter)")
+    return Instance(name=name, adapter=head, label=label, version=label)
+
+
+def _wheel_path(path: str, text: str, flag: str) -> Path:
+    wheel = Path(path).expanduser()
+    if not _WHEEL.fullmatch(wheel.name):
+        raise InstanceError(f"{flag} {text!r}: {wheel.name!r} is not a wheel file name (DIST-VERSION-...-PLATFORM.whl)")
+    if not wheel.is_file():
+        raise InstanceError(f"{flag} {text!r}: no such wheel file {path}")
+    return wheel.absolute()
+
+
+def parse_list(text: str, *, flag: str = "--backends") -> list[Instance]:
+    """A comma-separated list; no name twice."""
+    out = [parse(part, flag=flag) for part in text.split(",") if part.strip()]
+    names = [i.name for i in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InstanceError(f"{flag} {text!r}: {twice[0]!r} is named twice (give each instance its own label)")
+    return out
+
+
+def fold(recipe, name: str):
+    """The recipe as the instance ``name`` runs it: ``backends.<adapter>`` with ``backends.<name>`` on
+    top (a mapping value, ``env`` or ``override``, merged key by key). A bare adapter name: the recipe itself."""
+    adapter = adapter_of(name)
+    if adapter == name or adapter not in recipe.backends:
+        return recipe
+    base, own = recipe.backends[adapter], recipe.backends.get(name, {})
+    merged = {**base, **own}
+    for key in ("env", "override"):
+        if isinstance(base.get(key), dict) and isinstance(own.get(key), dict):
+            merged[key] = {**base[key], **own[key]}
+    return dataclasses.replace(recipe, backends={**recipe.backends, name: merged})
+
+
+# --- built environments --------------------------------------------------------------------------
+
+Log = Callable[[str], None]
+
+
+def env_dir(instance: Instance, root: Path = PROJECT_ROOT) -> Path:
+    return root / BUILDS_DIR / instance.name
+
+
+def read_build(directory: Path) -> dict | None:
+    """A built environment's record (``xfw-build.json``), or None when there is none or it is unreadable."""
+    try:
+        data = json.loads((directory / BUILD_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def size_on_disk(directory: Path) -> int:
+    total = 0
+    for folder, _, files in os.walk(directory):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(folder, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def fmt_size(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.0f} MiB"
+
+
+def requirements_for(instance: Instance, root: Path = PROJECT_ROOT) -> tuple[str, str, str]:
+    """(the adapter's requirements.txt with the framework's line replaced by this instance's build,
+    the framework's package, the line that replaced it)."""
+    path = root / "adapters" / instance.adapter / "requirements.txt"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        raise InstanceError(f"{instance.name}: no requirements for adapter {instance.adapter!r} ({path})") from None
+    marked = [i for i, line in enumerate(lines) if FRAMEWORK_MARK in line]
+    if len(marked) != 1:
+        raise InstanceError(f"{instance.name}: {path} marks {len(marked)} lines with {FRAMEWORK_MARK!r} (needs one)")
+    package = re.split(r"[=<>!~ ;\[]", lines[marked[0]].strip(), maxsplit=1)[0]
+    lines[marked[0]] = instance.wheel if instance.wheel else f"{package}=={instance.version}"
+    return "\n".join(lines) + "\n", package, lines[marked[0]]
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _want(instance: Instance, requirements: str) -> str:
+    """What a built environment must have been built from to be reused (the requirements, the wheel's bytes)."""
+    key = requirements + (_sha256(instance.wheel) if instance.wheel else "")
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _pip_error(lines: list[str]) -> str:
+    """pip's one line that says why (its ERROR line), not its log."""
+    errors = [line.strip() for line in lines if line.startswith("ERROR:")]
+    return (errors[-1] if errors else (lines[-1].strip() if lines else "pip printed nothing"))[:300]
+
+
+def _framework_hash(report: Path, package: str) -> str | None:
+    """The sha256 of the archive pip installed for ``package``, from pip's installation report."""
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for item in data.get("install", []):
+        meta, info = item.get("metadata", {}), item.get("download_info", {})
+        if str(meta.get("name", "")).lower().replace("_", "-") == package.lower().replace("_", "-"):
+            found = (info.get("archive_info") or {}).get("hashes", {}).get("sha256") or \
+                (info.get("archive_info") or {}).get("hash", "").removeprefix("sha256=")
+            return found or None
+    return None
+
+
+def ensure_env(instance: Instance, log: Log, root: Path = PROJECT_ROOT) -> Path:
+    """The interpreter of this instance's built environment, building it first when it is missing or
+    was built from something else. Progress goes to ``log``; InstanceError (pip's one line) if it fails."""
+    base = root / ".venv" / instance.adapter / "bin" / "python"
+    if not base.exists():
+        raise InstanceError(f"{instance.name}: builds on the default environment .venv/{instance.adapter}, which "
+                            "does not exist; run `make setup` first")
+    requirements, package, line = requirements_for(instance, root)
+    want = _want(instance, requirements)
+    target = env_dir(instance, root)
+    old = read_build(target)
+    if old and old.get("want") == want and (target / "bin" / "python").exists():
+        return target / "bin" / "python"
+    if old:
+        log(f"{instance.name}: rebuilding {target} (it was built from something else)")
+    log(f"{instance.name}: building an environment from {instance.source} on .venv/{instance.adapter} "
+        f"(once; later commands reuse it)")
+    started = time.monotonic()
+    scratch = target.with_name(f".{target.name}.building-{os.getpid()}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        _build(instance, base, requirements, scratch, log)
+        description = _describe(scratch / "bin" / "python", instance)
+        size = size_on_disk(scratch)
+        record = {"instance": instance.name, "adapter": instance.adapter, "source": instance.source,
+                  "want": want, "requirement": line,
+                  "wheel_sha256": _sha256(instance.wheel) if instance.wheel else
+                  _framework_hash(scratch / "pip-report.json", package),
+                  "framework_version": description.get("framework_version"),
+                  "framework_commit": description.get("framework_commit"),
+                  "base": str(base.parent.parent), "size_bytes": size,
+                  "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "build_s": round(time.monotonic() - started, 1)}
+        write_json_atomic(scratch / BUILD_FILE, record)
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(scratch, target)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    log(f"{instance.name}: built in {record['build_s']:.0f} s, {fmt_size(size)} on disk ({target}): "
+        f"{instance.adapter} {record['framework_version']}")
+    return target / "bin" / "python"
+
+
+def _build(instance: Instance, base: Path, requirements: str, scratch: Path, log: Log) -> None:
+    subprocess.run([str(base), "-m", "venv", str(scratch)], check=True, capture_output=True, timeout=300,
+                   stdin=subprocess.DEVNULL)
+    site = subprocess.run([str(base), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+    own = subprocess.run([str(scratch / "bin" / "python"), "-c",
+                          "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+    # Read after the environment's own site-packages: what pip installs here comes first.
+    Path(own, "zz-xfw-base.pth").write_text(f"import site; site.addsitedir({site!r})\n", encoding="utf-8")
+    (scratch / "xfw-requirements.txt").write_text(requirements, encoding="utf-8")
+    cmd = [str(scratch / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off", "--disable-pip-version-check",
+           "--report", str(scratch / "pip-report.json"), "-r", str(scratch / "xfw-requirements.txt")]
+    lines: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          stdin=subprocess.DEVNULL, errors="replace") as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(("Collecting", "Downloading", "Installing", "Successfully")) or \
+                    line.lstrip().startswith("Downloading"):
+                log(f"{instance.name}: {line.strip()[:160]}")
+        code = proc.wait(timeout=PIP_TIMEOUT_S)
+    if code != 0:
+        raise InstanceError(f"{instance.name}: pip could not install {instance.source}: {_pip_error(lines)}")
+
+
+def _describe(python: Path, instance: Instance) -> dict:
+    """The adapter's own description in the new environment; InstanceError if it cannot import."""
+    out = subprocess.run([str(python), "-m", f"xfw_{instance.adapter}", "--describe"], capture_output=True,
+                         text=True, timeout=300, stdin=subprocess.DEVNULL, check=False)
+    found = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not found:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        raise InstanceError(f"{instance.name}: installed, but xfw_{instance.adapter} does not import there ({last})")
+    description = json.loads(found[-1])
+    if instance.version and description.get("framework_version", "").split("+")[0] != instance.version.split("+")[0]:
+        raise InstanceError(f"{instance.name}: asked for {instance.adapter} {instance.version}, the environment "
+                            f"imports {description.get('framework_version')}")
+    return description
+
+
+def built_envs(root: Path = PROJECT_ROOT) -> list[tuple[Path, dict | None]]:
+    """Every built environment (``xfw env``), with its record (None: unreadable or half built)."""
+    folder = root / BUILDS_DIR
+    if not folder.is_dir():
+        return []
+    return [(d, read_build(d)) for d in sorted(folder.iterdir()) if d.is_dir() and not d.name.startswith(".")]
+
+
+def remove_env(name: str, root: Path = PROJECT_ROOT) -> str:
+    """Delete one built environment (``xfw env --remove NAME``); one line saying what was freed."""
+    target = root / BUILDS_DIR / name
+    if "/" in name or name in ("", ".", "..") or not target.is_dir():
+        known = ", ".join(d.name for d, _ in built_envs(root)) or "none"
+        raise InstanceError(f"--remove {name!r}: no built environment of that name (built: {known})")
+    size = size_on_disk(target)
+    shutil.rmtree(target)
+    return f"removed {target} ({fmt_size(size)})"
