@@ -20,7 +20,7 @@ demo: setup
 # is a scope of its own, tests/conftest.py); WORKERS=0: serial.
 WORKERS ?= 2
 test: setup browser
-	$(PYTEST) tests $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadscope)
+	$(PYTEST) tests $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadscope) --durations=25
 
 unit: setup
 	$(PYTEST) tests/unit

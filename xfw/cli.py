@@ -93,6 +93,13 @@ def _instances(text: str, flag: str = "--backends"):
         _fail(str(err))
 
 
+def _one_backend(text: str) -> list[str]:
+    names = _backend_names(text, "--backend")
+    if len(names) != 1:
+        _fail(f"--backend {text!r}: one backend (xfw compare --backends runs several)")
+    return names
+
+
 def _backend_names(text: str, flag: str = "--backends") -> list[str]:
     """The backends' names, instances included (``paddle@3.2.0``; an ``=PATH`` goes to :func:`_interpreters`)."""
     return [instance.name for instance in _instances(text, flag)]
@@ -219,7 +226,7 @@ def run(recipe, backend, overrides, comparison, repeat, pythons, out_dir, node_r
         print_command) -> None:
     """Run one recipe on one backend and report it."""
     _finish(lambda: workflow.compare(
-        [recipe], _backend_names(backend, "--backend")[:1], overrides=_with_repeat(overrides, repeat, comparison),
+        [recipe], _one_backend(backend), overrides=_with_repeat(overrides, repeat, comparison),
         interpreters=_interpreters(pythons, backend, "--backend"),
         out_dir=out_dir, rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port),
         print_command=print_command, force=force, progress=None if print_command else _progress(), log=_log))
@@ -373,7 +380,7 @@ def assemble(node_dirs, out_dir, force) -> None:
 
 @main.command()
 @click.argument("recipe", type=click.Path())
-@click.option("--backends", default="torch,paddle", show_default=True,
+@click.option("--backends", default="paddle,torch", show_default=True,
               help="REFERENCE,OTHER: the reference exports the starting weights both sides load.")
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Training steps to compare.")
 @set_option
@@ -477,8 +484,11 @@ def nightly(suite, history_dir, night, overrides, comparison, only_backends, pyt
 
 @main.command()
 @click.option("--backends", default="paddle,torch", show_default=True, help="Comma-separated backends to check.")
-@click.option("--families", default="llava,qwen2vl,sd15,sd3", show_default=True,
-              help="Model families, each through its tiny recipe.")
+@click.option("--families", default=None, metavar="F1,F2,...",
+              help="Model families, each through its tiny recipe (default: llava, about 5 minutes on 2 cores; "
+                   "--full: llava,qwen2vl,sd15,sd3).")
+@click.option("--full", is_flag=True, default=False,
+              help="Every family (llava, qwen2vl, sd15, sd3), about 4x the quick default's time.")
 @click.option("--paths", default=None, metavar="P1,P2,...",
               help="Settings paths (default: all): fp32, bf16-o1, bf16-o2, fp16-o2, recompute, attention-eager, "
                    "stage2, stage3.")
@@ -486,13 +496,18 @@ def nightly(suite, history_dir, night, overrides, comparison, only_backends, pyt
 @python_option
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Where the runs and selfcheck.json go (default: runs/selfcheck, where compare looks).")
-def selfcheck(backends, families, paths, comparison, pythons, out_dir) -> None:
+def selfcheck(backends, families, full, paths, comparison, pythons, out_dir) -> None:
     """The first command on a new machine: check every settings path the seed rows use, on every
-    backend, and say which work here; compare warns about runs through unchecked paths."""
+    backend, and say which work here; compare warns about runs through unchecked paths. The default
+    checks one family (LLaVA, about 5 minutes on 2 cores); --full checks all four."""
     from xfw.report.selfcheck import BY_NAME
+    from xfw.run.selfcheck import FAMILY_RECIPES, QUICK_FAMILIES
 
+    if full and families:
+        _fail("--full checks every family: give it or --families, not both")
+    chosen = ",".join(FAMILY_RECIPES) if full else families or ",".join(QUICK_FAMILIES)
     _finish(lambda: workflow.selfcheck(
-        _backend_names(backends), families=_backend_list(families),
+        _backend_names(backends), families=_backend_list(chosen),
         paths=_backend_list(paths) if paths else list(BY_NAME), interpreters=_interpreters(pythons, backends),
         out_dir=out_dir, progress=_progress(), log=_log, comparison=comparison))
 

@@ -113,6 +113,10 @@ def prepare_backends(names: list[str], interpreters: dict[str, str], recipes: li
             out[name] = (launcher.Backend(name, ""), {"command": True})
             continue
         adapter = instances.adapter_of(name)
+        known = launcher.known_adapters()
+        if adapter != name and adapter not in known and name not in interpreters:
+            problems.append(f"--backends {name}: unknown adapter {adapter!r} before the @ (known: {', '.join(known)})")
+            continue
         if adapter != name and command.is_command(list(recipes), adapter):
             problems.append(f"--backends {name}: backends.{adapter} runs a command (backends.{adapter}.command); "
                             "an instance of it has no environment of its own to run")
@@ -190,12 +194,36 @@ def write_page(page: Page, out_dir: Path, stem: str = "report") -> Outcome:
     return outcome
 
 
+PARITY_STATUS_FILE = "parity-status.json"
+"""Each recipe's parity status as a compare looked it up, beside its runs (read back by ``xfw report``)."""
+
+
+def read_parity_status(directory: Path) -> dict[str, dict] | None:
+    """The parity statuses a compare wrote into ``directory`` (:data:`PARITY_STATUS_FILE`); None without
+    one, or where it cannot be read as recipe -> status."""
+    from xfw.contract.atomic import UnreadableFile, read_json_object
+
+    try:
+        parity = read_json_object(directory / PARITY_STATUS_FILE).get("parity")
+    except (UnreadableFile, OSError, ValueError):
+        return None
+    if not isinstance(parity, dict) or not all(isinstance(v, dict) and isinstance(v.get("status"), str)
+                                               for v in parity.values()):
+        return None
+    return parity
+
+
 def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *, chart: bool = True,
                  parity: dict[str, dict] | None = None, warnings: list[str] = (), ab: bool = False) -> Outcome:
     """report.md/csv/html and chart.png; ``parity`` (recipe name -> status) adds the parity lines;
     ``ab``: the A/B verdict of the first two backends per recipe under the table, and ab.json.
     Exit code 1 when any run is not ok."""
     rows = cmp.compare_runs(results, backends, parity=parity)
+    if parity is not None:  # kept beside the runs: ``xfw report`` on them shows the same parity lines
+        try:
+            write_json_atomic(out_dir / PARITY_STATUS_FILE, {"schema": 1, "parity": parity})
+        except OSError:
+            pass  # the lines are in this report itself
     extra = ab_blocks(results, backends, out_dir) if ab and len(backends) > 1 else []
     try:
         chart_path = plot_comparison(rows, backends, out_dir / "chart.png") if chart else None
@@ -208,6 +236,8 @@ def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *
     outcome = write_page(page, out_dir)
     if chart_path is not None:
         outcome.paths["chart"] = chart_path
+        if any(isinstance(b, table.Image) and b.path.name == "breakdown.png" for b in page.blocks):
+            outcome.paths["breakdown"] = out_dir / "breakdown.png"
     if problem:
         outcome.notes.append(problem)
         outcome.exit_code = 1
