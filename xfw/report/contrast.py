@@ -209,9 +209,21 @@ def mfu_notes(rows: list[ComparisonRow]) -> list[str]:
     return notes + [f"No MFU for {m}." for m in missing]
 
 
+def not_applicable(row: ComparisonRow, side: Side) -> bool:
+    """A sweep point its backend refused by construction (``unsupported``: stage 1 on one process):
+    not a failure (``xfw.workflow.base.not_applicable``)."""
+    return side.status == "unsupported" and bool(row.variant)
+
+
 def failures(rows: list[ComparisonRow]) -> list[str]:
     return [f"{row_name(row)} / {side.backend}: {side.status} — {side.reason}"
-            for row in rows for side in row.sides.values() if not side.ok]
+            for row in rows for side in row.sides.values() if not side.ok and not not_applicable(row, side)]
+
+
+def inapplicable(rows: list[ComparisonRow]) -> list[str]:
+    """Sweep points that cannot run here by construction, each with its reason (listed apart from failures)."""
+    return [f"{row_name(row)} / {side.backend}: {side.reason}"
+            for row in rows for side in row.sides.values() if not_applicable(row, side)]
 
 
 def parity_line(status: dict) -> str:
@@ -255,11 +267,11 @@ def settings_blocks(rows: list[ComparisonRow], backends: list[str]) -> list:
         if row.data_line:
             blocks.append(Paragraph(row.data_line))
         if row.settings:
-            cells = [[key, *(str(values.get(b, "–")) for b in backends), knob_not_run(row, key) or
+            cells = [[key, *(str(values.get(b, "–")) for b in backends), knob_not_run(row, key) or (
                       "⚠ differs" if key in row.differing else
                       "deliberate (" + ", ".join(f"backends.{b}.override" for b in row.deliberate_by[key]) + ")"
                       if key in row.deliberate_by else
-                      _SETTING_NOTES.get(key, "") if len({repr(v) for v in values.values()}) > 1 else ""]
+                      _SETTING_NOTES.get(key, "") if len({repr(v) for v in values.values()}) > 1 else "")]
                      for key, values in row.settings.items()]
             blocks.append(Table(header=["Setting", *backends, ""], cells=cells, name="settings", csv=False))
     return blocks
@@ -415,6 +427,9 @@ def contrast_page(rows: list[ComparisonRow], backends: list[str], *, title: str 
     fails = failures(rows)
     if fails:
         blocks += [Heading("Failed runs", 3), Bullets(fails, name="failed")]
+    skipped = inapplicable(rows)
+    if skipped:
+        blocks += [Heading("Not applicable here (not failures)", 3), Bullets(skipped, name="not_applicable")]
     warnings = [f"⚠ {w}" for w in warnings] + [f"⚠ {row_name(row)}: {w}" for row in rows for w in row.warnings] \
         + [f"⚠ {w}" for w in short_windows(rows)]
     if warnings:
@@ -463,6 +478,8 @@ def numeric_records(rows: list[ComparisonRow], backends: list[str]) -> list[dict
                 f"{name}_num_params_total": s.applied.get("num_params_total"),
                 f"{name}_num_params_trainable": s.applied.get("num_params_trainable"),
                 f"{name}_compute_dtype": s.applied.get("compute_dtype"), f"{name}_num_repeats": s.num_repeats,
+                f"{name}_framework_version": ((s.env or {}).get("backend") or {}).get("framework_version"),
+                f"{name}_build": fmt_build(((s.env or {}).get("backend") or {}).get("build")),
                 **{f"{name}_{k}": s.data.get(k) for k in ("padding_fraction", "seq_len_mean", "seq_len_max",
                                                         "batch_digest")},
                 f"{name}_measured_by": PARSED_NOTE if is_parsed(s) else "xfw",

@@ -58,3 +58,32 @@ def watch_attention() -> set:
     recording.xfw_seen = seen
     setattr(module, attribute, recording)
     return seen
+
+
+def backport_cpu_causal_softmax() -> str:
+    """Before Paddle 3.3, causal attention's math path (``flash_attention._math_attention``, which
+    ``scaled_dot_product_attention`` takes on a CPU) calls ``softmax_mask_fuse_upper_triangle``, a
+    GPU-only kernel: every causal model crashes on a CPU ("Softmax mask fuse op only supports GPU now").
+    Paddle 3.3 takes the plain path there (an upper-triangle mask added, then softmax); on a CPU with an
+    older Paddle this does the same, so older builds run (xfw bisect, docs/builds.md). Returns the note
+    the applied record carries, "" when nothing was changed (3.3 and later, or a GPU)."""
+    import paddle.incubate
+    import paddle.nn.functional as F
+
+    major, minor = (int(x) for x in paddle.__version__.split(".")[:2])
+    if (major, minor) >= (3, 3) or on_gpu() or getattr(paddle.incubate.softmax_mask_fuse_upper_triangle,
+                                                       "xfw_backport", False):
+        return ""
+    fused = paddle.incubate.softmax_mask_fuse_upper_triangle
+
+    def plain_on_cpu(x):
+        if "cpu" not in paddle.get_device():
+            return fused(x)
+        n = x.shape[-1]
+        upper = paddle.triu(paddle.full([n, n], float("-inf"), dtype=x.dtype), diagonal=1)
+        return F.softmax(x + upper)
+
+    plain_on_cpu.xfw_backport = True
+    paddle.incubate.softmax_mask_fuse_upper_triangle = plain_on_cpu
+    return (f"Paddle {paddle.__version__} on a CPU: causal attention's GPU-only fused softmax replaced by the "
+            "plain masked softmax Paddle 3.3 runs there (xfw_paddle.devices.backport_cpu_causal_softmax)")

@@ -52,7 +52,8 @@ from xfw.contract.env import package_versions
 from xfw.contract import knobs as knob_declaration
 from xfw.contract.harness import InvalidSpec, Unsupported, loader_settings, wants_grad_norm
 from xfw_paddle import parallel, testdevice
-from xfw_paddle.devices import TESTCPU, TESTCPU_NOTE, device_kind, device_name, on_gpu, watch_attention
+from xfw_paddle.devices import (TESTCPU, TESTCPU_NOTE, backport_cpu_causal_softmax, device_kind, device_name, on_gpu,
+                                watch_attention)
 from xfw_paddle.model import start_model
 from xfw_paddle.families import family_module
 
@@ -195,6 +196,7 @@ class PaddleSession:
         requested = spec["precision"]
         self.precision = plan_precision(requested["dtype"], requested["amp_level"], self.on_device)
         self.kernels = watch_attention()
+        self.backport = backport_cpu_causal_softmax()  # older builds on a CPU (docs/builds.md)
 
         model = start_model(spec, use_sdpa=self.attn == "sdpa")
         model.train()
@@ -371,6 +373,8 @@ class PaddleSession:
             notes += f"; {self.wrapped.detail}"
         if self.device == "testcpu":
             notes += f"; {TESTCPU_NOTE}"
+        if self.backport:
+            notes += f"; {self.backport}"
         if self.record_grad_norm:
             notes += "; gradient norm read every step (a host sync: parity, not a measurement)"
         if self.max_grad_norm:
