@@ -19,7 +19,7 @@ from xfw.report.table import Page
 from xfw.run import instances, jobs, launcher, lock
 from xfw.run.spec import resolve_spec
 from xfw.workflow.base import (Log, Outcome, UsageError, guarded, judge_runs, load_all, prepare_backends, silent,
-                               write_page, write_report)
+                               read_parity_status, write_page, write_report)
 
 
 def estimate(recipe_path: str | None, overrides: list[str], run_dir: str | None) -> Outcome:
@@ -60,6 +60,19 @@ def estimate(recipe_path: str | None, overrides: list[str], run_dir: str | None)
                          "wrong type or out of range (edited by hand?)") from None
 
 
+def _ab_pair(paths: list[str]) -> tuple[str, str] | None:
+    """The two builds an ``xfw compare --ab`` directory among ``paths`` judged (its ab.json), or None."""
+    for path in paths:
+        try:
+            verdicts = read_json_object(Path(path) / "ab.json").get("verdicts")
+            first, second = verdicts[0]["first"], verdicts[0]["second"]
+        except (UnreadableFile, AttributeError, IndexError, KeyError, TypeError):
+            continue
+        if isinstance(first, str) and isinstance(second, str):
+            return first, second
+    return None
+
+
 def report(paths: list[str], backend_names: list[str] | None, out_dir: Path | None, *, layout: str = "contrast",
            price_per_gpu_hour: float | None = None) -> Outcome:
     """A report (``layout``) over existing run directories, written beside them or into ``out_dir``."""
@@ -83,14 +96,21 @@ def report(paths: list[str], backend_names: list[str] | None, out_dir: Path | No
     except lock.OutError as err:
         raise UsageError(str(err)) from None
     if layout == "contrast" and price_per_gpu_hour is None:
-        return write_report(results, names, target)
+        parity = next((p for p in (read_parity_status(Path(d)) for d in [*paths, target]) if p is not None), None)
+        ab = _ab_pair(paths)  # an A/B's directory: its verdict again, for the same two builds
+        if ab and not backend_names:
+            names = [*ab, *(n for n in names if n not in ab)]
+        return write_report(results, names, target, parity=parity, ab=bool(ab) and names[:2] == list(ab))
+    shown = [r for r in results if r.backend in names]
     try:
-        tables = layouts.build(layout, [r for r in results if r.backend in names],
-                               price_per_gpu_hour=price_per_gpu_hour)
+        tables = layouts.build(layout, shown, price_per_gpu_hour=price_per_gpu_hour)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    return judge_runs(write_page(Page(title=layouts.LAYOUTS[layout][0], blocks=tables), target, f"report-{layout}"),
-                       results)
+    named = layouts.comparison_line(shown)
+    for t in tables:  # the CSV names the comparison too, on every row
+        t.records = [{**r, "comparison": named.removeprefix("Comparison: ").rstrip(".")} for r in t.records]
+    return judge_runs(write_page(Page(title=layouts.page_title(layout, shown), blocks=tables, subtitle=named), target,
+                                 f"report-{layout}"), results)
 
 
 def assemble(paths: list[str], out_dir: Path, *, force: bool = False) -> Outcome:
