@@ -230,3 +230,17 @@ def test_an_unknown_adapter_before_the_at_is_refused_before_anything_is_built(tm
                                                   r"\(known: paddle, torch\)"):
         workflow.compare([recipe], ["padle@3.2.0", "torch"], overrides=[], interpreters={})
     assert not (instances.PROJECT_ROOT / instances.BUILDS_DIR / "padle@3.2.0").exists()
+
+
+def test_a_build_that_crashes_is_recorded_and_skipped_and_the_bisect_says_what_it_cannot_decide(tmp_path, fake_backend):
+    python = fake_backend["fake"]
+    (tmp_path / "builds.txt").write_text("".join(f"fake@{i}={python}\n" for i in range(1, 5)))
+    recipe = _recipe(tmp_path, {"fake": {"ips": 100, "ips_jitter": 0.03}, "fake@2": {"behave": "crash"},
+                                "fake@3": {"ips": 70}, "fake@4": {"ips": 70}})
+    out = workflow.bisect(recipe, str(tmp_path / "builds.txt"), good="fake@1", bad="fake@4", overrides=[],
+                          repeat=3, out_dir=tmp_path / "bisect")
+    state = json.loads((tmp_path / "bisect" / "bisect.json").read_text())
+    skipped = [d for d in state["decisions"] if d["verdict"] == "skipped"]
+    assert [d["build"] for d in skipped] == ["fake@2"] and "crashed" in skipped[0]["reason"]
+    assert state["result"]["outcome"] == "undecided" and state["result"]["first_bad"] == "fake@3"
+    assert out.exit_code == 1 and "Undecided" in out.text
