@@ -25,12 +25,14 @@ def test_compare_trains_both_backends_and_reports_equal_parameter_counts(tmp_pat
     assert result.returncode == 0, result.stderr
     row = next(line for line in result.stdout.splitlines() if line.startswith("| Tiny LLaVA"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert float(cells[2].replace(",", "")) > 0 and float(cells[4].replace(",", "")) > 0
-    assert cells[3].endswith("%")
+    # Each headline figure with its spread, or saying it has none (one run).
+    assert cells[2].endswith(" (one run, no spread)") and cells[4].endswith(" (one run, no spread)")
+    assert float(cells[2].split(" (")[0].replace(",", "")) > 0 and float(cells[4].split(" (")[0].replace(",", "")) > 0
+    assert re.fullmatch(r"[+-][\d.]+% \(one run, no spread\)", cells[3]), cells[3]
     assert cells[-1] == "190,656 / 190,656 (trainable 154,048 / 154,048) ✓"
     # One memory measure on both sides (the training memory: peak RSS since the build minus the RSS after
     # it, both beside it), not Paddle's host allocator beside PyTorch's peak RSS, nor start-up posing as training.
-    pattern = r"([\d.]+) MiB training \(peak RSS ([\d.]+), ([\d.]+) after build\)"
+    pattern = r"([\d.]+) MiB training \(peak RSS ([\d.]+) MiB, ([\d.]+) MiB after build; one run, no spread\)"
     assert all(re.fullmatch(pattern, cell) for cell in cells[5:7]), cells
     for cell in cells[5:7]:
         training, peak, after = map(float, re.fullmatch(pattern, cell).groups())

@@ -77,7 +77,9 @@ def test_like_for_like_lists_what_it_leaves_out(tmp_path):
     done = _compare(out, "--backends", "torch", "--set", "backends.torch.env.OMP_PROC_BIND=false")
     assert done.returncode == 0, done.stderr[-2000:]
     report = (out / "report.md").read_text()
-    assert "**Like-for-like comparison: one algorithm on both sides (the framework comparison).**" in report
+    # One backend: the heading says so, never "on both sides".
+    assert ("**Like-for-like settings, one backend (torch): the recipe as it says, nothing compared against another "
+            "side.**") in report
     assert "deliberately does not" in report and "torch: attn_implementation = flash_attention_2" in report
     assert _applied(out, "torch")["env"] == {"OMP_PROC_BIND": "false"}
     assert "| env.OMP_PROC_BIND | false |" in report

@@ -133,9 +133,9 @@ def test_the_sweep_ran_every_point_on_both_backends_and_only_cpu_gaps_are_unsupp
 
 def test_strategies_has_the_seed_000_columns_and_one_row_per_gpu_count_framework_and_strategy(runs, reports):
     tables = tables_in(reports[0]["strategies"])
-    assert [t["title"].split(" on ")[0] for t in tables] == ["For 2 processes", "For 1 process"]  # a CPU: processes
+    assert [t["title"].split(" on ")[0] for t in tables] == ["For 1 process", "For 2 processes"]  # a CPU: processes
     seen = set()
-    for table, gpus in zip(tables, (2, 1)):
+    for table, gpus in zip(tables, (1, 2)):
         assert table["header"] == SEED_000
         assert len(table["rows"]) == len(BACKENDS) * len(SHARDINGS)
         for framework, strategy, time_100, batches_per_s, vram_gb, gb_per_batch in table["rows"]:

@@ -80,7 +80,7 @@ def test_a_negated_weight_on_one_side_is_located_by_xfw_parity(parity_runs, tmp_
     python = require_interpreter("torch")
     out = tmp_path / "parity"
     result = subprocess.run([str(python), "-m", "xfw.cli", "parity", RECIPES["llava"], "--steps", "2", "--out", str(out),
-                             "--weights", f"paddle={tmp_path / 'negated'}"], capture_output=True, text=True,
+                             "--backends", ",".join(BACKENDS), "--weights", f"paddle={tmp_path / 'negated'}"], capture_output=True, text=True,
                             cwd=ROOT, timeout=600)
     assert result.returncode == 1, result.stderr[-2000:]
     saved = json.loads((out / "parity.json").read_text())

@@ -103,7 +103,7 @@ def test_cli_commands_and_options_are_frozen():
         "nightly": ["comparison", "history_dir", "master_addr", "master_port", "night", "node_rank", "only_backends", "overrides",
                     "pythons", "report_only", "suite"],
         "report": ["backends", "layout", "out_dir", "price_per_gpu_hour", "run_dirs"],
-        "selfcheck": ["backends", "comparison", "families", "out_dir", "paths", "pythons"],
+        "selfcheck": ["backends", "comparison", "families", "full", "out_dir", "paths", "pythons"],
         "run": ["backend", "comparison", "force", "master_addr", "master_port", "node_rank", "out_dir", "overrides",
                 "print_command", "pythons", "recipe", "repeat"],
         "sweep": ["axes", "backends", "comparison", "force", "out_dir", "pythons", "recipe", "repeat"],

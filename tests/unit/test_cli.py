@@ -48,7 +48,7 @@ def test_compare_writes_table_csv_chart_and_run_directories(write_recipe, tmp_pa
     out = tmp_path / "out"
     result = invoke("compare", recipe, "--backends", "fake,fake2", "--out", out, *python_args(fake_backend))
     assert result.exit_code == 0, result.output
-    assert "| Tiny LLaVA | SFT | 120 | +20% | 100 |" in result.output
+    assert "| Tiny LLaVA | SFT | 120 (one run, no spread) | +20% (one run, no spread) | 100 (one run, no spread) |" in result.output
     for name in ("report.md", "report.csv", "chart.png"):
         assert (out / name).exists()
     assert {r.backend for r in load_runs([out])} == {"fake", "fake2"}
@@ -60,7 +60,7 @@ def test_one_backend_crashing_keeps_the_other_result_and_marks_the_failed_side(w
     out = tmp_path / "out"
     result = invoke("compare", recipe, "--backends", "fake,fake2", "--out", out, *python_args(fake_backend))
     assert result.exit_code == 1
-    assert "| Tiny LLaVA | SFT | **crashed** | n/a | 100 |" in result.output
+    assert "| Tiny LLaVA | SFT | **crashed** | n/a | 100 (one run, no spread) |" in result.output
     assert "fake: crashed — RuntimeError: fake adapter crashed on purpose" in result.output
     summary = json.loads((out / "tiny-test" / "fake2" / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["measurement"]["ips"] == 100.0
@@ -72,7 +72,7 @@ def test_one_backend_timing_out_keeps_the_other_result(write_recipe, tmp_path, f
     result = invoke("compare", recipe, "--backends", "fake,fake2", "--out", tmp_path / "out",
                     *python_args(fake_backend))
     assert result.exit_code == 1
-    assert "| **timeout** | n/a | 100 |" in result.output
+    assert "| **timeout** | n/a | 100 (one run, no spread) |" in result.output
 
 
 def test_report_rebuilds_the_same_table_from_run_directories(write_recipe, tmp_path, fake_backend):
@@ -107,7 +107,7 @@ def test_repeat_option_runs_k_times_and_shows_the_spread(write_recipe, tmp_path,
                     *python_args(fake_backend))
     assert result.exit_code == 0
     assert sorted(p.name for p in (out / "tiny-test").iterdir()) == ["fake-r0", "fake-r1", "fake2-r0", "fake2-r1"]
-    assert "| 120 (spread 0.0%) | +20% | 100 (spread 0.0%) |" in result.output
+    assert "| 120 (spread 0.0%) | +20% (range +20% to +20%) | 100 (spread 0.0%) |" in result.output
 
 
 def test_help_and_validate_import_neither_pandas_nor_matplotlib_and_help_not_even_numpy():

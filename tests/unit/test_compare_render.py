@@ -49,7 +49,7 @@ def test_a_failed_side_keeps_the_row_and_shows_its_status():
     table = contrast.contrast_table(rows, ["paddle", "torch"])
     header, (line,) = table.header, table.cells
     assert line[header.index("paddle ips")] == "timeout" and "| **timeout** |" in markdown_table(table)
-    assert line[header.index("torch ips")] == "65.0"
+    assert line[header.index("torch ips")] == "65.0 (one run, no spread)"
     assert line[header.index("Contrast")] == "n/a"
     assert "paddle: timeout — it broke" in report_markdown(rows)
 
@@ -61,7 +61,7 @@ def test_a_backend_with_no_run_is_reported_missing():
 
 def test_memory_cells_carry_unit_and_source():
     (row,) = compare_runs([result("paddle", 1.0), result("torch", 1.0)], ["paddle", "torch"])
-    assert contrast.fmt_memory(row.sides["torch"]) == "2.00/3.00 GiB alloc/reserved (GPU allocator)"
+    assert contrast.fmt_memory(row.sides["torch"]) == "2.00/3.00 GiB alloc/reserved (GPU allocator; one run, no spread)"
 
 
 def test_unequal_parameter_counts_are_warned_about_and_marked():

@@ -258,7 +258,7 @@ def test_7_a_corrupt_run_is_reported_unreadable_and_the_rest_still_renders(tmp_p
     result = invoke("report", out)
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "| **unreadable** |" in result.output and message in result.output
-    assert "| 100 |" in result.output  # fake2's side still renders
+    assert "| 100 (one run, no spread) |" in result.output  # fake2's side still renders
 
 
 def test_7_a_zero_length_window_is_unreadable(tmp_path):

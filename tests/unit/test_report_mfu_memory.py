@@ -81,7 +81,7 @@ def test_a_cpu_compare_shows_one_memory_measure_common_to_both_sides(tmp_path):
     write_run(tmp_path / "torch", "recipes/tiny/llava_sft.yaml", "torch", {**CPU, "mem_source": "peak_rss"})
     (row,) = compare_runs(load_runs([tmp_path]), ["paddle", "torch"])
     cells = [contrast.fmt_memory(row.sides[b]) for b in ("paddle", "torch")]
-    assert cells == ["51.00 MiB training (peak RSS 351.00, 300.00 after build)"] * 2
+    assert cells == ["51.00 MiB training (peak RSS 351.00 MiB, 300.00 MiB after build; one run, no spread)"] * 2
     assert not any("different sources" in w for w in row.warnings)
     page = to_csv(contrast.contrast_page([row], ["paddle", "torch"]))
     assert "paddle_extra_own_mem_source" in page and "host_allocator" in page  # the framework's own figure, kept as an extra

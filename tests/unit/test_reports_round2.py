@@ -56,8 +56,8 @@ def test_the_headline_memory_on_a_cpu_is_training_memory_with_the_peak_beside_it
     (row,) = demo_rows()
     table = contrast.contrast_table([row], ["paddle", "torch"])
     cells = [table.cells[0][table.header.index(f"{b} memory")] for b in ("paddle", "torch")]
-    assert cells == ["27.00 MiB training (peak RSS 622.00, 595.00 after build)",
-                     "34.00 MiB training (peak RSS 374.00, 340.00 after build)"]
+    assert cells == ["27.00 MiB training (peak RSS 622.00 MiB, 595.00 MiB after build; one run, no spread)",
+                     "34.00 MiB training (peak RSS 374.00 MiB, 340.00 MiB after build; one run, no spread)"]
     record = table.records[0]
     assert (record["paddle_memory_bytes"], record["paddle_memory_source"]) == (27 * MIB, "rss_training")
     assert record["paddle_extra_own_mem_source"] == "host_allocator"  # an extra, labelled, never "memory"

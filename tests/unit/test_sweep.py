@@ -67,8 +67,8 @@ def test_sweep_runs_every_point_records_its_variant_and_reports_a_row_per_point(
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "tiny-test" / "batch.micro-2" / "fake" / "summary.json").read_text())
     assert summary["variant"] == {"batch.micro": 2} and summary["status"] == "ok"
-    assert "| Tiny LLaVA | SFT | batch.micro=1 | 120 | +20% | 100 |" in result.output
-    assert "| SFT | batch.micro=2 | 120 | +20% | 100 |" in result.output
+    assert "| Tiny LLaVA | SFT | batch.micro=1 | 120 (one run, no spread) | +20% (one run, no spread) | 100 (one run, no spread) |" in result.output
+    assert "| SFT | batch.micro=2 | 120 (one run, no spread) | +20% (one run, no spread) | 100 (one run, no spread) |" in result.output
     assert "[4/4] batch.micro-2 / fake2" in result.output
 
 
@@ -126,7 +126,7 @@ def test_keys_every_point_shares_are_recorded_but_not_shown_as_a_difference(writ
     out = tmp_path / "sweep"
     result = invoke("sweep", recipe, "--set", "batch.micro=1,2", "--set", "measure.steps=2", "--backends", "fake",
                     "--out", out, *python_args(fake_backend))
-    assert "| Tiny LLaVA | SFT | batch.micro=1 | 120 |" in result.output
+    assert "| Tiny LLaVA | SFT | batch.micro=1 | 120 (one run, no spread) |" in result.output
     assert {tuple(sorted(r.variant)) for r in load_runs([out])} == {("batch.micro", "measure.steps")}
 
 

@@ -80,6 +80,11 @@ class Side:
     step_time_p10_s: float | None = None
     step_time_p90_s: float | None = None
     num_measured_steps: int = 0
+    """Measured steps of every rank together (the records'); :attr:`steps_per_process` is one process's."""
+    steps_per_process: int = 0
+    """Measured optimizer steps of one process: what ``measure.steps`` counts."""
+    memory_spread: float | None = None
+    """(max − min) / median of ``memory_bytes`` over the repeats; None with one run."""
     mfu: float | None = None
     mfu_peak: str = ""
     """The peak ``mfu`` divides by and its datasheet, or why there is none (``RunResult.mfu_peak``)."""
@@ -173,9 +178,12 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
         side.mem_source, side.mfu = m[0].mem_source, _median(r.mfu for r in ok)
         side.data = {k: getattr(m[0], k) for k in DATA_KEYS}
         side.memory_bytes, side.memory_source = _median(x.memory_bytes for x in m), m[0].memory_source
+        side.memory_spread = spread([x.memory_bytes for x in m])
         side.rss_after_build_bytes = _median(x.rss_after_build_bytes for x in m)
         side.rss_peak_bytes = _median(x.rss_peak_bytes for x in m)
         side.window_time_s, side.num_measured_steps = _median(x.window_time_s for x in m), m[0].num_measured_steps
+        per_rank = [p.get("num_measured_steps") for p in (m[0].per_rank or []) if p.get("num_measured_steps")]
+        side.steps_per_process = max(per_rank) if per_rank else m[0].num_measured_steps // max(m[0].num_ranks, 1)
         side.step_time_p10_s = _median(x.step_time_p10_s for x in m)
         side.step_time_p90_s = _median(x.step_time_p90_s for x in m)
         side.mfu_peak, side.flops_per_sample = ok[0].mfu_peak, ok[0].flops_per_sample

@@ -119,7 +119,7 @@ def states_matrix(spec: dict) -> Table:
             records.append({"sharding": stage, "dtype": dtype, "amp_level": level,
                             "model_state_bytes": sum(states.values())})
         cells.append(row)
-    return Table(title=f"Model states (GiB per GPU) by sharding and precision, at {nproc} processes:",
+    return Table(title=f"Model states (GiB per GPU) by sharding and precision, at {nproc} process{'es' if nproc != 1 else ''}:",
                  header=["Sharding"] + [f"{dtype} {level}" for dtype, level in AMP_SETTINGS], cells=cells,
                  numeric=tuple(range(1, 1 + len(AMP_SETTINGS))))
 
@@ -144,7 +144,7 @@ def to_page(spec: dict, est: Estimate, measured: dict | None = None) -> Page:
     blocks: list = [
         Paragraph(f"{presets.display_name(spec['model']['preset'])} {spec['stage']}, micro-batch "
                   f"{spec['batch']['micro']}, {spec['precision']['dtype']} {spec['precision']['amp_level']}, sharding "
-                  f"{spec['parallel']['sharding']} over {nproc} processes, recompute {recompute}; "
+                  f"{spec['parallel']['sharding']} over {nproc} process{'es' if nproc != 1 else ''}, recompute {recompute}; "
                   f"{est.trainable:,} trainable of {est.total:,} parameters."),
         Table(header=["Component", "GiB per GPU"], cells=rows, numeric=(1,), name="estimate"),
         Paragraph(f"With recompute {'off' if est.recompute else 'on'}, activations would be "

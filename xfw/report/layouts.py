@@ -136,7 +136,7 @@ def strategies(results: list[RunResult]) -> list[Table]:
     tables = []
     backends = list(dict.fromkeys(e.backend for e in entries))
     shardings = ("none", *_STRATEGY_NAMES)
-    for count in sorted({e.num_processes for e in entries}, reverse=True):
+    for count in sorted({e.num_processes for e in entries}):  # 1 process (GPU) first, as counts read
         # Grouped by framework as in the seed, strategies from least to most sharded.
         mine = sorted((e for e in entries if e.num_processes == count),
                       key=lambda e: (backends.index(e.backend), shardings.index(e.setup.get("sharding", "none"))))
@@ -284,7 +284,8 @@ def scaling_baseline(group: list[Side], entries: list[Side]) -> tuple[Side | Non
                         "this strategy did not run, and one process has nothing to shard.")
     base = next((e for e in group if e.ok), None)
     if base:
-        return base, f"Linear Scaling against {base.num_processes}x, the smallest GPU count that ran."
+        unit = "GPU" if on_gpus(entries) else "process"
+        return base, f"Linear Scaling against {base.num_processes}x, the smallest {unit} count that ran."
     return None, ""
 
 
@@ -370,7 +371,8 @@ def cost(results: list[RunResult], price_per_gpu_hour: float) -> list[Table]:
     return [Table(title="Cost Per Sample", header=["Model", "GPU" if gpus else "Hardware", "Recipe", "Cost/1M Samples",
                                                    "Notes"],
                   cells=cells, records=records, numeric=(3,),
-                  notes=[f"Based on 1 million training samples at ${price_per_gpu_hour:g} per GPU-hour: "
+                  notes=[f"Based on 1 million training samples at ${price_per_gpu_hour:g} per "
+                         f"{'GPU-hour' if gpus else 'process-hour (the price given, charged per process: these runs had no GPU)'}: "
                          f"cost = price x {'GPUs' if gpus else 'processes'} x 10^6 / (samples/s) / 3600, measured window "
                          "only (no start-up)."] + _parsed_notes(entries))]
 
@@ -389,6 +391,22 @@ LAYOUTS = {
     "cost": ("Cost per 1M samples", cost),
 }
 """Layout name -> (title, function from runs to tables)."""
+
+
+def page_title(layout: str, results: list[RunResult]) -> str:
+    """The layout's title in the runs' hardware words (processes, not GPUs, for runs without one)."""
+    title = LAYOUTS[layout][0]
+    if on_gpus(collapse_shown(results)):
+        return title
+    return title.replace("Multi-GPU", "Multi-process").replace("GPU count", "process count")
+
+
+def comparison_line(results: list[RunResult]) -> str:
+    """Which comparison the runs are (the page's subtitle): ``Comparison: like-for-like comparison``."""
+    from xfw.report import comparison
+
+    rows = compare_runs(results, backends_in(results))
+    return f"Comparison: {comparison.short_name(rows)}." if rows else ""
 
 
 def build(layout: str, results: list[RunResult], *, price_per_gpu_hour: float | None = None) -> list[Table]:

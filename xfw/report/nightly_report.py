@@ -18,7 +18,8 @@ from pathlib import Path
 
 from xfw.contract.atomic import UnreadableFile, write_text_atomic
 from xfw.report import compare as cmp
-from xfw.report import contrast, selfcheck
+from xfw.report import comparison, contrast, selfcheck
+from xfw.report.trust import short_windows
 from xfw.report.converge import CONVERGE_FILE, ConvergeReport
 from xfw.report.history import NIGHTS_DIR, History, night_order
 from xfw.report.plot import backend_color, plot_comparison
@@ -223,6 +224,26 @@ def converge_blocks(history_dir: Path, night_dir: Path, verdicts: list[Verdict])
     return blocks
 
 
+def regressions_box(verdicts: list[Verdict]) -> Bullets:
+    """The page's first block: the regressions; a green "No regressions" only where something was compared
+    (a first night, where every verdict has no earlier night, says that nothing was)."""
+    flagged = [v for v in verdicts if v.flagged]
+    compared = [v for v in verdicts if v.baseline is not None]
+    if flagged:
+        return Bullets([v.line() for v in flagged], box="bad", name="regressions",
+                       title=f"{len(flagged)} regression(s) or failure(s)")
+    if not compared:  # a first night (or a changed workload): nothing to hold tonight against
+        return Bullets([], name="regressions",
+                       title=f"Nothing compared: none of tonight's {len(verdicts)} verdicts had an earlier night of "
+                             "the same workload to compare with (a first night, or the workloads changed), so no "
+                             "regression could be found or ruled out.")
+    uncompared = len(verdicts) - len(compared)
+    return Bullets([], box="good", name="regressions",
+                   title=f"No regressions against the previous nights ({len(compared)} of {len(verdicts)} verdicts "
+                         "compared" + (f"; {uncompared} had no earlier night to compare with" if uncompared else "")
+                         + ").")
+
+
 def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
     """The night's page (plots written into the night's directory on the way)."""
     night_dir = history_dir / NIGHTS_DIR / night
@@ -235,17 +256,14 @@ def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
     backends = cmp.backends_in(results)
     cmp_rows = cmp.compare_runs(results, backends)
     chart = plot_comparison(cmp_rows, backends, night_dir / "chart.png", title=f"Training speed, night {night}")
+    named = comparison.short_name(cmp_rows) if cmp_rows else "no runs"
     entries = list(dict.fromkeys(r["entry"] for r in rows if r["night"] == night))
     trends = [trend_plot([r for r in rows if r["night"] in shown], entry, shown,
                          {(night, v.backend, "eval_loss" if v.kind == "quality" else v.metric)
                           for v in flagged if v.entry == entry},
                          night_dir / f"trend-{entry}.png") for entry in entries]
     window = json.loads((night_dir / VERDICTS_FILE).read_text()).get("policy", {}).get("window", "?")
-    if flagged:
-        blocks: list = [Bullets([v.line() for v in flagged], box="bad", name="regressions",
-                                title=f"{len(flagged)} regression(s) or failure(s)")]
-    else:
-        blocks = [Bullets([], box="good", name="regressions", title="No regressions against the previous nights.")]
+    blocks: list = [regressions_box(verdicts)]
     checked = selfcheck.load_verdicts(night_dir / selfcheck.NIGHT_DIR)
     if checked:
         failing = [f"{v.backend}, {selfcheck.BY_NAME[v.path].title}: {v.detail}" for v in checked if v.verdict == "fail"]
@@ -255,13 +273,14 @@ def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
     failed = contrast.failures(cmp_rows)
     if failed:
         blocks += [Heading("Failed runs"), Bullets(failed)]
-    blocks += [Heading(f"This night: {' vs '.join(backends)}"), contrast.contrast_table(cmp_rows, backends),
+    blocks += [Heading(f"This night: {' vs '.join(backends)}, {named}"), contrast.contrast_table(cmp_rows, backends),
                Image(chart, "bar chart of throughput per backend")]
     if len(backends) > 1:
         blocks.append(Paragraph(f"Contrast = ({backends[0]} − {backends[1]}) / {backends[1]} on samples per second "
                                 "over the measured window.", muted=True))
     blocks += [Paragraph(f"⚠ {contrast.row_name(row)}: {w}") for row in cmp_rows for w in row.warnings
                if "memory is measured from different sources" in w]
+    blocks += [Paragraph(f"⚠ {w}") for w in short_windows(cmp_rows)]
     blocks += converge_blocks(history_dir, night_dir, verdicts)
     blocks += [Heading("Against the previous nights"), verdict_table(verdicts),
                Heading(f"Trends (last {len(shown)} night{'s' if len(shown) != 1 else ''})"),
@@ -272,13 +291,21 @@ def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
     return Page(title=f"xfw nightly: {suite_name}, night {night}", level=1, blocks=blocks,
                 subtitle=f"{len(results)} runs, each compared with the median of up to {window} previous nights "
                          f"of the same workload; history: {history_dir.resolve()}",
-                footer="Written by xfw nightly. Throughput is global samples per second over each run's measured "
-                       "window; memory is the measure both backends share, per rank: the CUDA allocator's peak on a "
-                       "GPU, the process's peak resident set on a CPU (source in the table). MFU (GPU runs) divides "
+                footer=f"Written by xfw nightly ({named}). Throughput is global samples per second over each run's "
+                       f"measured window; memory is the measure both backends share, per rank: {memory_words(cmp_rows)} "
+                       "(source in the table). MFU (GPU runs) divides "
                        "the family's model FLOPs by the datasheet peak named in the table's notes. Verdicts: a "
                        "change beyond max(floor, k × measured noise) is flagged; a converge entry's final eval loss "
                        "(mean over seeds) rising beyond max(loss_rise, k × measured noise), or the night's own test "
                        "naming a side worse, is a quality regression.")
+
+
+def memory_words(rows: list) -> str:
+    """The footer's memory, as the table shows it: each measure the night's runs used, by name."""
+    sources = sorted({s.memory_source for row in rows for s in row.sides.values() if s.ok and s.memory_source})
+    if not sources:
+        return "the CUDA allocator's peak on a GPU, the training memory on a CPU"
+    return "; ".join(contrast.measure_name(x) for x in sources)
 
 
 def write_night_report(history_dir: Path, night: str, *, suite_name: str) -> Path:

@@ -129,7 +129,7 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-_PART_COLORS = ["#8c8c8c", "#2f6fdf", "#e8a33d", "#d8d8d8", "#6a9955", "#b07cc6"]
+_PART_COLORS = ["#8c8c8c", "#5f9e8f", "#e8a33d", "#d8d8d8", "#b07cc6", "#c0a000"]  # no backend's colour
 
 
 def _backend_of(label: str) -> str:

@@ -126,7 +126,9 @@ def _applied_as_asked(path: SettingsPath, run: RunResult) -> tuple[str, str]:
     if bool(applied.get("recompute")) != bool(setup.get("recompute")):
         return "fail", f"recompute applied {applied.get('recompute')}, asked {setup.get('recompute')}"
     if path.processes > 1 and (applied.get("num_processes") != path.processes or applied.get("sharding_impl") == "none"):
-        return "fail", f"applied {applied.get('num_processes')} processes, sharding {applied.get('sharding_impl')}"
+        n = applied.get("num_processes")
+        return "fail", (f"applied {n} process{'' if n == 1 else 'es'} (asked {path.processes}), "
+                        f"sharding {applied.get('sharding_impl')}")
     return "", ""
 
 

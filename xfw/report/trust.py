@@ -25,7 +25,9 @@ def noise_notes(rows: list[ComparisonRow], backends: list[str]) -> list[str]:
             s = row.sides[name]
             if not s.ok or s.window_time_s is None:
                 continue
-            text = f"{name} {s.num_measured_steps} steps in {s.window_time_s:.3g} s"
+            steps = s.steps_per_process or s.num_measured_steps
+            text = f"{name} {steps} steps" + (f" per process ({s.num_processes} processes)" if s.num_processes > 1
+                                               else "") + f" in {s.window_time_s:.3g} s"
             if s.step_time_p10_s is not None and s.step_time_median_s:
                 text += (f", step time p10–p90 {_ms(s.step_time_p10_s)}–{_ms(s.step_time_p90_s)} "
                          f"(±{(s.step_time_p90_s - s.step_time_p10_s) / 2 / s.step_time_median_s:.0%} of the median)")
@@ -49,9 +51,13 @@ def starting_points(rows: list[ComparisonRow]) -> list[str]:
         if max(losses) - min(losses) <= 1e-3 * max(abs(v) for v in losses):
             continue
         weights = {s.setup.get("weights") or "random" for s in sides}
+        parity = row.parity or {}
+        losses_checked = (f"the parity run ({parity.get('path')}) started both from one exported file and passed: "
+                          "the losses agree there" if parity.get("status") == "passed" else
+                          "`xfw parity` on the recipe runs both from one exported file to compare losses")
         why = ("each side started from its own random weights (model.weights: random; the frameworks draw them "
                "differently), so the same model starts at different losses; the speed and memory compared do not "
-               f"depend on it, and `xfw parity` on the recipe runs both from one exported file to compare losses"
+               f"depend on it, and {losses_checked}"
                if weights == {"random"} else f"the sides started from {', '.join(sorted(weights))}")
         out.append(f"{row_name(row)}: first losses differ (" + ", ".join(f"{s.backend} {s.loss_first:.4g}"
                                                                     for s in sides) + f"): {why}.")
@@ -66,10 +72,13 @@ def short_windows(rows: list[ComparisonRow]) -> list[str]:
         for s in row.sides.values():
             if not s.ok or s.window_time_s is None or s.window_time_s >= MIN_WINDOW_S or is_parsed(s):
                 continue
-            steps = max(s.num_measured_steps, 1)
+            steps = max(s.steps_per_process or s.num_measured_steps, 1)  # one process's: what measure.steps counts
             wanted = max(steps + 1, int(steps * TARGET_WINDOW_S / max(s.window_time_s, 1e-3)) + 1)
+            counted = f"{steps} steps" + (f" per process, {s.num_processes} processes" if s.num_processes > 1 else "")
+            repeat = (f" (its {s.num_repeats} repeats give the spread shown)" if s.num_repeats > 1
+                      else " and/or --repeat 3 to see the spread")
             out.append(f"{row_name(row)} / {s.backend}: the measured window was {s.window_time_s:.2g} s "
-                       f"({s.num_measured_steps} steps), too short to trust: on a shared machine one scheduler "
+                       f"({counted}), too short to trust: on a shared machine one scheduler "
                        f"pause moves ips by tens of percent; set measure.steps={wanted} (about "
-                       f"{TARGET_WINDOW_S:g} s) and/or --repeat 3 to see the spread")
+                       f"{TARGET_WINDOW_S:g} s){repeat}")
     return out

@@ -2,7 +2,8 @@
 path the seed rows use, on every backend installed, all from one exported start; one verdict per
 (backend, path) (:mod:`xfw.report.selfcheck`), written beside the machine's environment::
 
-    xfw selfcheck                                   # every family, every path, every backend found
+    xfw selfcheck                                   # quick: LLaVA through every path, every backend (~5 min, 2 cores)
+    xfw selfcheck --full                            # every family (about 4x as long)
     xfw selfcheck --families llava --paths fp32,bf16-o2,recompute --backends torch,paddle
 
     runs/selfcheck/
@@ -17,6 +18,7 @@ has no passing verdict on this machine (same host and device).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from xfw.contract import env as host
@@ -31,6 +33,12 @@ from xfw.run.recipe import load_recipe
 FAMILY_RECIPES = {"llava": "recipes/tiny/llava_sft.yaml", "qwen2vl": "recipes/tiny/qwen2vl_sft.yaml",
                   "sd15": "recipes/tiny/sd15_pretrain.yaml", "sd3": "recipes/tiny/sd3_dreambooth.yaml"}
 """One tiny recipe per family, as shipped (relative to the project root)."""
+QUICK_FAMILIES = ("llava",)
+"""``xfw selfcheck``'s default: one family through every path (``--full``: every family)."""
+RUN_ESTIMATE_S = {1: 12.0, 2: 18.0}
+"""Seconds one selfcheck run takes on a 2-core CPU, by process count (start-up included; measured: 8-19 s
+a run on a loaded 2-core machine), before this machine's own runs say better."""
+EXPORT_ESTIMATE_S = 15.0
 SHORT = ("measure.warmup_steps=1", "measure.steps=3", "measure.cpu_threads=1", "measure.timeout_s=600")
 DEFAULT_OUT = Path("runs") / "selfcheck"
 TEST_DEVICE_PATHS = ("bf16-o2", "stage2", "stage3")
@@ -57,21 +65,56 @@ def run_selfcheck(root: Path, families: list[str], paths: list[str], backends: B
     ``extra``: overrides for every run (``comparison=published``: each side's published mechanisms)."""
     reference_name = next(iter(backends))
     runs: dict[tuple[str, str, str], RunResult] = {}
-    for family in families:
+    todo: list[Job] = []
+    total = len(families) * len(paths) * len(backends)
+    estimate = EXPORT_ESTIMATE_S * len(families) + len(families) * sum(
+        RUN_ESTIMATE_S.get(judge.BY_NAME[name].processes, 18.0) for name in paths) * len(backends)
+    log(f"selfcheck: {total} runs ({len(families)} famil{'ies' if len(families) != 1 else 'y'} x {len(paths)} paths "
+        f"x {len(backends)} backends), about {fmt_minutes(estimate)} on a 2-core CPU"
+        + ("; --full checks every family" if len(families) < len(FAMILY_RECIPES) else ""))
+    for family in families:  # every start first: then one count over every run, and verdicts as families finish
         recipe_path = str(root / FAMILY_RECIPES[family])
         weights = (out_dir / family / "weights").resolve()
         log(f"{family}: exporting the start every run loads ({reference_name})")
         export_initial_weights(recipe_path, list(SHORT), backends[reference_name][0], weights, 600)
-        todo = []
         for name in paths:
             for backend in backends:
                 recipe = load_recipe(recipe_path, [*overrides_for(judge.BY_NAME[name], backend, weights,
                                                                   backends[backend][1]), *extra])
                 todo.append(Job(recipe=recipe, backend=backend, run_dir=out_dir / family / name / backend,
                                 label=f"{family} / {name} / {backend}"))
-        for job, result in zip(todo, run_jobs(todo, backends, resume=True, force=True, progress=progress,
-                                              log=log)[0]):
-            runs[(family, job.run_dir.parent.name, job.backend)] = result
+    family_of = {job.run_dir: job.run_dir.parent.parent.name for job in todo}
+    done: list[str] = []
+    started = time.monotonic()
+    finished = {"runs": 0}
+
+    def on_result(job: Job, result: RunResult) -> None:
+        family = family_of[job.run_dir]
+        runs[(family, job.run_dir.parent.name, job.backend)] = result
+        finished["runs"] += 1
+        left = total - finished["runs"]
+        if left:
+            log(f"selfcheck: {finished['runs']}/{total} runs done, about "
+                f"{fmt_minutes((time.monotonic() - started) / finished['runs'] * left)} left")
+        if all((family, name, b) in runs for name in paths for b in backends):  # the family is complete
+            done.append(family)
+            for verdict in judge_runs(runs, [family], paths, backends):
+                log(f"selfcheck {family}: {verdict.backend} {verdict.path}: {verdict.verdict} ({verdict.detail})")
+            write_verdicts(out_dir, backends, judge_runs(runs, done, paths, backends), complete=len(done) == len(families))
+
+    run_jobs(todo, backends, resume=True, force=True, progress=progress, log=log, on_result=on_result)
+    verdicts = judge_runs(runs, families, paths, backends)
+    write_verdicts(out_dir, backends, verdicts, complete=True)
+    return verdicts
+
+
+def fmt_minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def judge_runs(runs: dict[tuple[str, str, str], RunResult], families: list[str], paths: list[str],
+               backends: Backends) -> list[judge.Verdict]:
+    """One verdict per (path, backend) over ``families`` (each of whose runs is in ``runs``)."""
     verdicts = []
     for name in paths:
         path = judge.BY_NAME[name]
@@ -84,10 +127,15 @@ def run_selfcheck(root: Path, families: list[str], paths: list[str], backends: B
                 per_family[family] = judge.judge_family(path, run, runs.get((family, "fp32", backend)), others,
                                                         spread)
             verdicts.append(judge.combine(backend, name, per_family))
+    return verdicts
+
+
+def write_verdicts(out_dir: Path, backends: Backends, verdicts: list[judge.Verdict], *, complete: bool) -> None:
+    """``selfcheck.json``: written as each family finishes (``complete`` false until the last), so a
+    compare started meanwhile, or a killed selfcheck, has the verdicts so far."""
     write_json_atomic(out_dir / VERDICTS_FILE, {
         "env": {**host.host_env(), "backends": {name: d for name, (_, d) in backends.items()}},
-        "verdicts": [v.to_dict() for v in verdicts]})
-    return verdicts
+        "complete": complete, "verdicts": [v.to_dict() for v in verdicts]})
 
 
 def _verdicts_problem(data: dict) -> str | None:
