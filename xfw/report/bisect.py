@@ -37,7 +37,9 @@ def bisect_page(result, recipe: str, planted: list[str] = ()) -> Page:
         has = {True: "has the change", False: "has not", None: "skipped" if d.verdict == "skipped" else "–"}[d.has_change]
         record = {"step": step, "build": d.build, "position": d.position + 1, "ratio_ci95": ratio,
                   "p_value": f"{d.p_value:.3g}" if d.p_value is not None else "–", "pairs": d.pairs,
-                  "verdict": d.verdict, "decision": has if step > 1 else f"sets the direction ({d.verdict})",
+                  "verdict": d.verdict,
+                  "decision": has if step > 1 else f"sets the direction: {d.verdict}" if d.verdict in ("slower", "faster")
+                  else "nothing to bisect" if d.verdict == "no change" else f"cannot start ({d.verdict})",
                   "note": d.reason or d.directory}
         cells.append(list(record.values()))
         records.append(record)
@@ -51,6 +53,7 @@ def bisect_page(result, recipe: str, planted: list[str] = ()) -> Page:
                              "Decision", "Note / directory"], cells=cells, records=records, name="bisect"),
                Paragraph(RULE, muted=True),
                Heading("Builds, in order", 3),
-               Bullets([f"{i + 1}. {name}" + (" (good)" if name == result.good else " (bad)" if name == result.bad
-                                              else "") for i, name in enumerate(result.builds)], name="builds")]
+               Bullets([f"position {i + 1}: {name}" + (" (good)" if name == result.good else " (bad)"
+                                                        if name == result.bad else "")
+                        for i, name in enumerate(result.builds)], name="builds")]
     return Page(title="Bisect", blocks=blocks)
