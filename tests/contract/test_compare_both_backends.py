@@ -47,14 +47,16 @@ def test_compare_trains_both_backends_and_reports_equal_parameter_counts(tmp_pat
 
 def test_a_backend_that_rejects_its_settings_loses_no_other_result(tmp_path):
     out = tmp_path / "out"
+    weights = tmp_path / "broken"
+    weights.mkdir()
+    (weights / "model.safetensors").write_text("not a safetensors file")  # only the adapter reads it
     result = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "paddle,torch", "--out", out,
                  "--set", "measure.warmup_steps=0", "--set", "measure.steps=2",
-                 # a knob whose value only the adapter judges (validate checks names, not this value)
-                 "--set", "backends.paddle.sharding_segment_size=0")
+                 "--set", f"backends.paddle.override.model.weights={weights}")
     assert result.returncode == 1
     row = next(line for line in result.stdout.splitlines() if line.startswith("| Tiny LLaVA"))
     assert "| **invalid** | n/a |" in row
-    assert "paddle: invalid — backends.paddle.sharding_segment_size: 0 is not a positive integer" in result.stdout
+    assert "paddle: invalid — model.weights:" in result.stdout and "not a safetensors file" in result.stdout
     torch_summary = json.loads((out / "tiny-llava-sft" / "torch" / "summary.json").read_text())
     assert torch_summary["status"] == "ok" and torch_summary["measurement"]["ips"] > 0
 

@@ -109,7 +109,9 @@ def test_report_layouts_write_markdown_csv_and_html(strategy_runs, tmp_path):
     result = invoke("report", strategy_runs, "--layout", "strategies", "--out", tmp_path / "rep")
     assert header_of(result.output, "Framework") == SEED_000
     frame = pd.read_csv(tmp_path / "rep" / "report-strategies.csv")
-    assert {"section", "framework", "strategy", "batches_per_s", "vram_per_gpu_bytes"} <= set(frame.columns)
+    # the seed's own column names, and the raw keys beside them never differing from one only in case
+    assert {"section", "Framework", "framework_value", "strategy_value", "batches_per_s", "vram_per_gpu_bytes"} <= set(frame.columns)
+    assert len({c.lower() for c in frame.columns}) == len(frame.columns)
 
 
 def test_cost_without_a_price_is_a_clear_error(strategy_runs):

@@ -163,7 +163,7 @@ def strategies(results: list[RunResult]) -> list[Table]:
                             "memory_source": e.memory_source, "memory_measure": contrast.measure_name(e.memory_source),
                             "measured_by": _measured_by(e)})
         where = f"{count}x" if gpus else f"{count} process{'es' if count != 1 else ''} on"
-        tables.append(Table(title=f"For {where} {' / '.join(devices)}:", header=header, cells=cells,
+        tables.append(Table(seed_columns=True, title=f"For {where} {' / '.join(devices)}:", header=header, cells=cells,
                             records=records, numeric=(2, 3, 4, 5)))
     if tables:
         tables[-1].notes += _memory_source_notes(entries) + _parsed_notes(entries)
@@ -214,7 +214,7 @@ def ranks(results: list[RunResult]) -> list[Table]:
             notes.append(f"memory: {contrast.measure_name(source)}")
         if parsed:
             notes.append(contrast.PARSED_LINE)
-        tables.append(Table(title=title, header=["Rank", "Time", column], cells=cells,
+        tables.append(Table(seed_columns=True, title=title, header=["Rank", "Time", column], cells=cells,
                             records=records, notes=notes))
     if tables:
         tables[-1].notes.append("Time = the rank's measured window (warm-up excluded); memory = the rank's share of "
@@ -253,7 +253,7 @@ def batch(results: list[RunResult]) -> list[Table]:
         extra = f", {rest}" if rest else ""
         bullets.append(f"- *{where}* ({_framework(e)}, {e.recipe}): global batch size {size} (micro-batch {micro})"
                        f"{extra}: " + (f"{e.ips:,.3g} samples/s" if e.ok else "OOM" if e.status == "oom" else e.status))
-    return [Table(title="", header=header, cells=cells, records=records,
+    return [Table(seed_columns=True, title="", header=header, cells=cells, records=records,
                   numeric=(len(header) - 3, len(header) - 2, len(header) - 1), notes=bullets + _parsed_notes(entries))]
 
 
@@ -343,7 +343,7 @@ def scaling(results: list[RunResult]) -> list[Table]:
                             "measured_by": _measured_by(e)})
         title = (f"{first.model} {first.stage} on {first.device} ({_framework(first)}), {how}, micro-batch "
                  f"{first.setup.get('micro_batch')}" + (f" [{rest}]" if rest else ""))
-        tables.append(Table(title=title, header=[devices_word(entries), "Batch Size", "Throughput", "Linear Scaling"],
+        tables.append(Table(seed_columns=True, title=title, header=[devices_word(entries), "Batch Size", "Throughput", "Linear Scaling"],
                             cells=cells, records=records, numeric=(1, 2, 3),
                             notes=([note] if note else []) + _parsed_notes(entries)))
     unit = "GPU" if gpus else "process"
@@ -368,7 +368,7 @@ def cost(results: list[RunResult], price_per_gpu_hour: float) -> list[Table]:
                         "variant": variant_label(e.variant), "samples_per_s": e.ips,
                         "price_per_gpu_hour": price_per_gpu_hour, "cost_per_1m_samples": usd, "status": e.status,
                         "measured_by": _measured_by(e)})
-    return [Table(title="Cost Per Sample", header=["Model", "GPU" if gpus else "Hardware", "Recipe", "Cost/1M Samples",
+    return [Table(seed_columns=True, title="Cost Per Sample", header=["Model", "GPU" if gpus else "Hardware", "Recipe", "Cost/1M Samples",
                                                    "Notes"],
                   cells=cells, records=records, numeric=(3,),
                   notes=[f"Based on 1 million training samples at ${price_per_gpu_hour:g} per "

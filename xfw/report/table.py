@@ -50,6 +50,9 @@ class Table:
     """HTML only: a CSS class per row (``regression``, ``improvement``) to colour it."""
     name: str = ""
     """HTML only: the table's CSS class (tests and style sheets find it by this)."""
+    seed_columns: bool = False
+    """The shown columns are a seed table's own (xfw.report.layouts): in the CSV they keep their names and a
+    raw key differing from one only in case becomes ``<key>_value`` (see :func:`_csv_shown`)."""
     csv: bool = True
     """Whether the page's CSV carries this table (the main numbers do; a settings or provenance table
     beside them would mix another schema into the same columns)."""
@@ -190,7 +193,11 @@ def to_csv(page: Page | list[Table]) -> str:
         for i, cells in enumerate(t.cells):
             row = {"section": csv_safe(t.title)} if with_section else {}
             raw = t.records[i] if i < len(t.records) else {}
-            row.update({csv_safe(_csv_shown(col, raw)): csv_safe(plain(cell)) for col, cell in zip(t.header, cells)})
+            if t.seed_columns:
+                shown = {str(col).lower() for col in t.header}
+                raw = {(f"{k}_value" if str(k).lower() in shown and k not in t.header else k): v for k, v in raw.items()}
+            row.update({csv_safe(col if t.seed_columns else _csv_shown(col, raw)): csv_safe(plain(cell))
+                        for col, cell in zip(t.header, cells)})
             row.update({csv_safe(k): csv_safe(v) for k, v in raw.items() if csv_safe(k) not in row})
             rows.append(row)
             columns.update(dict.fromkeys(row))
