@@ -38,8 +38,20 @@ def leg(recipe: str, explain: bool, work: Path, index: int, overrides: list[str]
     if done.returncode != 0:
         raise SystemExit(f"leg {index} failed ({done.returncode}): {done.stderr[-2000:]}")
     name = next(p for p in out.iterdir() if p.is_dir()).name
-    ips = {b: json.loads((out / name / b / "summary.json").read_text())["measurement"]["ips"] for b in BACKENDS}
-    return {"explain": explain, "ips": ips, "wall_s": wall}
+    measured = {b: json.loads((out / name / b / "summary.json").read_text())["measurement"] for b in BACKENDS}
+    ips = {b: m["ips"] for b, m in measured.items()}
+    # each leg's spread: its measured step's p10/median/p90; on an explain leg, the explain process's plain,
+    # hooked and profiled steps (p25/median/p75 over its steps): the profiler's cost, with its noise
+    spread = {b: {"measured_s": [m.get("step_time_p10_s"), m.get("step_time_median_s"), m.get("step_time_p90_s")]}
+              for b, m in measured.items()}
+    if explain:
+        from xfw.report.explain import quartiles
+
+        for b in BACKENDS:
+            e = json.loads((out / name / b / "explain.json").read_text())
+            for kind in ("plain", "hooked", "profiler"):
+                spread[b][f"{kind}_s"] = list(quartiles(e.get(f"{kind}_steps_s") or [e[f"{kind}_step_s"]]))
+    return {"explain": explain, "ips": ips, "wall_s": wall, "spread": spread}
 
 
 def main() -> None:
@@ -84,6 +96,27 @@ def main() -> None:
         lines.append(f"| {b} | {', '.join(f'{v:.1f}' for v in s['plain_ips'])} | "
                      f"{', '.join(f'{v:.1f}' for v in s['explain_ips'])} | {s['median_ratio']:.3f} | "
                      f"{s['min_ratio']:.3f}–{s['max_ratio']:.3f} |")
+    lines += ["", "Each leg's measured step, median (p10–p90), ms; on the explain legs the explain process's plain, hooked "
+              "and profiled steps, median (p25–p75), ms, and the profiler's cost (the profiled step's median over the measured "
+              "one's, only when its p25 is above the measured p90):", "",
+              "| Backend | leg | measured step | plain step (explain) | hooked step | profiled step | profiler's cost |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+
+    def ms(q: list) -> str:
+        lo, mid, hi = q
+        return "–" if mid is None else f"{mid * 1e3:.1f} ({lo * 1e3:.1f}–{hi * 1e3:.1f})"
+    for b in BACKENDS:
+        for i, x in enumerate(legs):
+            s = x["spread"][b]
+            kinds = [ms(s[k]) if k in s else "" for k in ("plain_s", "hooked_s", "profiler_s")]
+            ratio = ""
+            if "profiler_s" in s and s["measured_s"][1]:  # a factor only above the measured spread (as the report)
+                q1, q2, q3 = s["profiler_s"]
+                lo, mid, hi = s["measured_s"]
+                ratio = f"×{q2 / mid:.2f}" if q1 > (hi or mid) else \
+                    "faster: another speed, no cost readable" if q3 < (lo or mid) else "within the noise"
+            lines.append(f"| {b} | {i} ({'explain' if x['explain'] else 'plain'}) | {ms(s['measured_s'])} | "
+                         + " | ".join(kinds) + f" | {ratio} |")
     walls = [x["wall_s"] for x in legs]
     lines += ["", f"Wall time per leg: {', '.join(f'{w:.0f} s' for w in walls)} (explain legs add the profiling "
               "after both runs).", "",

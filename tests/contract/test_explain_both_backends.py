@@ -114,6 +114,57 @@ def test_compare_explain_prints_the_aligned_tables_and_writes_chart_and_traces(p
         assert e["categories"]["loss"] > 0 and e["categories"]["attention"] > 0  # both sides: the same meaning
     assert "Rows on one side only" not in text or "not compared" in text
     assert "What each explain process ran (the measured run's program)" in text
+    _rows_align(explains)
+
+
+def _rows_align(explains):
+    """The same name is the same work: no row on one side only (the top level one row, the loss its own row on
+    both sides, the LM head under ``lm_head``; a module one framework has and the other does in its own code
+    counted in the enclosing row, a small part of the step), and an output projection keeps its own backward
+    (its output is its block's: the block's gradient hook fires on the same tensor, after it)."""
+    from xfw.report import explain as report
+
+    assert not [r.name for r in report.aligned(explains["paddle"], explains["torch"], BACKENDS) if r.only]
+    fold = report.folds(explains["paddle"], explains["torch"])
+    for backend, e in explains.items():
+        folded = sum(r["fwd_s"] + r["bwd_s"] for n, r in report.module_rows(e).items() if n in fold)
+        assert folded < 0.15 * e["hooked_step_s"], (backend, fold)
+    rows = {b: report.module_rows(e, fold) for b, e in explains.items()}
+    for backend, mine in rows.items():
+        assert mine["loss"]["fwd_med_s"] > 0 and mine["lm_head"]["fwd_med_s"] > 0, backend
+        proj = [n for n in mine if n.endswith(("self_attn.o_proj", "mlp.down_proj"))]
+        assert proj and all(mine[n]["bwd_med_s"] > 0 for n in proj), (backend, {n: mine[n] for n in proj})
+
+
+def test_transformers_in_forward_loss_is_timed_as_the_loss_row_and_computes_the_same():
+    """PyTorch's HF model computes its loss inside its forward; explain times that call as ``loss`` (a call
+    nested in the model's, its backward an interval of its own) without changing what is computed, and
+    leaves the model as it found it."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from xfw.contract.explain import LOSS, Timeline
+    from xfw_torch.explain import _time_inner_loss
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64))
+    ids = torch.randint(0, 64, (2, 8))
+    expected = model(input_ids=ids, labels=ids).loss
+    timeline = Timeline()
+    timeline.mark("step")
+    top = timeline.enter("", root=True)
+    undo = _time_inner_loss(model, timeline)
+    loss = model(input_ids=ids, labels=ids).loss
+    timeline.exit(top, root=True)
+    assert torch.equal(loss, expected)
+    loss.backward()
+    timeline.mark("end")
+    undo()
+    calls = [c for c in timeline.calls if c["name"] == LOSS]
+    assert len(calls) == 1 and calls[0]["parent"] == top and calls[0]["end"] > calls[0]["start"]
+    rows, _ = timeline.attribute()
+    assert rows[LOSS]["fwd_s"] > 0 and rows[LOSS]["bwd_s"] > 0
+    assert "_loss_function" not in vars(model) and model.loss_function is type(model).loss_function.fget(model)
 
 
 def _no_large_other(e, backend):
@@ -191,3 +242,5 @@ class TestOtherFamilies:
             total = sum(r["fwd_s"] + r["bwd_s"] for r in rows.values())
             aligned = sum(r["fwd_s"] + r["bwd_s"] for n, r in rows.items() if n in shared)
             assert aligned > 0.85 * total, (backend, sorted(set(rows) - shared))
+        if recipe == "qwen2vl_sft":  # the top level one row, the loss its own, the tied head `lm_head` on both
+            _rows_align(explains)

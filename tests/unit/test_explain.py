@@ -93,6 +93,34 @@ def test_a_forward_inside_backward_is_recompute():
     assert rows["layers.0"]["bwd_s"] == pytest.approx(2 + 3)
 
 
+def test_a_module_whose_output_is_its_containers_keeps_its_own_backward():
+    """o_proj's output is the attention block's output (the loss's, the model's): both gradient hooks fire on one
+    tensor, the container's last; the container's own backward is what runs after its child's interval."""
+    clock = Clock()
+    tl = Timeline(clock=clock)
+    tl.mark("step")
+    root = tl.enter("", root=True)
+    attn = tl.enter("self_attn")
+    clock.tick(1)                   # attention core
+    o = tl.enter("self_attn.o_proj")
+    clock.tick(2)
+    tl.exit(o)
+    tl.exit(attn)
+    tl.exit(root, root=True)
+    tl.grad_in(o)                   # the hooks on the shared output tensor, in the order they were registered
+    clock.tick(0.001)
+    tl.grad_in(attn)
+    clock.tick(5)                   # o_proj's backward
+    tl.grad_out(o)
+    clock.tick(3)                   # the attention core's backward
+    tl.grad_out(attn)
+    tl.mark("optimizer")
+    tl.mark("end")
+    rows, _ = tl.attribute()
+    assert rows["self_attn.o_proj"]["bwd_s"] == pytest.approx(5.001)
+    assert rows["self_attn"]["bwd_s"] == pytest.approx(3)
+
+
 def test_the_rows_are_the_median_steps():
     clock = Clock()
     tl = Timeline(clock=clock)
@@ -288,6 +316,26 @@ def _side(step, p10, p90):
     from xfw.report.compare import Side
 
     return Side(backend="x", status="ok", step_time_median_s=step, step_time_p10_s=p10, step_time_p90_s=p90)
+
+
+def test_the_top_level_is_one_row_and_tiny_differences_are_below_the_floor():
+    a = _explain({"": [0.001] * 5, "model": [0.002] * 5, "big": [0.030] * 5, "tiny": [0.0004] * 5},
+                 [0.0334] * 5)
+    b = _explain({"": [0.002] * 5, "big": [0.010] * 5, "big.pos": [0.004] * 5, "tiny": [0.0001] * 5,
+                  OUTSIDE: [0.001] * 5}, [0.0171] * 5)
+    rows = {r.name: r for r in report.aligned(a, b, ("paddle", "torch"))}
+    # transformers' top class and its inner `model`, Paddle's one top layer: one row, the same work
+    assert set(rows) == {report.ROOT, "big", "tiny", OUTSIDE} and rows[report.ROOT].diff == pytest.approx(0.001)
+    # a module on one side only counts in the closest row both have (the other side's own code does it there)
+    assert rows["big"].folded == ("big.pos",) and rows["big"].diff == pytest.approx(0.016) and rows["big"].finding
+    assert rows[OUTSIDE].only == "torch"  # not a module: nothing encloses it, it stays one-sided
+    reasons = report.one_sided_reasons(list(rows.values()), ("paddle", "torch"), a, b)
+    assert any(r.startswith("big.pos (torch only): counted in big") for r in reasons)
+    assert any(r.startswith(f"{OUTSIDE} (torch only") and "not compared" in r for r in reasons)
+    tiny = rows["tiny"]  # its ranges do not overlap, but 0.3 ms is under 1% of a 33 ms step
+    assert not tiny.noise and tiny.small and not tiny.finding
+    cells = report.module_table(("paddle", "torch"), list(rows.values()), report.Verdict(False, 0.0)).cells
+    assert [c[5] for c in cells if c[0] == "tiny"] == ["below the floor (<1% of the step)"]
 
 
 def test_rows_inside_their_noise_are_not_ranked_and_shares_add_up_only_when_the_sum_agrees():

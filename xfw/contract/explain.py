@@ -15,7 +15,9 @@ under one name. Each row's time is *self* time: a span of the step belongs to th
 running it (forward: the call stack; backward: the innermost open interval between a module's output
 gradient arriving and its input and parameter gradients being done). Spans outside every module go
 to ``loss`` (from the model's output to its first gradient: the loss, forward and backward) and
-``(autograd, outside modules)``; the optimizer step is its own row. A forward hook that fires
+``(autograd, outside modules)``; the optimizer step is its own row. A child whose output is its parent's (an
+output projection) keeps its own backward: the parent's interval begins with its child's, and at one start the
+inner interval is the innermost. A forward hook that fires
 during backward is recompute: its time counts in that module's backward and in ``recompute_s``.
 
 It runs after the measured window, in its own process (``xfw.run.explain``): never inside a

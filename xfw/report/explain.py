@@ -9,8 +9,8 @@ Per row of the comparison:
   held against the measured run's: an explanation of another program says so first;
 * a table by module: each side's forward / backward self time (medians over the hooked steps), their
   difference and its spread; a row whose difference is inside its own noise (the two sides' interquartile
-  ranges overlap) is marked so and not ranked; a row one side does not have is listed, with why, and not
-  compared; shares of the rows' gap only when the rows' sum agrees with the measured gap (else the page
+  ranges overlap) or below the floor (1% of the step) is marked so and not ranked; a row one side does not
+  have is listed, with why, and not compared; shares of the rows' gap only when the rows' sum agrees with the measured gap (else the page
   says why the explanation is unreliable here);
 * a table by category (the framework profiler's operator or kernel time), with the operators behind each;
 * a waterfall from the second side's measured step to the first's through the ranked rows;
@@ -33,6 +33,10 @@ from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Table
 SHOWN = 12
 """Module rows shown before the rest is folded into one."""
 WATERFALL_PARTS = 8
+FLOOR = 0.01
+"""A difference below this share of the slower side's hooked step is not ranked as a finding ("below the floor"):
+on tiny models a hundred rows of microseconds each differ by a little (each operator's dispatch), beyond their
+quartiles on a quiet host, and ranking them buries the rows that matter."""
 SIZE_TOLERANCE = 0.25
 """How far the rows' sum may miss the measured gap beyond both noises (a share of the gap) and still explain it."""
 _PEFT_PARTS = (".base_layer", ".lora_A", ".lora_B", ".lora_dropout")
@@ -40,13 +44,20 @@ ROOT = "(model, its own code)"
 NOT_MODULES = ("loss", "(autograd, outside modules)", "optimizer")
 
 
+TOP_LEVEL = ("", "model")
+"""The model's own code, whichever class holds it: transformers splits it between the top class (``...For
+ConditionalGeneration``: the head's call, the loss's) and its inner ``model`` (the image features' merge, the
+positions), Paddle's families keep it in one top layer (canonically ``model`` when it holds only ``model.*``
+parts, as Qwen2-VL's with a tied head, or ``""``). One row, so the same name is the same work."""
+
+
 def _key(name: str) -> str:
     """One row per canonical module: peft's sub-layers folded into the layer they adapt (Paddle's LoRA
-    layer is one layer), the root under a readable name."""
+    layer is one layer), the top level (:data:`TOP_LEVEL`) under one readable name."""
     for part in _PEFT_PARTS:
         if part in name:
             name = name[:name.index(part)]
-    return name or ROOT
+    return ROOT if name in TOP_LEVEL else name
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -59,19 +70,22 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
-def module_rows(explain: dict) -> dict[str, dict]:
+def module_rows(explain: dict, fold: dict[str, str] | None = None) -> dict[str, dict]:
     """{row: {"fwd_s", "bwd_s", "recompute_s" (the median step's), "steps": [each hooked step's fwd + bwd],
-    "fwd_med_s", "bwd_med_s"}}; an explain.json without per-step rows gives its one step."""
+    "fwd_med_s", "bwd_med_s"}}; an explain.json without per-step rows gives its one step. ``fold``: row ->
+    the row it counts in (:func:`folds`)."""
+    fold = fold or {}
     rows: dict[str, dict] = {}
     per_step = explain.get("module_steps") or {}
+    key = lambda name: fold.get(_key(name), _key(name))  # noqa: E731
     for name, row in explain["modules"].items():
-        mine = rows.setdefault(_key(name), {"fwd_s": 0.0, "bwd_s": 0.0, "recompute_s": 0.0, "pairs": None})
+        mine = rows.setdefault(key(name), {"fwd_s": 0.0, "bwd_s": 0.0, "recompute_s": 0.0, "pairs": None})
         for k in ("fwd_s", "bwd_s", "recompute_s"):
             mine[k] += row.get(k, 0.0)
     for name, pairs in per_step.items():
         if not isinstance(pairs, list):
             continue
-        mine = rows.setdefault(_key(name), {"fwd_s": 0.0, "bwd_s": 0.0, "recompute_s": 0.0, "pairs": None})
+        mine = rows.setdefault(key(name), {"fwd_s": 0.0, "bwd_s": 0.0, "recompute_s": 0.0, "pairs": None})
         have = mine["pairs"] or [[0.0, 0.0] for _ in pairs]
         mine["pairs"] = [[h[0] + p[0], h[1] + p[1]] for h, p in zip(have, pairs)]
     for row in rows.values():
@@ -80,6 +94,23 @@ def module_rows(explain: dict) -> dict[str, dict]:
         row["fwd_med_s"] = statistics.median(f for f, _ in pairs)
         row["bwd_med_s"] = statistics.median(b for _, b in pairs)
     return rows
+
+
+def folds(a: dict, b: dict) -> dict[str, str]:
+    """{module row one side only has: the closest enclosing row both sides have}: one framework's module is the
+    other's functional code (CLIP's position embedding called in transformers, its weight added directly in
+    Paddle's embeddings layer; CLIP's encoder called in transformers, its layers looped over by Paddle's vision
+    model), so the enclosing row holds the
+    same work on both sides only with it folded in. A row with no such enclosing row stays one-sided."""
+    ka, kb = (set(map(_key, [*e["modules"], *(e.get("module_steps") or {})])) for e in (a, b))
+    both, out = ka & kb, {}
+    for name in sorted((ka ^ kb) - set(NOT_MODULES) - {ROOT}):
+        parts = name.split(".")
+        target = next((p for p in (".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1)) if p in both),
+                      ROOT if ROOT in both else None)
+        if target is not None:
+            out[name] = target
+    return out
 
 
 @dataclass
@@ -95,10 +126,14 @@ class Aligned:
     """The difference is inside the row's own noise (the sides' interquartile ranges overlap)."""
     only: str = ""
     """The side it exists on, when the other has no row of that name."""
+    small: bool = False
+    folded: tuple[str, ...] = ()
+    """One side's rows counted in this one (:func:`folds`)."""
+    """The difference is below :data:`FLOOR` of the slower side's hooked step."""
 
     @property
     def finding(self) -> bool:
-        return not self.noise and not self.only
+        return not self.noise and not self.only and not self.small
 
 
 def _total(row: dict | None) -> float:
@@ -107,8 +142,13 @@ def _total(row: dict | None) -> float:
 
 def aligned(a: dict, b: dict, names: tuple[str, str] = ("a", "b")) -> list[Aligned]:
     """Every canonical row of either side; ranked findings first (largest difference first), then the
-    rows inside their noise, then the one-sided rows."""
-    ra, rb = module_rows(a), module_rows(b)
+    rows inside their noise or below the floor (:data:`FLOOR`), then the one-sided rows."""
+    fold = folds(a, b)
+    ra, rb = module_rows(a, fold), module_rows(b, fold)
+    into: dict[str, list[str]] = {}
+    for name, target in fold.items():
+        into.setdefault(target, []).append(name)
+    floor = FLOOR * max(a.get("hooked_step_s") or 0.0, b.get("hooked_step_s") or 0.0)
     out = []
     for n in set(ra) | set(rb):
         x, y = ra.get(n), rb.get(n)
@@ -117,7 +157,8 @@ def aligned(a: dict, b: dict, names: tuple[str, str] = ("a", "b")) -> list[Align
         if x is not None and y is not None:
             qa, qb = quartiles(x["steps"]), quartiles(y["steps"])
             noise = not (qa[0] > qb[2] or qb[0] > qa[2])
-        out.append(Aligned(n, x, y, _total(x) - _total(y), noise, only))
+        diff = _total(x) - _total(y)
+        out.append(Aligned(n, x, y, diff, noise, only, small=abs(diff) < floor, folded=tuple(into.get(n, ()))))
     return sorted(out, key=lambda r: (0 if r.finding else 1 if not r.only else 2, -abs(r.diff), r.name))
 
 
@@ -202,6 +243,8 @@ def module_table(names: tuple[str, str], rows: list[Aligned], v: Verdict) -> Tab
             return f"{r.only} only"
         if r.noise:
             return "within noise"
+        if r.small:
+            return f"below the floor (<{FLOOR:.0%} of the step)"
         rank += 1
         return str(rank)
 
@@ -373,8 +416,16 @@ def load_side(run_dirs: list[str]) -> dict | None:
     return None
 
 
-def one_sided_reasons(rows: list[Aligned], names: tuple[str, str]) -> list[str]:
+def one_sided_reasons(rows: list[Aligned], names: tuple[str, str], a: dict | None = None,
+                      b: dict | None = None) -> list[str]:
+    """Why each row is on one side only, or was folded into its enclosing row (``a``, ``b``: the explain.jsons)."""
     out = []
+    if a is not None and b is not None:
+        sides = {n: (names[0] if n in set(map(_key, a["modules"])) else names[1]) for n in folds(a, b)}
+        for name, target in folds(a, b).items():
+            other = names[1] if sides[name] == names[0] else names[0]
+            out.append(f"{name} ({sides[name]} only): counted in {target}, whose own code does this work on {other} "
+                       "(no module of that name there)")
     for r in rows:
         if r.only:
             other = names[1] if r.only == names[0] else names[0]
@@ -410,9 +461,9 @@ def row_blocks(row: ComparisonRow, names: tuple[str, str], out_dir: Path | None,
                             f"The rows' sum ({v.rows_gap_s * 1e3:+.2f} ms) agrees with the measured gap within the "
                             "noise: shares are of the rows' gap and add up to 100%."))
     blocks += [module_table(names, rows, v), category_table(names, ea, eb)]
-    one_sided = one_sided_reasons(rows, names)
+    one_sided = one_sided_reasons(rows, names, ea, eb)
     if one_sided:
-        blocks.append(Bullets(one_sided, title="Rows on one side only"))
+        blocks.append(Bullets(one_sided, title="Rows on one side only (counted in their enclosing row, or not compared)"))
     blocks.append(Bullets([f"{n}: {line}" for n, (line, _) in programs.items()],
                           title="What each explain process ran (the measured run's program)"))
     blocks.append(Bullets([side_lines(a, ea, side_a), side_lines(b, eb, side_b)],
@@ -422,7 +473,7 @@ def row_blocks(row: ComparisonRow, names: tuple[str, str], out_dir: Path | None,
 
         ranked = [r for r in rows if r.finding][:WATERFALL_PARTS]
         parts = [(r.name, r.diff) for r in ranked]
-        parts.append(("rows within noise or one-sided", sum(r.diff for r in rows if r not in ranked)))
+        parts.append(("rows within noise, below the floor or one-sided", sum(r.diff for r in rows if r not in ranked)))
         parts.append(("not covered", gap - sum(d for _, d in parts)))
         try:
             chart = plot_waterfall((f"{b} step", sb), [(_short(n), d) for n, d in parts], (f"{a} step", sa),
@@ -473,8 +524,11 @@ def explain_page(rows: list[ComparisonRow], backends: list[str], out_dir: Path |
         "Module rows are self times under the canonical module names (a container's row is its own code: "
         "an attention block's row holds the attention itself); `loss` is the loss wrapper's own code and backward "
         "until the model's first module gradient, `(autograd, outside modules)` the rest of backward outside "
-        "every module, `optimizer` the optimizer step. Recompute is the forward run again inside backward. Each "
+        "every module, `optimizer` the optimizer step (the loss is its own row on both sides: transformers' "
+        "in-forward loss call is timed as `loss`). `(model, its own code)` is the top level's own code, whichever "
+        "class holds it. Recompute is the forward run again inside backward. Each "
         "figure is the median over the profiled steps, with its interquartile range; a row is ranked only when the "
-        "two sides' ranges do not overlap. The steps are taken after the measured window in a process of its own "
+        f"two sides' ranges do not overlap and its difference is at least {FLOOR:.0%} of the slower side's hooked "
+        "step (the floor). The steps are taken after the measured window in a process of its own "
         "that runs the measured run's program (docs/explain.md).", muted=True))
     return Page(title="Where the step goes", blocks=blocks)

@@ -6,6 +6,7 @@
   own parameter's module) or holds some (``scope_names``); ``Tensor.register_hook`` on each output
   that needs a gradient marks the call's backward start, on each input that needs one and on the
   layer's own trainable parameters its end;
+* a tied LM head (the embedding layer called on hidden states) is timed as ``lm_head``, as on PyTorch;
 * categories and the trace: ``paddle.profiler`` (host operators with their input shapes; GPU kernels
   on a GPU), exported as a Chrome trace, each operator's category written into it.
 """
@@ -34,6 +35,16 @@ def _needs_grad(value) -> list:
     return [t for t in _tensors(value) if not t.stop_gradient and paddle.is_grad_enabled()]
 
 
+TIED_HEAD = "lm_head"
+"""A tied LM head: the embedding layer called on hidden states (``embed(hidden, logits=True)``, PaddleNLP's way)
+is timed under the head's canonical name, as transformers' ``lm_head`` (the tied weight's other module) is."""
+
+
+def _floating(inputs) -> bool:
+    first = _tensors(inputs)[:1]
+    return bool(first) and first[0].is_floating_point()
+
+
 class PaddleHooks:
     def __init__(self, session, spec: dict):
         self.session, self.spec = session, spec
@@ -47,12 +58,17 @@ class PaddleHooks:
             key = own and (f"{path}.{own[0]}" if path else own[0])
             owns[path] = canon[key][0].removesuffix(f".{own[0]}") if key in canon else None
         names = scope_names(owns)
-        handles, last_call = [], {}
+        handles, last_call, lookup_call = [], {}, {}
 
         def add(layer, path, name, root):
+            head = isinstance(layer, paddle.nn.Embedding)
+
             def pre(_layer, inputs):
-                call = timeline.enter(name, root=root)
+                as_head = head and _floating(inputs)
+                call = timeline.enter(TIED_HEAD if as_head else name, root=root)
                 last_call[path] = call
+                if not as_head:
+                    lookup_call[path] = call
                 for t in _needs_grad(inputs):
                     t.register_hook(lambda _g, c=call: timeline.grad_out(c))
 
@@ -65,8 +81,8 @@ class PaddleHooks:
             handles.append(layer.register_forward_pre_hook(pre))
             handles.append(layer.register_forward_post_hook(post))
             for p in layer.parameters(include_sublayers=False):
-                if not p.stop_gradient:
-                    handles.append(p.register_hook(lambda _g: timeline.grad_out(last_call[path])))
+                if not p.stop_gradient:  # a tied weight closes the lookup's call; the head's, its input's gradient
+                    handles.append(p.register_hook(lambda _g: timeline.grad_out(lookup_call.get(path, last_call[path]))))
 
         for path, layer in [("", model), *model.named_sublayers()]:
             if path in names:
