@@ -143,7 +143,20 @@ def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: lis
         parity = None if parity_dirs is None else parity_statuses(recipes, out_dir, parity_dirs)
         outcome = write_report(results, backend_names, out_dir, parity=parity, warnings=unchecked, ab=ab)
         outcome.notes += notes
-        return explained(outcome, results, backend_names, backends, out_dir, log) if explain else outcome
+        outcome = explained(outcome, results, backend_names, backends, out_dir, log) if explain else outcome
+        outcome.notes.append(next_step(recipe_paths, results, out_dir, outcome))
+        return outcome
+
+
+def next_step(recipe_paths: list[str], results: list[RunResult], out_dir: Path, outcome: Outcome) -> str:
+    """The last line a compare prints: where to read the report, and the one command that makes its
+    numbers more trustworthy (the spread, where there was one run; else the losses, where parity was not run)."""
+    page = outcome.paths.get("html")
+    recipe = shlex.quote(recipe_paths[0]) if len(recipe_paths) == 1 else "RECIPE"
+    repeated = any(r.repeat_index for r in results)
+    more = ("the same command with `--repeat 3` gives every figure its spread (this was one run each)"
+            if not repeated else f"`xfw parity {recipe}` checks both sides train the same model")
+    return f"next: open {page or out_dir} in a browser; {more}; `xfw report {shlex.quote(str(out_dir))}` renders these runs again."
 
 
 def explained(outcome: Outcome, results: list[RunResult], backend_names: list[str], backends: jobs.Backends,
