@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SRC=adapters/paddle/testdevice
+SRC=${XFW_TESTDEVICE_SRC:-adapters/paddle/testdevice}  # another source tree: benchmarks/testdevice_mutation.py
 PY=${XFW_PADDLE_PYTHON:-.venv/paddle/bin/python}
 OUT=${XFW_TESTDEVICE_DIR:-.venv/paddle/lib/xfw-testdevice}
 CXX=${CXX:-g++}

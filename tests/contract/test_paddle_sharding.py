@@ -11,10 +11,14 @@ compared, not just run (xfw_paddle.parallel; issues 22 and 27).
   stage 2 at fp32 for every tiny family; and
   ``paddle.amp.decorate(master_grad=True)`` under stage 2 — the route the adapter no longer takes —
   diverges where ``MixPrecisionLayer`` does not (:func:`test_decorate_master_grad_under_sharding_diverges`).
+* bf16 O2 across frameworks (issue 35): LLaVA's and Qwen2-VL's bf16 O2 on the test device against PyTorch's
+  bf16 O2 from the same exported start, step by step, within a bound made of PyTorch's own bf16-vs-fp32 spread
+  (:func:`test_llava_bf16_o2_on_testcpu_follows_pytorchs_bf16_o2`).
 
 Tolerances: fp32, relative 1e-5 on the loss and 1e-4 on the gradient norm (reduction order only;
-measured ~1e-7); Paddle against PyTorch 1e-4 / 1e-3 (the parity bounds); bf16 O2 2e-2 on the loss and
-5e-2 on the norm (8 significand bits: the two runs sum the same bf16 products in another order).
+measured ~1e-7); Paddle against PyTorch 1e-4 / 1e-3 (the parity bounds); bf16 O2 sharded against one
+process 1e-6 on the loss and 1e-6 on the norm (:data:`BF16`: derived in docs/testdevice.md, "Tolerances of the
+bf16 sharding comparisons"; the earlier 2e-2 / 5e-2 were over 10^5 times the measured spread).
 Every run: 1 warm-up + 2 measured steps (1 for SD1.5 and SD3) on the recipe's shipped shapes, global batch 4
 in micro-batches of 2. The plain-CPU refusal of stage 2/3 is test_paddle_parallel.py's.
 """
@@ -37,7 +41,18 @@ pytestmark = pytest.mark.contract
 SHORT = ["measure.warmup_steps=1", "measure.steps=2", "measure.timeout_s=400", "batch.global=4", "batch.micro=2"]
 BF16_O2 = ["precision.dtype=bf16", "precision.amp_level=O2"]
 FP32 = {"loss": 1e-5, "norm": 1e-4}
-BF16 = {"loss": 2e-2, "norm": 5e-2}
+# bf16 O2 sharded against one process. Global batch 4 in micro-batches of 2 on 2 ranks: each rank runs the
+# micro-batch the one process runs as one of its two accumulation steps, with the same bf16 weights and kernels,
+# so every bf16 value is the same; the one process's fp32 main_grad is g0 + g1, the ranks' reduction g0 + g1
+# (fp32 addition of two terms commutes), halved (exact in binary). So the weights stay bit for bit the one
+# process's, and the runs can differ only in how the logged loss is averaged (a few fp32 ulps, 2**-21
+# relative) and in the order of the squares summed into the global norm. Measured, every family, stage 2 and 3,
+# two starts (2026-11-27): loss at most 5.2e-8 relative (under an ulp), norm at most 6.1e-8 (bit-equal but for
+# SD1.5's stage 2). The bound: 1e-6 relative on both (8 ulps). Only a rounding order changed (micro-batches of
+# 1 instead of 2 on one process) moves LLaVA's loss by 8.3e-6 relative at step 1, 8 times the bound; rank 1
+# reusing stale gathered parameters under stage 3 (mutation stale_gather_rank1) by 5.4e-4 at step 0. The loss
+# itself fails. Valid for this layout only: more ranks or micro-batches reorder the fp32 sums (measure again).
+BF16 = {"loss": 1e-6, "norm": 1e-6}
 LLAVA = "recipes/tiny/llava_sft.yaml"
 
 
@@ -159,6 +174,7 @@ FAMILY_RECIPES = {"llava_next": "recipes/tiny/llava_next_sft.yaml", "qwen2vl": "
 FAMILY_STEPS = {"sd15": ["measure.steps=1"], "sd3": ["measure.steps=1"]}
 PRECISIONS = {"fp32": ([], FP32), "bf16-o2": (BF16_O2, BF16)}
 SEGMENT = 1024  # stage 3 slices every parameter of at least this many elements (LLaVA's matrices, embeddings)
+CROSS_FAMILIES = ["qwen2vl"]  # bf16 O2 against PyTorch's in the suite besides LLaVA (two PyTorch runs each)
 
 
 @pytest.fixture(scope="module")
@@ -195,25 +211,75 @@ def test_llava_stages_on_two_processes_equal_one_process(testcpu, runs, llava_st
 
 
 def test_llava_stage2_equals_pytorch_stage2_at_fp32(testcpu, runs, llava_start):
+    """Losses against FSDP2 stage 2; gradient norms (which the PyTorch side records on one process only)
+    against PyTorch's one process on the same global batch: gradients summed over the ranks instead of
+    averaged double the norm while AdamW leaves the loss as it was."""
     paddle_run = sharded(runs, [llava_start], LLAVA, "llava", "stage2", "fp32")
     torch_run = runs.get("torch-fsdp2-stage2", LLAVA, "torch", [llava_start, "parallel.nproc_per_node=2",
                                                                 "parallel.sharding=stage2"])
     assert torch_run.applied["sharding_impl"] == "fsdp2"
     assert_same_steps(paddle_run, torch_run, {"loss": 1e-4}, norms=False)
+    torch_one = runs.get("torch-one-norm", LLAVA, "torch", [llava_start, "backends.torch.grad_norm=true"])
+    assert_same_steps(paddle_run, torch_one, {"loss": 1e-4, "norm": 1e-3})
 
+
+def bf16_cross_bounds(pt16, pt32, pd32) -> list[tuple[float, float]]:
+    """Per step, how far Paddle's bf16 O2 may be from PyTorch's bf16 O2 (loss, gradient norm; absolute):
+    ``2 * E + |pd32_t - pt32_t|``, where E is PyTorch's own bf16 error envelope, the largest distance over the
+    run's steps of its bf16 O2 run from its fp32 run. Why: a correct bf16 O2 implementation errs from its own
+    fp32 run by bf16 rounding carried through this model and these steps, whose size PyTorch's run measures
+    (E); if Paddle's errs by no more, the triangle inequality through the two fp32 runs (held to each other by
+    parity) gives this bound. It is computed from PyTorch's runs only, so a Paddle bf16 bug cannot widen it.
+    docs/testdevice.md, "bf16 across frameworks", has the measured numbers."""
+    a, b, c = steps_of(pt16), steps_of(pt32), steps_of(pd32)
+    assert len(a) == len(b) == len(c)
+    envelope = [max(abs(x[k] - y[k]) for x, y in zip(a, b)) for k in (0, 1)]
+    return [tuple(2 * envelope[k] + abs(p[k] - t[k]) for k in (0, 1)) for p, t in zip(c, b)]
+
+
+def test_llava_bf16_o2_on_testcpu_follows_pytorchs_bf16_o2(testcpu, runs, llava_start):
+    """Issue 35, point 3: the device's bf16 (its kernels, Paddle's AMP O2 lists, MixPrecision master weights)
+    against an independent bf16 O2, PyTorch's on its own CPU kernels, from the same exported start on the same
+    batches, every step, loss and gradient norm. Only PyTorch's bf16 run is new here (the other three are the
+    runs above). Measured 2026-11-27 (3 steps): loss at most 9.5e-5 against a bound of 2.6e-4, norm at most
+    9.0e-4 against 5.5e-3; with the device's bf16 stores truncating instead of rounding to nearest even (the
+    mutation ``bf16_store_truncates``) the loss is 5.2e-4 off at step 1 and the norm 3.3e-2 at step 0; with the
+    bf16 matmul truncating (``matmul_truncate``) the norm 2.0e-2 at step 0, the loss within its bound."""
+    pd16 = sharded(runs, [llava_start], LLAVA, "llava", "one", "bf16-o2")
+    pd32 = sharded(runs, [llava_start], LLAVA, "llava", "one", "fp32")
+    pt32 = runs.get("torch-one-norm", LLAVA, "torch", [llava_start, "backends.torch.grad_norm=true"])
+    pt16 = runs.get("torch-one-bf16-o2-norm", LLAVA, "torch", [llava_start, "backends.torch.grad_norm=true", *BF16_O2])
+    assert_bf16_follows_pytorch(pd16, pd32, pt16, pt32)
+
+
+def assert_bf16_follows_pytorch(pd16, pd32, pt16, pt32) -> None:
+    """Paddle's bf16 O2 run within :func:`bf16_cross_bounds` of PyTorch's at every step, loss and norm;
+    ``pd32``/``pt32`` are the fp32 runs from the same start (the first must equal the second: parity)."""
+    assert pt16.applied["amp_level"] == "O2" and pt16.applied["compute_dtype"] == "bfloat16"
+    assert pd16.applied["amp_level"] == "O2" and pd16.applied["compute_dtype"] == "bfloat16"
+    assert_same_steps(pd32, pt32, {"loss": 1e-4, "norm": 1e-3})  # the fp32 runs the bound goes through agree
+    bounds = bf16_cross_bounds(pt16, pt32, pd32)
+    # bf16 really ran on both sides: each moved off its fp32 run (else the bound is fp32 parity's alone).
+    assert steps_of(pt16) != steps_of(pt32) and steps_of(pd16) != steps_of(pd32)
+    assert len(steps_of(pd16)) == len(steps_of(pt16)) == len(bounds) >= 2
+    for step, ((loss, norm), (ref_loss, ref_norm), (loss_bound, norm_bound)) in enumerate(
+            zip(steps_of(pd16), steps_of(pt16), bounds)):
+        assert abs(loss - ref_loss) <= loss_bound, f"step {step}: bf16 loss {loss} vs PyTorch's {ref_loss} (bound {loss_bound:.2e})"
+        assert abs(norm - ref_norm) <= norm_bound, f"step {step}: bf16 norm {norm} vs PyTorch's {ref_norm} (bound {norm_bound:.2e})"
 
 class TestEveryFamily:
-    """Every other tiny family: stage 2 and stage 3 at bf16 O2 (the seed rows' path) equal one process,
-    stage 2 at fp32 equals the PyTorch side's FSDP2 stage 2 from the same exported start, and stage 3 at
+    """Every other tiny family: stage 2 and stage 3 at bf16 O2 (the seed rows' path) equal one process to
+    fp32 rounding (:data:`BF16`; from the exported start the fp32 runs use, so one export a family), stage 2 at fp32 equals the PyTorch side's FSDP2 stage 2 from the same exported start, and stage 3 at
     fp32 equals that stage 2. A class:
     ``make test``'s ``--dist loadscope`` runs it in the other worker than the LLaVA tests above."""
 
     @pytest.mark.parametrize("stage", ["stage2", "stage3"])
     @pytest.mark.parametrize("family", FAMILY_RECIPES)
-    def test_stages_at_bf16_o2_equal_one_process(self, testcpu, runs, family, stage):
-        steps = FAMILY_STEPS.get(family, [])
-        one = sharded(runs, steps, FAMILY_RECIPES[family], family, "one", "bf16-o2")
-        run = sharded(runs, steps, FAMILY_RECIPES[family], family, stage, "bf16-o2")
+    def test_stages_at_bf16_o2_equal_one_process(self, testcpu, runs, starts, family, stage):
+        steps = tuple(FAMILY_STEPS.get(family, []))
+        start = [starts(FAMILY_RECIPES[family], steps), *steps]  # the fp32 tests' start: one export a family
+        one = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", "one", "bf16-o2")
+        run = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", stage, "bf16-o2")
         assert run.applied["amp_level"] == "O2" and run.applied["mechanisms"]["master_grads"].endswith("held: float32 main_grad")
         assert run.applied["mechanisms"]["sharding_impl"] == {"stage2": "zero2", "stage3": "zero3"}[stage]
         assert_same_steps(run, one, BF16)
@@ -227,6 +293,23 @@ class TestEveryFamily:
                              [*start, "parallel.nproc_per_node=2", "parallel.sharding=stage2"])
         assert torch_run.applied["sharding_impl"] == "fsdp2"
         assert_same_steps(paddle_run, torch_run, {"loss": 1e-4}, norms=False)
+
+    @pytest.mark.parametrize("family", CROSS_FAMILIES)
+    def test_bf16_o2_on_testcpu_follows_pytorchs_bf16_o2(self, testcpu, runs, starts, family):
+        """LLaVA's cross-framework bf16 check (above) for another architecture (Qwen2-VL: its vision tower,
+        M-RoPE, tied LM head): two PyTorch runs on one process, fp32 and bf16 O2, from the exported start.
+        Paddle's fp32 side is the stage-2 run above (equal to one process: the stage tests), so this also
+        compares stage 2's fp32 gradient norm with PyTorch's, which the FSDP2 comparison cannot (PyTorch
+        records norms on one process only). Measured 2026-11-27: loss at most 1.0e-4 against 1.7e-4, norm
+        1.5e-3 against 7.6e-3. The other families were measured by hand only (docs/testdevice.md)."""
+        steps = tuple(FAMILY_STEPS.get(family, []))
+        start = [starts(FAMILY_RECIPES[family], steps), *steps]
+        pd16 = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", "one", "bf16-o2")
+        pd32 = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", "stage2", "fp32")
+        pt32 = runs.get(f"torch-one-norm-{family}", FAMILY_RECIPES[family], "torch", [*start, "backends.torch.grad_norm=true"])
+        pt16 = runs.get(f"torch-one-bf16-o2-norm-{family}", FAMILY_RECIPES[family], "torch",
+                        [*start, "backends.torch.grad_norm=true", *BF16_O2])
+        assert_bf16_follows_pytorch(pd16, pd32, pt16, pt32)
 
     @pytest.mark.parametrize("family", FAMILY_RECIPES)
     def test_stage3_at_fp32_equals_stage2(self, testcpu, runs, starts, family):
@@ -262,9 +345,17 @@ def test_decorate_master_grad_under_sharding_diverges(testcpu, tmp_path):
     assert done.returncode == 0 and out.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     losses = json.loads(out.read_text())
     reference, main_grad, decorate = losses["reference"], losses["main_grad"], losses["decorate"]
-    assert all(x == pytest.approx(r, rel=BF16["loss"]) for x, r in zip(main_grad, reference)), losses
-    # It drifts away (on the test device the gradient it leaves behind blows up and the loss turns NaN).
-    assert any(not math.isfinite(x) or abs(x - r) > 0.2 * abs(r) for x, r in zip(decorate, reference)), losses
+    # MixPrecisionLayer's route follows one process at every step within `bound` (absolute; measured on the
+    # test device 2026-11-27: at most 1.6e-3, 1.5% of the loss at step 5 of 8: the ranks round their half
+    # batches' bf16 activations and losses apart from the one-process run); the first step is the same
+    # model and data for all three, so equal.
+    bound = 5e-3
+    assert len(main_grad) == len(reference) == len(decorate) == 8
+    assert all(abs(x - r) <= bound for x, r in zip(main_grad, reference)), losses
+    assert abs(decorate[0] - reference[0]) <= bound, losses
+    # decorate(master_grad=True) drifts away: some step off by 100 times that bound, or not finite (measured:
+    # 4.50 against 0.41 at step 3, 19.2 against 0.06 at step 8; NaN with some fills).
+    assert any(not math.isfinite(x) or abs(x - r) > 100 * bound for x, r in zip(decorate, reference)), losses
 
 
 def test_sd3_fp16_o2_with_a_loss_scaler_data_parallel_equals_one_process(testcpu, runs):

@@ -5,6 +5,7 @@ environment has no pytest). Each mode writes ``<out>/<mode>.<rank>.json``; the t
     python testdevice_worker.py OUT views                (one process)
     python testdevice_worker.py OUT bf16                 (one process)
     python testdevice_worker.py OUT against_cpu          (one process)
+    python testdevice_worker.py OUT bf16_reference       (one process; also writes bf16_reference.npz)
     python testdevice_worker.py OUT mlp LEVEL            (LEVEL none: one process; os_g / p_g_os: 2 ranks)
 """
 
@@ -166,6 +167,117 @@ def bf16_ops() -> dict:
     return out
 
 
+def bf16_reference(out: str) -> dict:
+    """Each bf16 kernel the tiny families run, on bf16 inputs, its output and every input gradient (one
+    kernel each: the gradient of one op given a bf16 ``dout``), and AdamW's update with and without
+    master weights, and casts: all written as fp32 values to ``bf16_reference.npz`` for
+    tests/contract/test_testdevice_reference.py to hold against float64 references rounded to bf16.
+    Returns each case's output dtype."""
+    F = paddle.nn.functional
+    rng = np.random.RandomState(5)
+    arrays, dtypes = {}, {}
+
+    def f32(t) -> np.ndarray:
+        return t.astype("float32").numpy()
+
+    def leaf(a):
+        t = paddle.to_tensor(np.asarray(a, dtype="float32")).astype("bfloat16").detach()
+        t.stop_gradient = False
+        return t
+
+    def case(name, inputs, fn, grad=True):
+        xs = [leaf(a) for a in inputs]
+        y = fn(*xs)
+        dtypes[name] = str(y.dtype)
+        for i, x in enumerate(xs):
+            arrays[f"{name}/in{i}"] = f32(x)
+        arrays[f"{name}/out"] = f32(y)
+        if grad:
+            dout = leaf(rng.randn(*y.shape))
+            dout.stop_gradient = True
+            grads = paddle.grad([y], xs, [dout])
+            arrays[f"{name}/dout"] = f32(dout)
+            for i, g in enumerate(grads):
+                dtypes[f"{name}/grad{i}"] = str(g.dtype)
+                arrays[f"{name}/grad{i}"] = f32(g)
+
+    def randn(*shape):
+        return rng.randn(*shape)
+
+    def positive(*shape):  # no cancellation: fp32 accumulation error far below a bf16 rounding (see the test)
+        return rng.uniform(0.5, 1.0, shape)
+
+    # matmul at the tiny models' hidden sizes (32, 64, 128) and at 4096
+    for k in (32, 64, 128):
+        case(f"matmul_k{k}", [randn(8, k), randn(k, 16)], paddle.matmul)
+    case("matmul_k4096", [positive(4, 4096), positive(4096, 8)], paddle.matmul, grad=False)
+    case("matmul_grad_k4096", [positive(8, 64), positive(64, 4096)], paddle.matmul)  # dx sums 4096 terms
+    case("matmul_bt", [randn(2, 8, 64), randn(2, 16, 64)], lambda a, b: paddle.matmul(a, b, transpose_y=True))
+    # elementwise arithmetic (broadcast) and scale
+    case("add", [randn(16, 64), randn(64)], lambda a, b: a + b)
+    case("subtract", [randn(16, 64), randn(64)], lambda a, b: a - b)
+    case("multiply", [randn(16, 64), randn(64)], lambda a, b: a * b)
+    case("divide", [randn(16, 64), rng.uniform(0.5, 2.0, 64) * rng.choice([-1, 1], 64)], lambda a, b: a / b)
+    case("scale", [randn(16, 64)], lambda a: paddle.scale(a, 0.37, bias=0.11), grad=False)
+    # activations
+    case("gelu", [randn(16, 64) * 2], F.gelu)
+    case("gelu_tanh", [randn(16, 64) * 2], lambda a: F.gelu(a, approximate=True))
+    case("silu", [randn(16, 64) * 2], F.silu)
+    case("swiglu", [randn(16, 64) * 2, randn(16, 64)], lambda a, b: F.swiglu(a, b))
+    case("sigmoid", [randn(16, 64) * 2], F.sigmoid)
+    case("tanh", [randn(16, 64)], paddle.tanh)
+    case("exp", [randn(16, 64)], paddle.exp)
+    case("rsqrt", [rng.uniform(0.1, 4.0, (16, 64))], paddle.rsqrt)
+    # softmax, norms (rows of very different scales: the epsilon matters in the small ones)
+    case("softmax", [randn(16, 64) * 3], lambda a: F.softmax(a, -1))
+    row_scale = 10.0 ** rng.uniform(-2.5, 1, (16, 1))
+    case("layer_norm", [randn(16, 64) * row_scale + 0.5, 1 + 0.2 * randn(64), 0.1 * randn(64)],
+         lambda a, w, b: F.layer_norm(a, [64], w, b, epsilon=1e-5))
+    group_scale = np.repeat(10.0 ** rng.uniform(-2.5, 1, (2, 4, 1, 1)), 2, axis=1)
+    case("group_norm", [randn(2, 8, 4, 4) * group_scale, 1 + 0.2 * randn(8), 0.1 * randn(8)],
+         lambda a, w, b: F.group_norm(a, 4, epsilon=1e-5, weight=w, bias=b))
+    # reductions, convolutions, embedding
+    case("sum", [randn(8, 64)], lambda a: a.sum(axis=-1))
+    case("mean", [randn(8, 64)], lambda a: a.mean(axis=0))
+    case("conv2d", [randn(2, 8, 6, 6), randn(16, 8, 3, 3)], lambda a, w: F.conv2d(a, w, padding=1))
+    case("conv3d", [randn(1, 4, 4, 4, 4), randn(6, 4, 2, 2, 2)], lambda a, w: F.conv3d(a, w, stride=1))
+    ids = rng.randint(0, 12, (6, 8))
+    arrays["embedding/ids"] = ids.astype("float32")
+    case("embedding", [randn(12, 32)], lambda w: F.embedding(paddle.to_tensor(ids.astype("int64")), w))
+
+    # casts: fp32 -> bf16 (random values and exact ties) and bf16 -> fp32
+    values = np.concatenate([rng.randn(4096) * 10.0 ** rng.uniform(-3, 3, 4096),
+                             np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 2 + 2**-7, 1 + 2**-8 + 2**-20])])
+    values = values.astype("float32")
+    arrays["cast/in0"] = values
+    arrays["cast/out"] = f32(paddle.to_tensor(values).astype("bfloat16"))
+    dtypes["cast"] = str(paddle.to_tensor(values).astype("bfloat16").dtype)
+
+    # AdamW on a bf16 parameter of 256 elements, with fp32 master weights (2 steps) and without (1 step)
+    for master in (True, False):
+        name = "adamw_master" if master else "adamw_plain"
+        param = paddle.create_parameter([256], "bfloat16", default_initializer=paddle.nn.initializer.Constant(0.0))
+        start = rng.randn(256).astype("float32")
+        param.set_value(paddle.to_tensor(start).astype("bfloat16"))
+        arrays[f"{name}/param0"] = f32(param)
+        opt = paddle.optimizer.AdamW(learning_rate=1e-2, beta1=0.9, beta2=0.999, epsilon=1e-8, parameters=[param],
+                                     weight_decay=0.1, multi_precision=master)
+        for step in range(2 if master else 1):
+            grad = leaf(rng.randn(256) * 10.0 ** rng.uniform(-3, 0, 256))
+            grad.stop_gradient = True
+            (param * grad).sum().backward()  # the gradient is exactly the bf16 values of grad
+            arrays[f"{name}/grad{step}"] = f32(grad)
+            assert np.array_equal(f32(param.grad), arrays[f"{name}/grad{step}"])
+            opt.step()
+            opt.clear_grad()
+            arrays[f"{name}/param{step + 1}"] = f32(param)
+            if master:
+                arrays[f"{name}/master{step + 1}"] = opt._master_weights[param.name].numpy()
+        dtypes[name] = str(param.dtype)
+    np.savez(Path(out, "bf16_reference.npz"), **{k: np.asarray(v, dtype="float32") for k, v in arrays.items()})
+    return dtypes
+
+
 def against_cpu() -> dict:
     """The same fp32 training (matmul, GELU, LayerNorm, softmax, AdamW, global-norm clip) on Paddle's own
     CPU kernels and on the device's native ones, in one process: losses and final weights."""
@@ -191,22 +303,36 @@ def against_cpu() -> dict:
     return out
 
 
+SEGMENT = 64  # stage 3 slices parameters of more than this many elements: both weights here (512, 128)
+
+
 def mlp(level: str) -> dict:
-    """A 2-layer MLP, AdamW with global-norm clipping, 6 steps of a global batch of 8 (split by rank)."""
+    """A 2-layer MLP, AdamW with global-norm clipping, 6 steps of a global batch of 8 (split by rank):
+    the mean loss over the ranks and the global norm of the gradients the optimizer applies, per step
+    (xfw_paddle.parallel.NormRecorder: each rank's applied share, summed over the ranks). Stage 3 with
+    a segment size under which both weight matrices are sliced, so that parameters really are gathered."""
+    from xfw_paddle.parallel import NormRecorder
+
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     if world > 1:
         dist.init_parallel_env()
     rank = dist.get_rank() if world > 1 else 0
     paddle.seed(7)
     model = paddle.nn.Sequential(paddle.nn.Linear(16, 32), paddle.nn.GELU(), paddle.nn.Linear(32, 4))
-    opt = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters(), weight_decay=0.01,
-                                 grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
+    opt = inner = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters(), weight_decay=0.01,
+                                         grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
+    group = None
     if world > 1:
         from paddle.distributed.sharding import group_sharded_parallel
 
-        model, opt, _ = group_sharded_parallel(model, opt, level=level)
+        group = dist.new_group(list(range(world)))
+        model, opt, _ = group_sharded_parallel(model, opt, level=level, group=group,
+                                               **({"segment_size": SEGMENT} if level == "p_g_os" else {}))
+    recorder = inner._grad_clip = NormRecorder(inner._grad_clip, group)
+    unsliced = getattr(model, "_unslice_params", None)  # stage 3's parameters it keeps whole
+    sliced = 0 if unsliced is None else sum(1 for p in model.parameters() if p.trainable and p not in unsliced)
     rng = np.random.RandomState(1)
-    losses = []
+    losses, norms = [], []
     for _ in range(6):
         x, y = rng.randn(8, 16).astype("float32"), rng.randn(8, 4).astype("float32")
         part = slice(rank * 8 // world, (rank + 1) * 8 // world)
@@ -218,14 +344,18 @@ def mlp(level: str) -> dict:
         if world > 1:
             dist.all_reduce(mean)
         losses.append(float(mean.numpy()) / world)
-    return {"losses": losses, "world": world}
+        norms.append(float(recorder.norm))
+    return {"losses": losses, "norms": norms, "world": world, "sliced": sliced}
 
 
 def main(argv: list[str]) -> int:
     out, mode, *rest = argv
     result = {"collectives": collectives, "views": views, "bf16": bf16, "against_cpu": against_cpu,
               "bf16_ops": bf16_ops}.get(mode)
-    data = result() if result else mlp(*rest)
+    if mode == "bf16_reference":
+        data = bf16_reference(out)
+    else:
+        data = result() if result else mlp(*rest)
     rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
     Path(out, f"{mode}.{rank}.json").write_text(json.dumps(data))
     return 0
