@@ -152,6 +152,17 @@ def unique_commands() -> list[tuple[str, str]]:
     return out
 
 
+def _cost(argv: list[str]) -> int:
+    """About how long a command takes, in tenths of a training run: a training command costs a run per
+    backend and repeat (a built instance, ``paddle@3.2.2``, one more for its environment), others 1."""
+    if len(argv) < 2 or argv[1] not in TRAINING or skip_reason(argv):
+        return 1
+    backends = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--backends", "--backend")), "paddle,torch")
+    repeat = next((int(argv[i + 1]) for i, a in enumerate(argv[:-1]) if a == "--repeat" and argv[i + 1].isdigit()), 1)
+    names = backends.split(",")
+    return 1 + 5 * len(names) * repeat + 5 * sum("@" in n for n in names)
+
+
 def parts(commands: list[tuple[str, str]], n: int) -> list[list[tuple[str, str]]]:
     """The commands split into ``n`` parts that share no ``runs/<name>`` directory (a report stays with
     the sweep that wrote what it reads), each in document order, the training commands spread evenly."""
@@ -170,8 +181,7 @@ def parts(commands: list[tuple[str, str]], n: int) -> list[list[tuple[str, str]]
     members: dict[int, list[int]] = {}
     for i in range(len(commands)):
         members.setdefault(root(i), []).append(i)
-    cost = {g: sum(1 + 9 * (len(words(commands[i][1])) > 1 and words(commands[i][1])[1] in TRAINING) for i in m)
-            for g, m in members.items()}
+    cost = {g: sum(_cost(words(commands[i][1])) for i in m) for g, m in members.items()}
     bins: list[list[int]] = [[] for _ in range(n)]
     load = [0] * n
     for g in sorted(members, key=lambda g: -cost[g]):
