@@ -551,3 +551,24 @@ def test_fuzz_any_comparison_block_in_spec_json_reports_or_is_unreadable_in_one_
         assert "spec.json: " in result.reason and "\n" not in result.reason, result.reason
     rows = cmp.compare_runs([result], ["fake"])
     table.to_markdown(contrast.contrast_page(rows, ["fake"]))
+
+
+def test_a_fifo_or_device_in_place_of_a_history_is_refused_in_one_line_not_read(tmp_path):
+    """The nightly history (history.jsonl) is read through the one bounded read like every other file."""
+    import os
+    import signal
+
+    from xfw.contract.atomic import UnreadableFile
+    from xfw.report.history import History
+
+    os.mkfifo(tmp_path / "history.jsonl")
+    signal.alarm(10)  # a FIFO opened for reading blocks until a writer comes: the test must not hang
+    try:
+        with pytest.raises(UnreadableFile, match="a FIFO, not a regular file"):
+            History(tmp_path).rows()
+    finally:
+        signal.alarm(0)
+    (tmp_path / "history.jsonl").unlink()
+    (tmp_path / "history.jsonl").symlink_to("/dev/zero")
+    with pytest.raises(UnreadableFile, match="symbolic link out of"):
+        History(tmp_path).rows()

@@ -28,12 +28,15 @@ import errno
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 
 from xfw.report.results import RunResult
-from xfw.contract.atomic import UnreadableFile, write_text_atomic
+from xfw.contract.atomic import UnreadableFile, read_bounded, write_text_atomic
 
 HISTORY_SCHEMA = 1
+HISTORY_MAX_BYTES = 1 << 30
+"""history.jsonl is read whole; a larger one (or a FIFO or device in its place) is refused in one line."""
 HISTORY_FILE = "history.jsonl"
 NIGHTS_DIR = "nights"
 """Under the history directory: one directory per night (``nights/<night>/``), its runs inside."""
@@ -220,9 +223,12 @@ class History:
         wrong type (:func:`row_problem`), is an error naming the line and the key: the file is only
         ever replaced whole, so a bad line was written by something else."""
         try:
-            text = self.path.read_text(encoding="utf-8")
+            os.stat(self.path)  # the directory's own problems first, named as such below
+            text = read_bounded(self.path, HISTORY_MAX_BYTES, within=self.dir).decode("utf-8")
         except FileNotFoundError:
             return []
+        except UnreadableFile:
+            raise
         except (NotADirectoryError, IsADirectoryError) as err:
             where = self.dir if isinstance(err, NotADirectoryError) else self.path
             raise UnreadableFile(f"{where}: cannot be used as an output directory (a file, not a directory)" if

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from xfw.contract.atomic import UnreadableFile, write_text_atomic
+from xfw.contract.atomic import UnreadableFile, read_json_object, write_text_atomic
 from xfw.report import compare as cmp
 from xfw.report import comparison, contrast, selfcheck
 from xfw.report.trust import short_windows
@@ -149,8 +149,8 @@ def _night_states(history_dir: Path, nights: list[str]) -> list[dict]:
     states = []
     for night in nights:
         try:
-            states.append(json.loads((history_dir / NIGHTS_DIR / night / "night.json").read_text()))
-        except (OSError, json.JSONDecodeError):
+            states.append(read_json_object(history_dir / NIGHTS_DIR / night / "night.json") or {"night": night})
+        except (OSError, ValueError):
             states.append({"night": night})
     return states
 
@@ -262,7 +262,10 @@ def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
                          {(night, v.backend, "eval_loss" if v.kind == "quality" else v.metric)
                           for v in flagged if v.entry == entry},
                          night_dir / f"trend-{entry}.png") for entry in entries]
-    window = json.loads((night_dir / VERDICTS_FILE).read_text()).get("policy", {}).get("window", "?")
+    try:
+        window = read_json_object(night_dir / VERDICTS_FILE).get("policy", {}).get("window", "?")
+    except (ValueError, AttributeError):
+        window = "?"
     blocks: list = [regressions_box(verdicts)]
     checked = selfcheck.load_verdicts(night_dir / selfcheck.NIGHT_DIR)
     if checked:

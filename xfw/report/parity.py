@@ -137,7 +137,9 @@ class ParityReport:
 
     @classmethod
     def load(cls, out_dir: str | Path) -> "ParityReport":
-        return cls.from_dict(json.loads((Path(out_dir) / PARITY_FILE).read_text()))
+        from xfw.contract.atomic import read_json_object
+
+        return cls.from_dict(read_json_object(Path(out_dir) / PARITY_FILE))
 
     def page(self) -> Page:
         ref, other = self.backends

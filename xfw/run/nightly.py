@@ -48,7 +48,7 @@ from xfw.report.selfcheck import NIGHT_DIR as SELFCHECK_DIR
 from xfw.report.verdicts import VERDICTS_FILE, Verdict, evaluate
 from xfw.run.jobs import Backends, Job, JobError, jobs_for, run_jobs, with_sibling_parts
 from xfw.report.results import RunResult
-from xfw.contract.atomic import write_json_atomic
+from xfw.contract.atomic import read_json_object, write_json_atomic
 from xfw.run.converge import run_converge, speed_jobs_for
 from xfw.run.recipe import PLAIN_NAME_RULE, is_plain_name
 from xfw.run.selfcheck import run_selfcheck
@@ -71,7 +71,7 @@ def _iso(t: dt.datetime) -> str:
 
 def _read_json(path: Path) -> dict:
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = read_json_object(path)
     except (OSError, ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return {}
     return value if isinstance(value, dict) else {}
