@@ -14,13 +14,14 @@ Runs go one at a time (never side by side: they would share the machine). A fail
 result with a status; it never stops the others.
 
 The package: :mod:`~xfw.workflow.base` (the outcome, input checks, report writing, the guard every
-command runs under), :mod:`~xfw.workflow.running` (the commands that launch runs) and
+command runs under), :mod:`~xfw.workflow.running` (the commands that launch runs), :mod:`~xfw.workflow.builds` (bisect) and
 :mod:`~xfw.workflow.reading` (those that read runs or launch nothing).
 """
 
 from xfw.workflow.base import Outcome, UsageError, data_summary, load_all, prepare_backends, write_page, write_report
 from xfw.workflow.reading import assemble, describe_backends, estimate, remove_env, report, selfcheck
-from xfw.workflow.running import bisect, compare, converge, default_out_dir, launch_commands, maxbatch, nightly, parity, sweep
+from xfw.workflow.builds import bisect
+from xfw.workflow.running import compare, converge, default_out_dir, launch_commands, maxbatch, nightly, parity, sweep
 
 __all__ = ["Outcome", "UsageError", "assemble", "bisect", "compare", "converge", "data_summary", "default_out_dir", "describe_backends",
            "estimate", "launch_commands", "load_all", "maxbatch", "nightly", "parity", "prepare_backends", "remove_env", "report",
