@@ -37,7 +37,7 @@ def start_nodes(backend: str, outs: list, port: int) -> list[subprocess.Popen]:
 def finish(procs: list[subprocess.Popen]) -> list[str]:
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     for p, out in zip(procs, outputs):
-        assert p.returncode == 0, out[-3000:]
+        assert p.returncode == 0, out[-8000:]  # the status table and its reasons, not only the notes
     return outputs
 
 

@@ -217,12 +217,15 @@ def invocation(command: Command, spec_path: Path, records_path: Path) -> Invocat
     return Invocation(argv=argv, facts=facts, env=env, cwd=command.cwd, log=command.log_pattern, attached=True)
 
 
-def _stamped(line: str, token: str) -> dict | None:
-    """The record on ``line`` without its stamp if the probe wrote it with ``token``, else None."""
+def _stamped(line: str, token: str | None) -> dict | None:
+    """The record on ``line`` without its stamp if the probe wrote it with ``token``, else None;
+    ``token`` None: any record (an adapter's own, which carries no stamp)."""
     try:
         record = json.loads(line)
     except ValueError:
         return None
+    if token is None:
+        return record if isinstance(record, dict) else None
     if not isinstance(record, dict) or not token or not secrets.compare_digest(str(record.pop(probe.STAMP, "")), token):
         return None
     return record
@@ -258,11 +261,18 @@ ENDED_GRACE_S = 10.0
 trains on does not run on)."""
 
 
-class Ending:
-    """Whether a probed command is due to be stopped: every rank wrote its stamped ``end`` (or an
-    error) at least :data:`ENDED_GRACE_S` ago. The launcher polls it, as the log counter."""
+ADAPTER_EXIT_GRACE_S = 60.0
+"""How long an adapter's launcher may go on after every local rank wrote its ``end`` record before xfw
+stops it: long enough for any teardown, short of a launcher that waits on something that will not
+come (torchrun's exit barrier waiting up to 300 s for another node's agent; gloo aborting at exit)."""
 
-    def __init__(self, records_path: Path, token: str, num_ranks: int, grace_s: float | None = None):
+
+class Ending:
+    """Whether a run is due to be stopped: every rank wrote its ``end`` (or an error) at least
+    ``grace_s`` ago (:data:`ENDED_GRACE_S` for a probed command, whose records carry ``token``). The
+    launcher polls it, as the log counter."""
+
+    def __init__(self, records_path: Path, token: str | None, num_ranks: int, grace_s: float | None = None):
         self.path, self.token, self.num_ranks = records_path, token, num_ranks
         self.grace_s = ENDED_GRACE_S if grace_s is None else grace_s
         self._offset, self._partial, self._ended, self._since = 0, "", set(), None
@@ -287,9 +297,12 @@ class Ending:
 
 
 def ending(run: Invocation, records_path: Path, num_ranks: int) -> Ending | None:
-    """The launcher's check that stops a probed command once every rank ended (None: not probed)."""
+    """The launcher's check that stops a run once every rank ended: a probed command's soon after, an
+    adapter's launcher after :data:`ADAPTER_EXIT_GRACE_S`; None for a command whose log xfw counts."""
     token = run.env.get(probe.ENV_TOKEN)
-    return Ending(records_path, token, num_ranks) if run.attached and token else None
+    if run.attached:
+        return Ending(records_path, token, num_ranks) if token else None
+    return Ending(records_path, None, num_ranks, grace_s=ADAPTER_EXIT_GRACE_S)
 
 
 def verified(run: Invocation, records_path: Path) -> None:

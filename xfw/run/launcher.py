@@ -375,7 +375,7 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     # a log has one line per step, not per rank; a node of a multi-node run runs its own ranks only
     num_processes = 1 if run.log else len(local_ranks(recipe, rendezvous))
     log_lines = logparse.LogCounter(run.log, run_dir / f"{run.log.stream}.log") if run.log else None
-    ended = command.ending(run, records_path, num_processes)  # a probed command: stopped once every rank ended
+    ended = command.ending(run, records_path, num_processes)  # stopped once every rank ended (and a grace)
     if progress:  # steps per rank: every rank takes the same steps
         progress.started(backend.name, recipe.name, needed)
 
@@ -425,6 +425,9 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     stderr_tail = _tail(run_dir / "stderr.log")
     status, reason = classify(exit_code=proc.returncode, timed_out=timed_out, records=records,
                               num_processes=num_processes, stderr_tail=stderr_tail, timeout_s=timeout_s)
+    if stopped and not run.attached and status == "ok":
+        reason = (f"finished; its launcher had not exited {command.ADAPTER_EXIT_GRACE_S:g} s after every rank's "
+                  "end record, so xfw stopped it (records complete)")
     if run.attached:  # a command: its outcome said for a command
         status, reason = command.refine(status, reason, exit_code=proc.returncode, records=records,
                                         stderr_line=_last_line(stderr_tail), stopped=stopped)

@@ -2,7 +2,7 @@
 
 Its behaviour comes from the spec's ``backends.<name>`` knobs (the spec is an adapter's only input):
 
-* ``behave``: ok | crash | hang | abort_after_end | oom_stderr | stopped_child (starts a child in a session
+* ``behave``: ok | crash | hang | abort_after_end | hang_after_end | oom_stderr | stopped_child (starts a child in a session
   of its own that stops itself with SIGSTOP, writes its ``pid:start`` to ``child_pid_file``, then hangs)
 * ``ips``: throughput of one process (samples/s); with N processes each rank runs at
   ``ips * scale_eff`` (so ``scale_eff: 0.9`` makes 2 processes 90% efficient)
@@ -96,6 +96,8 @@ def main(argv):
         w.close()
     if behave == "abort_after_end":
         os.abort()
+    while behave == "hang_after_end":  # a launcher waiting at exit on what never comes (an exit barrier)
+        time.sleep(1)
     return 0
 
 
