@@ -5,7 +5,7 @@ import pytest
 
 import io
 
-from xfw.report import contrast
+from xfw.report import contrast, provenance
 from xfw.report.table import markdown_table, to_csv, to_markdown
 from xfw.report.compare import compare_runs, variant_label
 from xfw.report.measure import Measurement
@@ -142,10 +142,10 @@ def test_the_settings_section_shows_the_parity_run_of_each_recipe_or_says_there_
             "(step 2) — `runs/parity-llava7b-sft/parity.json`.") in settings
     other = settings[settings.index("#### other"):]
     assert other.splitlines()[2] == "Parity: no parity run."
-    failed = contrast.parity_line(parity_status("failed"))
+    failed = provenance.parity_line(parity_status("failed"))
     assert failed.startswith("Parity: **failed**, 10 steps, first step outside tolerance 3;")
     note = {"status": "none", "path": None, "note": "runs/x/parity.json is for another configuration of other"}
-    assert contrast.parity_line(note) == f"Parity: no parity run ({note['note']})."
+    assert provenance.parity_line(note) == f"Parity: no parity run ({note['note']})."
 
 
 def test_without_a_parity_lookup_the_report_says_nothing_about_parity():

@@ -22,149 +22,21 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from xfw.contract.explain import CATEGORIES, read_explain
 from xfw.report.compare import ComparisonRow, row_name
+from xfw.report.explain_rows import (FLOOR, NOT_MODULES, ROOT, TOP_LEVEL, Aligned, _key, aligned,  # noqa: F401
+                                     combine_runs, coverage, folds, module_rows, quartiles, rests_on, runs_of,
+                                     spread, step_noise, total)
 from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Table
 
 SHOWN = 12
-"""Module rows shown before the rest is folded into one."""
+"""Module rows shown before the rest is folded into one (the CSV holds every row)."""
 WATERFALL_PARTS = 8
-FLOOR = 0.01
-"""A difference below this share of the slower side's hooked step is not ranked as a finding ("below the floor"):
-on tiny models a hundred rows of microseconds each differ by a little (each operator's dispatch), beyond their
-quartiles on a quiet host, and ranking them buries the rows that matter."""
 SIZE_TOLERANCE = 0.25
 """How far the rows' sum may miss the measured gap beyond both noises (a share of the gap) and still explain it."""
-_PEFT_PARTS = (".base_layer", ".lora_A", ".lora_B", ".lora_dropout")
-ROOT = "(model, its own code)"
-NOT_MODULES = ("loss", "(autograd, outside modules)", "optimizer")
-
-
-TOP_LEVEL = ("", "model")
-"""The model's own code, whichever class holds it: transformers splits it between the top class (``...For
-ConditionalGeneration``: the head's call, the loss's) and its inner ``model`` (the image features' merge, the
-positions), Paddle's families keep it in one top layer (canonically ``model`` when it holds only ``model.*``
-parts, as Qwen2-VL's with a tied head, or ``""``). One row, so the same name is the same work."""
-
-
-def _key(name: str) -> str:
-    """One row per canonical module: peft's sub-layers folded into the layer they adapt (Paddle's LoRA
-    layer is one layer), the top level (:data:`TOP_LEVEL`) under one readable name."""
-    for part in _PEFT_PARTS:
-        if part in name:
-            name = name[:name.index(part)]
-    return ROOT if name in TOP_LEVEL else name
-
-
-def quartiles(values: list[float]) -> tuple[float, float, float]:
-    """(p25, median, p75) of ``values``; one value is all three."""
-    if not values:
-        return 0.0, 0.0, 0.0
-    if len(values) == 1:
-        return values[0], values[0], values[0]
-    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, q2, q3
-
-
-def module_rows(explain: dict, fold: dict[str, str] | None = None) -> dict[str, dict]:
-    """{row: {"fwd_s", "bwd_s", "recompute_s" (the median step's), "steps": [each hooked step's fwd + bwd],
-    "fwd_med_s", "bwd_med_s"}}; an explain.json without per-step rows gives its one step. ``fold``: row ->
-    the row it counts in (:func:`folds`)."""
-    fold = fold or {}
-    rows: dict[str, dict] = {}
-    per_step = explain.get("module_steps") or {}
-    key = lambda name: fold.get(_key(name), _key(name))  # noqa: E731
-    for name, row in explain["modules"].items():
-        mine = rows.setdefault(key(name), {"fwd_s": 0.0, "bwd_s": 0.0, "recompute_s": 0.0, "pairs": None})
-        for k in ("fwd_s", "bwd_s", "recompute_s"):
-            mine[k] += row.get(k, 0.0)
-    for name, pairs in per_step.items():
-        if not isinstance(pairs, list):
-            continue
-        mine = rows.setdefault(key(name), {"fwd_s": 0.0, "bwd_s": 0.0, "recompute_s": 0.0, "pairs": None})
-        have = mine["pairs"] or [[0.0, 0.0] for _ in pairs]
-        mine["pairs"] = [[h[0] + p[0], h[1] + p[1]] for h, p in zip(have, pairs)]
-    for row in rows.values():
-        pairs = row.pop("pairs") or [[row["fwd_s"], row["bwd_s"]]]
-        row["steps"] = [f + b for f, b in pairs]
-        row["fwd_med_s"] = statistics.median(f for f, _ in pairs)
-        row["bwd_med_s"] = statistics.median(b for _, b in pairs)
-    return rows
-
-
-def folds(a: dict, b: dict) -> dict[str, str]:
-    """{module row one side only has: the closest enclosing row both sides have}: one framework's module is the
-    other's functional code (CLIP's position embedding called in transformers, its weight added directly in
-    Paddle's embeddings layer; CLIP's encoder called in transformers, its layers looped over by Paddle's vision
-    model), so the enclosing row holds the
-    same work on both sides only with it folded in. A row with no such enclosing row stays one-sided."""
-    ka, kb = (set(map(_key, [*e["modules"], *(e.get("module_steps") or {})])) for e in (a, b))
-    both, out = ka & kb, {}
-    for name in sorted((ka ^ kb) - set(NOT_MODULES) - {ROOT}):
-        parts = name.split(".")
-        target = next((p for p in (".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1)) if p in both),
-                      ROOT if ROOT in both else None)
-        if target is not None:
-            out[name] = target
-    return out
-
-
-@dataclass
-class Aligned:
-    """One canonical row of both sides."""
-
-    name: str
-    a: dict | None
-    b: dict | None
-    diff: float
-    """median(a's per-step time) − median(b's), seconds."""
-    noise: bool
-    """The difference is inside the row's own noise (the sides' interquartile ranges overlap)."""
-    only: str = ""
-    """The side it exists on, when the other has no row of that name."""
-    small: bool = False
-    folded: tuple[str, ...] = ()
-    """One side's rows counted in this one (:func:`folds`)."""
-    """The difference is below :data:`FLOOR` of the slower side's hooked step."""
-
-    @property
-    def finding(self) -> bool:
-        return not self.noise and not self.only and not self.small
-
-
-def _total(row: dict | None) -> float:
-    return 0.0 if row is None else quartiles(row["steps"])[1]
-
-
-def aligned(a: dict, b: dict, names: tuple[str, str] = ("a", "b")) -> list[Aligned]:
-    """Every canonical row of either side; ranked findings first (largest difference first), then the
-    rows inside their noise or below the floor (:data:`FLOOR`), then the one-sided rows."""
-    fold = folds(a, b)
-    ra, rb = module_rows(a, fold), module_rows(b, fold)
-    into: dict[str, list[str]] = {}
-    for name, target in fold.items():
-        into.setdefault(target, []).append(name)
-    floor = FLOOR * max(a.get("hooked_step_s") or 0.0, b.get("hooked_step_s") or 0.0)
-    out = []
-    for n in set(ra) | set(rb):
-        x, y = ra.get(n), rb.get(n)
-        only = names[0] if y is None else names[1] if x is None else ""
-        noise = True
-        if x is not None and y is not None:
-            qa, qb = quartiles(x["steps"]), quartiles(y["steps"])
-            noise = not (qa[0] > qb[2] or qb[0] > qa[2])
-        diff = _total(x) - _total(y)
-        out.append(Aligned(n, x, y, diff, noise, only, small=abs(diff) < floor, folded=tuple(into.get(n, ()))))
-    return sorted(out, key=lambda r: (0 if r.finding else 1 if not r.only else 2, -abs(r.diff), r.name))
-
-
-def coverage(explain: dict, step_s: float | None) -> float | None:
-    parts = sum(r["fwd_s"] + r["bwd_s"] for r in explain["modules"].values())
-    return parts / step_s if step_s else None
 
 
 def _ms(seconds: float | None) -> str:
@@ -179,10 +51,11 @@ def _fb(row: dict | None) -> str:
 
 
 def _iqr(row: dict | None) -> str:
+    """A row's noise band (:func:`spread`): p25–p75 of its steps, or min–max of its per-run medians."""
     if row is None:
         return "–"
-    q1, _, q3 = quartiles(row["steps"])
-    return f"{q1 * 1e3:.2f}–{q3 * 1e3:.2f}"
+    low, high = spread(row)
+    return f"{low * 1e3:.2f}–{high * 1e3:.2f}"
 
 
 @dataclass
@@ -192,11 +65,6 @@ class Verdict:
     reliable: bool
     rows_gap_s: float
     why: str = ""
-
-
-def _half_iqr(values: list[float]) -> float:
-    q1, _, q3 = quartiles(values)
-    return (q3 - q1) / 2
 
 
 def _measured_noise(side) -> float:
@@ -210,8 +78,7 @@ def verdict(rows: list[Aligned], ea: dict, eb: dict, gap: float | None, gap_nois
     (within both noises and :data:`SIZE_TOLERANCE` of the gap)."""
     a, b = names
     rows_gap = sum(r.diff for r in rows)
-    rows_noise = _half_iqr(ea.get("hooked_steps_s") or [ea["hooked_step_s"]]) \
-        + _half_iqr(eb.get("hooked_steps_s") or [eb["hooked_step_s"]])
+    rows_noise = step_noise(ea) + step_noise(eb)
     said = (f"the rows' sum gives {a} − {b} {rows_gap * 1e3:+.2f} ms (±{rows_noise * 1e3:.2f}) against a measured "
             f"{'–' if gap is None else f'{gap * 1e3:+.2f}'} ms (±{gap_noise * 1e3:.2f})")
     why = ""
@@ -232,7 +99,29 @@ def _share(diff: float, v: Verdict) -> str:
     return f"{diff / v.rows_gap_s:.0%}" if v.reliable and v.rows_gap_s else "–"
 
 
+def _spread_header(rows: list[Aligned], a: str, b: str) -> str:
+    runs = max([(r.a or r.b or {}).get("runs", 1) for r in rows] or [1])
+    return f"p25–p75 (ms) {a}; {b}" if runs == 1 else f"min–max of the {runs} runs' medians (ms) {a}; {b}"
+
+
+@dataclass
+class FoldedTable(Table):
+    """A table whose markdown and HTML fold the smaller rows into one; ``full`` (every row) is the CSV's."""
+
+    full: Table | None = None
+
+
+@dataclass
+class ExplainPage(Page):
+    """The explain page: its CSV holds every module row (:class:`FoldedTable`), the page shows the largest."""
+
+    def tables(self) -> list[Table]:
+        return [t.full if isinstance(t, FoldedTable) and t.full is not None else t for t in super().tables()]
+
+
 def module_table(names: tuple[str, str], rows: list[Aligned], v: Verdict) -> Table:
+    """The rows, largest finding first; the page shows :data:`SHOWN` and folds the rest into one, the CSV
+    (``.full``) has every row with its raw numbers, how many runs and hooked steps each rests on."""
     a, b = names
     cells, records = [], []
     rank = 0
@@ -248,24 +137,30 @@ def module_table(names: tuple[str, str], rows: list[Aligned], v: Verdict) -> Tab
         rank += 1
         return str(rank)
 
-    for r in rows[:SHOWN]:
+    for r in rows:
         cells.append([r.name, _fb(r.a), _fb(r.b), f"{r.diff * 1e3:+.2f}", f"{_iqr(r.a)}; {_iqr(r.b)}", note(r),
                       _share(r.diff, v)])
-        records.append({"module": r.name, f"{a}_fwd_s": r.a and r.a["fwd_med_s"], f"{a}_bwd_s": r.a and r.a["bwd_med_s"],
-                        f"{b}_fwd_s": r.b and r.b["fwd_med_s"], f"{b}_bwd_s": r.b and r.b["bwd_med_s"],
-                        "diff_s": r.diff, "rank": cells[-1][5]})
+        side = lambda row, k: row and row[k]  # noqa: E731
+        records.append({"module": r.name, f"{a}_fwd_s": side(r.a, "fwd_med_s"), f"{a}_bwd_s": side(r.a, "bwd_med_s"),
+                        f"{b}_fwd_s": side(r.b, "fwd_med_s"), f"{b}_bwd_s": side(r.b, "bwd_med_s"),
+                        "diff_s": r.diff, "rank": cells[-1][5], f"{a}_runs": side(r.a, "runs"),
+                        f"{a}_steps": side(r.a, "run_steps"), f"{b}_runs": side(r.b, "runs"),
+                        f"{b}_steps": side(r.b, "run_steps"), "folded_in": ", ".join(r.folded)})
+    header = ["Module (canonical name)", f"{a} fwd / bwd (ms, median)", f"{b} fwd / bwd (ms, median)",
+              f"{a} − {b} (ms)", _spread_header(rows, a, b), "rank", "share of the rows' gap"]
+    full = Table(header=header, cells=cells, records=records, numeric=(1, 2, 3, 6), name="explain-modules")
+    shown_cells, shown_records = cells[:SHOWN], records[:SHOWN]
     rest = rows[SHOWN:]
     if rest:
         diff = sum(r.diff for r in rest)
         fold = lambda side: {"fwd_med_s": sum((getattr(r, side) or {}).get("fwd_med_s", 0.0) for r in rest),  # noqa: E731
                              "bwd_med_s": sum((getattr(r, side) or {}).get("bwd_med_s", 0.0) for r in rest)}
         ranked = sum(1 for r in rest if r.finding)
-        cells.append([f"({len(rest)} more rows)", _fb(fold("a")), _fb(fold("b")), f"{diff * 1e3:+.2f}", "",
-                      f"{ranked} ranked" if ranked else "", _share(diff, v)])
-        records.append({"module": f"({len(rest)} more rows)", "diff_s": diff, "rank": ""})
-    return Table(header=["Module (canonical name)", f"{a} fwd / bwd (ms, median)", f"{b} fwd / bwd (ms, median)",
-                         f"{a} − {b} (ms)", f"p25–p75 (ms) {a}; {b}", "rank", "share of the rows' gap"],
-                 cells=cells, records=records, numeric=(1, 2, 3, 6), name="explain-modules")
+        shown_cells.append([f"({len(rest)} more rows: explain.csv has them)", _fb(fold("a")), _fb(fold("b")),
+                            f"{diff * 1e3:+.2f}", "", f"{ranked} ranked" if ranked else "", _share(diff, v)])
+        shown_records.append({"module": f"({len(rest)} more rows)", "diff_s": diff, "rank": ""})
+    return FoldedTable(header=header, cells=shown_cells, records=shown_records, numeric=(1, 2, 3, 6),
+                       name="explain-modules", full=full)
 
 
 def _ops(explain: dict, category: str, top: int = 3) -> str:
@@ -342,7 +237,18 @@ def _first_measured_hashes(run_dir: Path) -> list | None:
 
 
 def program_check(explain: dict) -> tuple[str, list[str]]:
-    """(what the explain process ran with, one line; the ways it differs from the measured run's program)."""
+    """(what the explain process ran with, one line; the ways it differs from the measured run's program), every
+    run's explain process held against its own run (``--repeat``: each difference named with its run)."""
+    runs = runs_of(explain)
+    line, differs = _program_check_one(runs[0])
+    if len(runs) == 1:
+        return line, differs
+    for n, e in enumerate(runs[1:], start=2):
+        differs += [f"run {n}: {d}" for d in _program_check_one(e)[1]]
+    return f"{line} (run 1 of {len(runs)}; each run's explain process held against its own run)", differs
+
+
+def _program_check_one(explain: dict) -> tuple[str, list[str]]:
     ran = explain.get("ran_with")
     if not isinstance(ran, dict):
         return "not recorded (an explain.json from before xfw recorded it)", ["what it ran with is not recorded"]
@@ -406,14 +312,18 @@ def chart_name(title: str, index: int) -> str:
 
 
 def load_side(run_dirs: list[str]) -> dict | None:
-    for run_dir in run_dirs[:1]:
+    """One side's explain.jsons, one per run of it (``--repeat``), combined (:func:`combine_runs`); the runs
+    without a readable one are counted in ``unexplained_runs``. None when no run has one."""
+    found = []
+    for run_dir in run_dirs:
         path = Path(run_dir) / "explain.json"
-        if path.exists():
-            try:
-                return read_explain(str(path)) | {"path": str(path)}
-            except (OSError, ValueError):
-                return None
-    return None
+        try:
+            found.append(read_explain(str(path)) | {"path": str(path)})
+        except (OSError, ValueError):
+            continue
+    if not found:
+        return None
+    return combine_runs(found) | {"unexplained_runs": len(run_dirs) - len(found)}
 
 
 def one_sided_reasons(rows: list[Aligned], names: tuple[str, str], a: dict | None = None,
@@ -429,9 +339,23 @@ def one_sided_reasons(rows: list[Aligned], names: tuple[str, str], a: dict | Non
     for r in rows:
         if r.only:
             other = names[1] if r.only == names[0] else names[0]
-            out.append(f"{r.name} ({r.only} only, {_ms(_total(r.a or r.b))} ms): {other} has no module under this "
+            out.append(f"{r.name} ({r.only} only, {_ms(total(r.a or r.b))} ms): {other} has no module under this "
                        f"canonical name (its framework does this work inside another row, or not at all); not compared")
     return out
+
+
+def basis(names: tuple[str, ...], explains: tuple[dict, ...]) -> str:
+    """What each side's rows rest on (runs, hooked steps) and how a row's figure and its band are taken."""
+    sides = "; ".join(f"{n} {rests_on(e)}" + (f" ({e['unexplained_runs']} more run(s) without an explain.json)"
+                                                if e.get("unexplained_runs") else "") for n, e in zip(names, explains))
+    if max(len(runs_of(e)) for e in explains) == 1:
+        how = ("each row is the median over its hooked steps, its band their p25–p75; a row is within noise when the "
+               "two sides' bands overlap (`--repeat 3` profiles every run and takes each row across them)")
+    else:
+        how = ("each row is the median of its per-run medians, its band the min–max of those medians (a host stall "
+               "in one run moves that run's median only); a row is within noise when the two sides' bands overlap; "
+               "categories and the steps below are medians over the runs")
+    return f"Rows rest on: {sides}; {how}."
 
 
 def row_blocks(row: ComparisonRow, names: tuple[str, str], out_dir: Path | None, index: int = 0) -> list:
@@ -455,7 +379,8 @@ def row_blocks(row: ComparisonRow, names: tuple[str, str], out_dir: Path | None,
     blocks: list = [Heading(f"Explain: {title}", 3),
                     Paragraph(f"Measured step: {a} {_ms(sa)} ms, {b} {_ms(sb)} ms, gap {a} − {b} "
                               f"{'–' if gap is None else f'{gap * 1e3:+.2f}'} ms (±{gap_noise * 1e3:.2f}: half "
-                              "the p10–p90 ranges).")]
+                              "the p10–p90 ranges)."),
+                    Paragraph(basis((a, b), (ea, eb)))]
     blocks.append(Paragraph(f"**The explanation is unreliable here**, because {v.why}. The rows are shown; no shares."
                             if not v.reliable else
                             f"The rows' sum ({v.rows_gap_s * 1e3:+.2f} ms) agrees with the measured gap within the "
@@ -491,15 +416,20 @@ def single_blocks(row: ComparisonRow, name: str) -> list:
     e = load_side(row.sides[name].run_dirs) if name in row.sides else None
     if e is None:
         return [Heading(f"Explain: {title}", 3), Paragraph(f"no explain.json for {name}")]
-    rows = sorted(module_rows(e).items(), key=lambda kv: -_total(kv[1]))
-    cells = [[n, _fb(r), _ms(_total(r)), _iqr(r)] for n, r in rows[:SHOWN]]
+    rows = sorted(module_rows(e).items(), key=lambda kv: -total(kv[1]))
+    cells = [[n, _fb(r), _ms(total(r)), _iqr(r)] for n, r in rows]
+    header = ["Module (canonical name)", f"{name} fwd / bwd (ms, median)", "total (ms)",
+              "p25–p75 (ms)" if len(runs_of(e)) == 1 else "min–max of the runs' medians (ms)"]
+    full = Table(header=header, cells=cells, numeric=(1, 2), name="explain-modules")
+    shown = cells[:SHOWN] + ([[f"({len(rows) - SHOWN} more rows: explain.csv has them)", "", "", ""]]
+                             if len(rows) > SHOWN else [])
     cats = [[c, _ms(e["categories"].get(c, 0.0)), _ops(e, c)] for c in CATEGORIES]
     line, differs = program_check(e)
     return [Heading(f"Explain: {title} ({name} alone)", 3),
             Paragraph(f"One backend ({name}): its own rows, largest first; there is no other side to compare with "
                       "(`--backends A,B` for a comparison)."),
-            Table(header=["Module (canonical name)", f"{name} fwd / bwd (ms, median)", "total (ms)", "p25–p75 (ms)"],
-                  cells=cells, numeric=(1, 2), name="explain-modules"),
+            Paragraph(basis((name,), (e,))),
+            FoldedTable(header=header, cells=shown, numeric=(1, 2), name="explain-modules", full=full),
             Table(header=["Category", f"{name} (ms per step)", "main operators"], cells=cats, numeric=(1,),
                   name="explain-categories", csv=False),
             Bullets([f"{name}: {line}" + (f" — differs: {', '.join(differs)}" if differs else ""),
@@ -531,4 +461,4 @@ def explain_page(rows: list[ComparisonRow], backends: list[str], out_dir: Path |
         f"two sides' ranges do not overlap and its difference is at least {FLOOR:.0%} of the slower side's hooked "
         "step (the floor). The steps are taken after the measured window in a process of its own "
         "that runs the measured run's program (docs/explain.md).", muted=True))
-    return Page(title="Where the step goes", blocks=blocks)
+    return ExplainPage(title="Where the step goes", blocks=blocks)
