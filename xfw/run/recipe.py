@@ -25,7 +25,8 @@ from xfw.contract import envvars
 from xfw.run import published as published_settings
 from xfw.run.data.section import DATA_FAMILIES, DATA_PATHS, DataSpec
 from xfw.run.schema import FieldError, bounded, build
-from xfw.run.yamlfile import YamlError, load_file, load_text
+from xfw.run.assign import SetError, apply_override
+from xfw.run.yamlfile import YamlError, load_file
 
 
 STAGES = ("pretrain", "sft", "lora", "dreambooth")
@@ -299,44 +300,6 @@ def recipe_from_dict(data: Any, source: str = "<recipe>") -> Recipe:
     return recipe
 
 
-def apply_override(data: dict, assignment: str, source: str) -> None:
-    """Apply one ``key.path=value`` (value parsed as YAML) to plain recipe data, in place; a number
-    in the path indexes a list (``backends.torch.command.3=--max_steps=40``)."""
-    if "=" not in assignment:
-        raise RecipeError(f"{source}: --set {assignment!r}: expected key.path=value")
-    path, raw = assignment.split("=", 1)
-    keys = path.strip().split(".")
-    if len(keys) > 2 and keys[0] == "backends" and "@" in keys[1]:  # an instance: paddle@3.2.0 keeps its dots
-        end = 2
-        while end < len(keys) and keys[end][:1].isdigit():
-            end += 1
-        keys = [keys[0], ".".join(keys[1:end]), *keys[end:]]
-    if not all(keys):
-        raise RecipeError(f"{source}: --set {assignment!r}: empty key in {path!r}")
-    if not path.isprintable():  # a line break in a key would break the one-line error naming it
-        raise RecipeError(f"{source}: --set {path.strip()!r}: a key holds a control character")
-    try:  # a command's item or variable is text as typed (``...command.3=40`` is "40", not 40)
-        value = raw if command.takes_text(keys) else load_text(raw, f"{source}: --set {path}: value {raw[:80]!r}")
-    except YamlError as err:
-        raise RecipeError(str(err)) from None
-    node = data
-    for i, key in enumerate(keys):
-        if isinstance(node, list):  # a list item by its index: backends.torch.command.3=--max_steps=40
-            if not key.isdigit() or int(key) >= len(node):
-                raise RecipeError(f"{source}: --set {path}: {'.'.join(keys[:i])} is a list of {len(node)} "
-                                  f"items; {key!r} is not one of its indices")
-            key = int(key)
-        elif not isinstance(node, dict):
-            raise RecipeError(f"{source}: --set {path}: {'.'.join(keys[:i])} is not a mapping")
-        if i == len(keys) - 1:
-            node[key] = value
-            break
-        child = node[key] if isinstance(node, list) else node.get(key)
-        if child is None:
-            child = node[key] = {}
-        node = child
-
-
 def _absolute_paths(data: dict, overrides: list[str], recipe_dir: Path) -> None:
     """``data.<path key>`` made absolute in place (:data:`DATA_PATHS`): from the current directory
     when a ``--set`` gave it, else from the recipe's own directory."""
@@ -413,8 +376,11 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
 
     _absolute_paths(data, [], Path(path).resolve().parent)
     per_backend.nest(data, source)  # so a --set of an override's key replaces the file's, whatever its form
-    for assignment in overrides:
-        apply_override(data, assignment, source)
+    try:
+        for assignment in overrides:
+            apply_override(data, assignment, source)
+    except SetError as err:
+        raise RecipeError(str(err)) from None
     _absolute_paths(data, list(overrides), Path(path).resolve().parent)
     per_backend.nest(data, source)
     per_backend.absolute_paths(data, {a.split("=", 1)[0].strip() for a in overrides}, Path(path).resolve().parent)
