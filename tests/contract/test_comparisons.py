@@ -55,6 +55,10 @@ def test_the_published_report_names_its_comparison_and_every_source(runs):
     # what a CPU cannot carry out is said, never dropped
     assert "torch: attn_implementation: asked flash_attention_2, ran sdpa: needs a CUDA device" in report
     assert "torch: tf32: asked true: a CPU has no TF32" in report
+    # matmul and convolution TF32 apart, as the scripts set them; Paddle's stage 2 without overlap, with its source
+    assert "torch: tf32_conv: asked true: a CPU has no TF32 (fp32 convolutions ran)" in report
+    assert "| paddle | stage2_overlap | False | PaddlePaddle/PaddleNLP@418c3a511dcf:paddlenlp/trainer/trainer.py#L2133 |" in report
+    assert "| mechanism.comm_overlap | n/a (one process) | n/a (one process) |" in report
     assert "ips as its script defined it" in report
     csv = (base / "published" / "report.csv").read_text()
     assert "published" in csv.splitlines()[1]

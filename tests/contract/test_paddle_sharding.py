@@ -210,6 +210,22 @@ def test_llava_stages_on_two_processes_equal_one_process(testcpu, runs, llava_st
     assert_same_steps(run, one, PRECISIONS[precision][1])
 
 
+def test_llava_stage2_overlap_is_applied_recorded_and_changes_no_step(testcpu, runs, llava_start):
+    """``stage2_overlap`` (PaddleNLP's ``enable_stage2_overlap``): asynchronous reduces and post-step broadcasts,
+    recorded as a mechanism; the same steps as one process, as without it (bf16 O2, fp32 main_grad)."""
+    one = sharded(runs, [llava_start], LLAVA, "llava", "one", "bf16-o2")
+    plain = sharded(runs, [llava_start], LLAVA, "llava", "stage2", "bf16-o2")
+    overlap = runs.get("testcpu-llava-stage2-overlap", LLAVA, "paddle", [
+        llava_start, TESTCPU, NORM, *BF16_O2, "parallel.nproc_per_node=2", "parallel.sharding=stage2",
+        "backends.paddle.stage2_overlap=true"])
+    assert plain.applied["mechanisms"]["comm_overlap"].startswith("none: stage 2 reduces each gradient bucket")
+    mech = overlap.applied["mechanisms"]
+    assert mech["comm_overlap"].startswith("overlapped: asynchronous gradient reduces")
+    assert mech["sharding_detail"] == "group_sharded_parallel os_g with reduce and broadcast overlap"
+    assert one.applied["mechanisms"]["comm_overlap"] == "n/a (one process)"
+    assert_same_steps(overlap, one, BF16)
+
+
 def test_llava_stage2_equals_pytorch_stage2_at_fp32(testcpu, runs, llava_start):
     """Losses against FSDP2 stage 2; gradient norms (which the PyTorch side records on one process only)
     against PyTorch's one process on the same global batch: gradients summed over the ranks instead of

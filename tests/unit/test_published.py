@@ -170,3 +170,56 @@ def test_a_published_row_shows_its_differences_without_warning_and_mixed_rows_ar
     mixed = _Row({"paddle": _side("paddle", {}, "published"), "torch": _side("torch", {})})
     comparison.add_mechanisms(mixed)
     assert comparison.kind_of(mixed) == "mixed" and "different comparisons" in mixed.warnings[0]
+
+
+def test_communication_overlap_and_tf32_switches_are_compared_by_what_they_mean():
+    """comm_overlap: DDP's and FSDP's overlap are both overlap, Paddle stage 2 without it is not; TF32 for
+    convolutions is its own mechanism, n/a on a CPU on both sides (issue 33)."""
+    row = _Row({"paddle": _side("paddle", {"comm_overlap": "none: stage 2 reduces each gradient bucket synchronously",
+                                           "tf32_conv": "n/a"}),
+                "torch": _side("torch", {"comm_overlap": "overlapped: FSDP reduce-scatters gradients during the backward",
+                                         "tf32_conv": "n/a (CPU)"})})
+    comparison.add_mechanisms(row)
+    assert row.differing == ["mechanism.comm_overlap"]
+    assert any(w.startswith("mechanism comm_overlap differs: paddle=none: stage 2") for w in row.warnings)
+    same = _Row({"paddle": _side("paddle", {"comm_overlap": "overlapped: DataParallel all-reduces gradient buckets"}),
+                 "torch": _side("torch", {"comm_overlap": "overlapped: DDP all-reduces gradient buckets"})})
+    comparison.add_mechanisms(same)
+    assert same.differing == [] and comparison.neutral("comm_overlap", "n/a (one process)") == "n/a"
+
+
+def _entries(row: str, side: str) -> tuple[dict, list[str]]:
+    table = published.load(ROOT / "recipes" / "published" / f"{row}.yaml")["sides"][side]
+    return {e["key"]: (e["value"], e["source"]) for e in table["set"]}, [e["what"] for e in table["not_reproduced"]]
+
+
+@pytest.mark.parametrize("row, matmul, conv", [("llava7b_sft", True, True), ("qwen2vl2b_sft", False, True),
+                                               ("sd15_lora", True, True), ("sd3_dreambooth", False, True)])
+def test_published_files_record_matmul_and_convolution_tf32_as_each_script_set_them(row, matmul, conv):
+    knobs, _ = _entries(row, "torch")
+    assert (knobs["tf32"][0], knobs["tf32_conv"][0]) == (matmul, conv)
+
+
+@pytest.mark.parametrize("row", ["llava7b_pretrain", "llava13b_sft", "llava7b_lora", "qwen2vl2b_sft", "qwen2vl7b_sft"])
+def test_paddles_stage2_without_overlap_is_recorded_with_paddlenlps_line(row):
+    knobs, _ = _entries(row, "paddle")
+    assert knobs["stage2_overlap"] == (False, "PaddlePaddle/PaddleNLP@418c3a511dcf:paddlenlp/trainer/trainer.py#L2133")
+
+
+@pytest.mark.parametrize("row", sorted(p.stem for p in (ROOT / "recipes" / "published").glob("*.yaml")))
+def test_every_launchers_timeout_is_recorded_on_both_sides(row):
+    for side in ("paddle", "torch"):
+        assert any(w.startswith("timeout 30m around the launcher") for w in _entries(row, side)[1]), side
+
+
+@pytest.mark.parametrize("row", ["sd3_dreambooth", "sd3_lora"])
+def test_sd3_records_accelerates_end_of_pass_step_and_validation_in_the_timed_loop(row):
+    table = published.load(ROOT / "recipes" / "published" / f"{row}.yaml")
+    torch_side = {e["what"]: e["source"] for e in table["sides"]["torch"]["not_reproduced"]}
+    end_of_pass = next(w for w in torch_side if w.startswith("accelerate 1.1.1 also ends an accumulation"))
+    assert "D/ceil(D/4)" in end_of_pass and "not 4" in end_of_pass
+    assert torch_side[end_of_pass] == "huggingface/accelerate@cdde654039e6:src/accelerate/accelerator.py#L1027"
+    assert not any("4 samples per optimizer step" in w for w in torch_side)
+    for side, every in (("paddle", "every 20th pass"), ("torch", "every 100th pass")):
+        assert any(w.startswith(f"validation inside the timed loop: after {every}") for w in
+                   (e["what"] for e in table["sides"][side]["not_reproduced"])), side

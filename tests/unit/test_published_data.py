@@ -21,11 +21,14 @@ TORCH_KNOBS = {
     "sharding_impl": {"fsdp2", "fsdp1", "deepspeed", "zero1"},
     "attn_implementation": {"eager", "sdpa", "flash_attention_2"},
     "tf32": {True, False},
+    "tf32_conv": {True, False},
+    "compile": {True, False},
     "optimizer_impl": {"fused", "foreach", "for_loop"},
     "checkpointing": {"reentrant", "non_reentrant"},
     "recompute": {True, False},
 }
-PADDLE_KNOBS = {"find_unused_parameters": {True, False}, "attn_implementation": {"eager", "sdpa"}}
+PADDLE_KNOBS = {"find_unused_parameters": {True, False}, "attn_implementation": {"eager", "sdpa"},
+                "stage2_overlap": {True, False}}
 DEFINITIONS = {"window", "step_mean", "whole_run", "rank0_times"}
 SIDES = {"paddle": PADDLE_KNOBS, "torch": TORCH_KNOBS}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -135,8 +135,10 @@ def neutral(key: str, value) -> str:
                              ("for_loop", "for_loop"), ("per-parameter", "for_loop"), ("per_parameter", "for_loop")):
             if needle in text:
                 return name
-    if key == "tf32":
+    if key in ("tf32", "tf32_conv"):
         return "n/a" if text.startswith("n/a") else text
+    if key == "comm_overlap":  # "overlapped: how", "none: why", "n/a (one process)"
+        return text.split(":")[0].split(" (")[0].strip()
     if key == "sharding_impl":  # each framework's implementation names; the stage is the spec's, the same on both sides
         return text if text in ("none", "zero1", "zero2", "zero3") else \
             "data_parallel" if text in ("ddp", "data_parallel") else "sharded"

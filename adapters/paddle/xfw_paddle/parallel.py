@@ -31,6 +31,16 @@ The wrappers, in the order they are applied (the session does 1, this module the
    fp16 adds a ``GradScaler``: ``MixPrecisionScaler`` patches it to unscale ``main_grad``, and
    stage 2/3 wrap it in ``GroupShardedScaler``.
 
+   Communication overlap (``applied.mechanisms.comm_overlap``): stage 2 reduces each gradient
+   bucket from a backward hook with ``sync_op=True``, so the backward waits for every reduce, unless
+   ``stage2_overlap`` is on: then, as PaddleNLP's Trainer does for ``sharding_parallel_config``
+   ``enable_stage2_overlap`` (paddlenlp 3.0.0b3 ``trainer.py`` L2133-2135; the option's default is
+   ``""``, ``training_args.py`` L703-704), ``_set_reduce_overlap(True)`` makes the reduces
+   asynchronous (waited for before the step) and ``_set_broadcast_overlap(True, model)`` overlaps
+   the post-step broadcasts with the next forward. DataParallel all-reduces buckets during the
+   backward; with master gradients the fp32 ``main_grad`` are all-reduced after it; stage 1 reduces
+   at the step; stage 3 all-reduces from backward hooks with ``sync_op=True``.
+
 ``group_sharded_parallel`` asserts a GPU, XPU or custom device: it runs on a GPU, or on CPU
 through xfw's CPU test device (``backends.paddle.device: testcpu``); on a plain CPU it is
 ``unsupported``. ``paddle.distributed.launch`` starts the processes; its environment says which
@@ -91,6 +101,8 @@ class Parallel:
     """DataParallel's ``find_unused_parameters`` (None: no DataParallel)."""
     group: object | None = None
     """The group a sharded gradient norm is summed over (stage 1/2/3: each rank applies its own share)."""
+    overlap: bool = False
+    """Stage 2's communication overlap (``stage2_overlap``) is on."""
 
     @property
     def neutral(self) -> str:
@@ -121,10 +133,11 @@ def _master_scaler(scaler, *, fleet_ready: bool = True):
 
 
 def apply_parallel(layer: LossLayer, optimizer, *, spec: dict, sharding_device: bool, find_unused: bool,
-                   master_dtype: str | None, scaler=None, segment_size: int | None = None) -> Parallel:
+                   master_dtype: str | None, scaler=None, segment_size: int | None = None,
+                   stage2_overlap: bool = False) -> Parallel:
     """Wrap for the spec's world size and sharding. ``sharding_device``: group_sharded_parallel can
     run here (GPU or the CPU test device); ``master_dtype``: the AMP dtype when master gradients
-    are asked for (O2), else None."""
+    are asked for (O2), else None; ``stage2_overlap``: stage 2's communication overlap (module docstring)."""
     _, size, _ = world()
     if size != spec["derived"]["num_processes"]:
         raise InvalidSpec(f"parallel: the spec asks for {spec['derived']['num_processes']} processes, "
@@ -172,8 +185,31 @@ def apply_parallel(layer: LossLayer, optimizer, *, spec: dict, sharding_device: 
         from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import GroupShardedScaler
 
         scaler = GroupShardedScaler(scaler)
-    detail = f"group_sharded_parallel {LEVELS[sharding]}" + (f" segment_size={segment_size}" if extra else "")
-    return Parallel(layer, optimizer, scaler, impl, detail, master, group=group)
+    overlap = stage2_overlap and LEVELS[sharding] == "os_g"
+    if overlap:  # the Trainer's enable_stage2_overlap, in its order
+        layer._set_reduce_overlap(True)
+        optimizer._set_broadcast_overlap(True, layer)
+    detail = (f"group_sharded_parallel {LEVELS[sharding]}" + (f" segment_size={segment_size}" if extra else "")
+              + (" with reduce and broadcast overlap" if overlap else ""))
+    return Parallel(layer, optimizer, scaler, impl, detail, master, group=group, overlap=overlap)
+
+
+def comm_overlap(wrapped: Parallel, num_ranks: int) -> str:
+    """Whether gradient communication overlaps computation, in words both adapters share: ``overlapped: ...``,
+    ``none: ...`` or ``n/a (one process)`` (module docstring)."""
+    if num_ranks == 1:
+        return "n/a (one process)"
+    if wrapped.impl == IMPLS["none"]:
+        return ("none: the fp32 main_grad are all-reduced after the last backward (fused_allreduce_gradients)"
+                if wrapped.master_grads else "overlapped: DataParallel all-reduces gradient buckets during the backward")
+    if wrapped.impl == IMPLS["stage1"]:
+        return "none: fleet sharding stage 1 reduces the gradients at the step, after the backward"
+    if wrapped.impl == IMPLS["stage2"]:
+        return ("overlapped: asynchronous gradient reduces during the backward, post-step broadcasts during the next "
+                "forward (stage2_overlap)" if wrapped.overlap else
+                "none: stage 2 reduces each gradient bucket synchronously (sync_op=True) from the backward hooks "
+                "(stage2_overlap off)")
+    return "none: stage 3 all-reduces the gradients synchronously (sync_op=True) from the backward hooks"
 
 
 def gradient_sync(wrapped: Parallel, enabled: bool):

@@ -15,7 +15,9 @@ Neutral settings map to Paddle's native mechanisms:
   and ``group_sharded_parallel`` runs stage 2/3. Its timings are a CPU's, never GPU-like figures.
 * ``backends.paddle.find_unused_parameters``: DataParallel's (default: the family's choice);
   ``backends.paddle.sharding_segment_size``: stage 3's ``segment_size`` (default Paddle's, 2**20, as the
-  Trainer leaves it: a tiny model's parameters are all below it, so the tests lower it to slice them).
+  Trainer leaves it: a tiny model's parameters are all below it, so the tests lower it to slice them);
+  ``backends.paddle.stage2_overlap``: stage 2's communication overlap (default off, as the Trainer without
+  ``enable_stage2_overlap``; :mod:`xfw_paddle.parallel`).
 * recompute: ``fleet.utils.recompute`` per decoder block (paddlenlp's for LLaVA's Llama, the
   family's own for Qwen2-VL).
 * what trains: the stage's parts (or the recipe's ``model.trainable``), selected per parameter by
@@ -124,6 +126,9 @@ def check_spec(spec: dict) -> None:
         if value not in KNOBS[knob]:
             raise InvalidSpec(f"backends.paddle.{knob}: {value!r} is not one of {', '.join(map(str, KNOBS[knob]))}")
     precision, sharding = spec["precision"], spec["parallel"]["sharding"]
+    if knobs.get("stage2_overlap") and (sharding != "stage2" or spec["derived"]["num_processes"] == 1):
+        raise InvalidSpec("backends.paddle.stage2_overlap: true needs sharding stage2 on more than one process "
+                          "(Paddle's overlap belongs to group_sharded_parallel os_g)")
     pure = precision["amp_level"] == "O2" and not precision.get("master_weights", True)
     if pure and knobs.get("device") == "testcpu" and spec["derived"]["num_processes"] > 1:
         # Measured: stage 1 reduces low-precision gradients with the stream `reduce`, which fails on the test
@@ -227,7 +232,8 @@ class PaddleSession:
         self.wrapped = parallel.apply_parallel(
             parallel.LossLayer(model, family.loss_fn, self._autocast), adamw, spec=spec,
             sharding_device=self.on_device, find_unused=self.find_unused, master_dtype=master, scaler=scaler,
-            segment_size=spec["backend_knobs"].get("sharding_segment_size"))
+            segment_size=spec["backend_knobs"].get("sharding_segment_size"),
+            stage2_overlap=spec["backend_knobs"].get("stage2_overlap", False))
         self.layer, self.optimizer, self.scaler = self.wrapped.layer, self.wrapped.optimizer, self.wrapped.scaler
         self.impl = self.wrapped.impl
         self._norm = parallel.record_grad_norm(adamw, self.wrapped) if self.record_grad_norm else None
@@ -412,6 +418,9 @@ class PaddleSession:
             "attention_kernel": ", ".join(sorted(self.kernels)) or "matmul",
             "optimizer_impl": "AdamW per-parameter" + (" multi_precision" if self.master_weights else ""),
             "tf32": tf32 if self.gpu else "n/a", "device": self.device,
+            # cuDNN's TF32 for convolutions (get_cudnn_switch), apart from the GEMMs' cuBLAS switch above
+            "tf32_conv": bool(paddle.base.core.get_cudnn_switch()) if self.gpu else "n/a",
+            "comm_overlap": parallel.comm_overlap(w, self.num_ranks),
             "checkpointing": ("recompute full per block (fleet.utils.recompute, reentrant)"
                               if getattr(self.model, "recompute_enabled", self.spec["recompute"]) else "none"),
         }

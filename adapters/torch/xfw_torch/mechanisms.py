@@ -7,8 +7,12 @@ published-settings file, docs/recipes.md "Two comparisons"):
 knob                   meaning (default: like-for-like)
 =====================  ==========================================================================
 attn_implementation    ``sdpa`` (default) | ``eager`` | ``flash_attention_2`` (needs CUDA and flash-attn)
-tf32                   TF32 matmuls and convolutions on a GPU (default false: both flags off, as
-                       Paddle's runs with ``NVIDIA_TF32_OVERRIDE=0``)
+tf32                   TF32 matmuls on a GPU (``torch.backends.cuda.matmul.allow_tf32``; default
+                       false, as Paddle's runs with ``NVIDIA_TF32_OVERRIDE=0``)
+tf32_conv              TF32 convolutions on a GPU (``torch.backends.cudnn.allow_tf32``; default: the
+                       value of ``tf32``). The scripts set the two apart: ``--tf32`` of the HF Trainer
+                       sets both, diffusers' ``--allow_tf32`` only the matmul one, and a script that
+                       sets neither leaves PyTorch's defaults (matmul off, cuDNN on)
 optimizer_impl         AdamW's ``fused`` | ``foreach`` | ``for_loop`` (default: fused on CUDA, else
                        torch's own choice for the device); ``fused_optimizer: true`` is ``fused``
 checkpointing          ``non_reentrant`` (default) | ``reentrant`` (with input gradients enabled, as
@@ -27,7 +31,9 @@ says what was asked, what ran and why. The same knob given by hand is checked st
 ``attention_kernel`` (observed: the attention operators the first warm-up step dispatched),
 ``optimizer_impl``, ``grad_reduce_dtype``, ``master_weights``, ``master_grads``, ``sharding_impl``
 (``data_parallel``, ``zero1``, ``zero2``, ``zero3``, with the implementation in ``sharding_detail``),
-``tf32``, ``checkpointing``, ``device``.
+``tf32`` (matmuls), ``tf32_conv`` (convolutions), ``comm_overlap`` (whether gradient communication
+overlaps the backward), ``checkpointing``, ``device``. On a CPU TF32 has no effect: both are ``n/a (CPU)``,
+and a TF32 knob asked true is listed in ``not_honoured``.
 """
 
 from __future__ import annotations
@@ -70,6 +76,11 @@ class Plan:
             raise InvalidSpec(f"backends.torch.tf32: must be true or false, got {self.tf32!r}")
         if self.tf32 and not cuda:
             self.not_honoured["tf32"] = "asked true: a CPU has no TF32 (fp32 matmuls ran)"
+        self.tf32_conv = knobs.get("tf32_conv", self.tf32)
+        if not isinstance(self.tf32_conv, bool):
+            raise InvalidSpec(f"backends.torch.tf32_conv: must be true or false, got {self.tf32_conv!r}")
+        if self.tf32_conv and not cuda:
+            self.not_honoured["tf32_conv"] = "asked true: a CPU has no TF32 (fp32 convolutions ran)"
         self.optimizer_impl = self._choice(knobs, "optimizer_impl", OPTIMIZER_IMPLS, None)
         if "fused_optimizer" in knobs:
             legacy = "fused" if knobs["fused_optimizer"] else None
@@ -141,7 +152,7 @@ class Plan:
 
     def apply_tf32(self) -> None:
         torch.backends.cuda.matmul.allow_tf32 = bool(self.tf32 and self.cuda)
-        torch.backends.cudnn.allow_tf32 = bool(self.tf32 and self.cuda)
+        torch.backends.cudnn.allow_tf32 = bool(self.tf32_conv and self.cuda)
 
     def optimizer_kwargs(self) -> dict:
         """AdamW's implementation switches; None leaves torch's own choice for the device."""
@@ -211,6 +222,20 @@ def watch_first_step(session, warmup_steps: int, compiled: bool):
     return observed()
 
 
+def comm_overlap(impl: str, num_ranks: int, deepspeed: dict, sharding: str) -> str:
+    """Whether gradient communication overlaps the backward, in words both adapters share (``overlapped: ...``,
+    ``none: ...``, ``n/a (one process)``). DeepSpeed's ``overlap_comm`` defaults to on for ZeRO-3 only."""
+    if num_ranks == 1:
+        return "n/a (one process)"
+    if impl == "deepspeed":
+        on = deepspeed.get("overlap_comm", sharding == "stage3")
+        return ("overlapped: DeepSpeed overlap_comm true (gradients reduced on their own stream)" if on else
+                "none: DeepSpeed overlap_comm false (gradients reduced on the compute stream)")
+    if impl in ("fsdp1", "fsdp2"):
+        return "overlapped: FSDP reduce-scatters gradients during the backward"
+    return "overlapped: DDP all-reduces gradient buckets during the backward"
+
+
 def mechanisms(session, spec: dict) -> dict:
     """``applied.mechanisms`` for the PyTorch side (module docstring)."""
     level, impl, dtype = spec["precision"]["amp_level"], session.impl, str(session.dtype).removeprefix("torch.")
@@ -247,6 +272,8 @@ def mechanisms(session, spec: dict) -> dict:
                             "deepspeed": f"DeepSpeed {session.deepspeed_version} ZeRO-{sharding.removeprefix('stage')}"
                             }.get(impl, impl),
         "tf32": (bool(torch.backends.cuda.matmul.allow_tf32) if session.cuda else "n/a (CPU)"),
+        "tf32_conv": (bool(torch.backends.cudnn.allow_tf32) if session.cuda else "n/a (CPU)"),
+        "comm_overlap": comm_overlap(impl, session.num_ranks, session.plan.deepspeed, sharding),
         "checkpointing": (f"per block, {session.plan.checkpointing.replace('_', '-')}" if session.plan.recompute
                           else "none"),
         "device": "gpu" if session.cuda else "cpu",
