@@ -167,6 +167,45 @@ def test_transformers_in_forward_loss_is_timed_as_the_loss_row_and_computes_the_
     assert "_loss_function" not in vars(model) and model.loss_function is type(model).loss_function.fget(model)
 
 
+def test_the_in_forward_loss_is_timed_on_a_lora_recipe_and_computes_the_same():
+    """The LoRA recipe's model is the transformers model with peft's LoRA layers injected in place (``q_proj`` a
+    ``lora.Linear`` holding ``base_layer``, ``lora_A``, ``lora_B``): explain's hooks time its ``loss_function`` call
+    as ``loss`` (forward and backward, nested in the loss module's call), fold the LoRA layers into the layers they
+    adapt, compute the same loss bit for bit, and leave the model as it was."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from xfw.contract.explain import LOSS, Timeline
+    from xfw.contract.synthetic import make_pool
+    from xfw.report import explain as report
+    from xfw.run.recipe import load_recipe
+    from xfw.run.spec import resolve_spec
+    from xfw_torch.explain import TorchHooks
+    from xfw_torch.session import build_session
+
+    spec = resolve_spec(load_recipe(ROOT / "recipes/tiny/llava_lora.yaml"), backend="torch", run_id="t")
+    session = build_session(spec)
+    assert any(".lora_A." in n for n, p in session.model.named_parameters() if p.requires_grad)
+    batch = session.to_device(make_pool(spec, 0)[0])
+    expected = session.module(**batch)
+    timeline = Timeline()
+    timeline.mark("step")
+    remove = TorchHooks(session).install(timeline)
+    loss = session.module(**batch)
+    loss.backward()
+    timeline.mark("end")
+    remove()
+    assert torch.equal(loss, expected)
+    inner = [c for c in timeline.calls if c["name"] == LOSS and c["parent"] is not None]
+    assert len(inner) == 1 and inner[0]["end"] > inner[0]["start"]
+    rows, _ = timeline.attribute()
+    assert rows[LOSS]["fwd_s"] > 0 and rows[LOSS]["bwd_s"] > 0
+    assert any(".lora_" in n for n in rows)  # peft's parts are timed ...
+    folded = report.module_rows({"modules": rows})  # ... and count in the layer they adapt
+    assert "model.language_model.layers.0.self_attn.q_proj" in folded and not any("lora_" in n for n in folded)
+    owner = next(m for m in session.model.modules() if "loss_function" in dir(type(m)))
+    assert "_loss_function" not in vars(owner)
+
+
 def _no_large_other(e, backend):
     """The category map holds: no category above 5% of a profiled step is *other* (its operators named)."""
     assert e["categories"]["other"] <= 0.05 * e["profiler_step_s"], (backend, e["category_ops"].get("other"))
@@ -234,6 +273,8 @@ class TestOtherFamilies:
             assert any(n.startswith(part) for n in e["modules"]), (backend, sorted(e["modules"])[:10])
             assert e["categories"]["matmul"] > 0 and (out / name / backend / "trace.json").stat().st_size > 0
             _no_large_other(e, backend)
+            # the loss is the loss category on both sides (Paddle's mse_loss, elementwise operators, marked as one)
+            assert e["categories"]["loss"] > 0, (backend, e["category_ops"].get("elementwise/activation"))
             trace = json.loads((out / name / backend / "trace.json").read_text())
             assert set(trace["xfwCategories"]) <= set(e["categories"])  # the operators behind each, in the trace
         shared = set(report.module_rows(explains["paddle"])) & set(report.module_rows(explains["torch"]))

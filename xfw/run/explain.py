@@ -83,11 +83,14 @@ def explain_run(result: RunResult, backend: launcher.Backend) -> tuple[Path | No
 
 
 def explain_runs(results: list[RunResult], backends: jobs.Backends, log=lambda _line: None) -> dict[str, tuple]:
-    """Every ok run profiled by its own adapter, one at a time: ``{run_dir: (explain.json or None, note)}``."""
+    """Every ok run profiled by its own adapter, one at a time, after all of them (with ``--repeat``, every
+    repeat: the report takes each row across them): ``{run_dir: (explain.json or None, note)}``."""
     found = {}
     for result in results:
         if not result.ok or result.backend not in backends:
             continue
-        log(f"[{result.backend}] {result.recipe}: profiling a few steps (explain)")
+        run = f", run {result.repeat_index + 1}" if getattr(result, "repeat_index", 0) or \
+            any(r.repeat_index for r in results if r.backend == result.backend) else ""
+        log(f"[{result.backend}] {result.recipe}: profiling a few steps (explain{run})")
         found[result.run_dir] = explain_run(result, backends[result.backend][0])
     return found

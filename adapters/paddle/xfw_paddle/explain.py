@@ -8,7 +8,11 @@
   layer's own trainable parameters its end;
 * a tied LM head (the embedding layer called on hidden states) is timed as ``lm_head``, as on PyTorch;
 * categories and the trace: ``paddle.profiler`` (host operators with their input shapes; GPU kernels
-  on a GPU), exported as a Chrome trace, each operator's category written into it.
+  on a GPU), exported as a Chrome trace, each operator's category written into it. Paddle computes
+  ``F.mse_loss`` (the diffusion families' loss) as subtract, square and mean, where PyTorch has one
+  ``aten::mse_loss``: while the profiler records, the call is marked (:func:`marked_mse_loss`: a user
+  event around its forward, instant markers where its backward begins and ends), so that both sides'
+  loss is the loss category. The markers add no operator; the call computes what it computed.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import paddle
 
 from xfw.contract.explain import LOSS, Timeline, refuse_many, run_explain, scope_names, trace_categories
+from xfw.contract.explain_categories import LOSS_BACKWARD_BEGINS, LOSS_BACKWARD_ENDS, LOSS_MARK
 from xfw_paddle import parallel
 from xfw_paddle.families import family_module
 from xfw_paddle.model import canonical_names
@@ -98,15 +103,54 @@ class PaddleHooks:
         targets = [profiler.ProfilerTarget.CPU] + ([profiler.ProfilerTarget.GPU] if self.session.gpu else [])
         prof = profiler.Profiler(targets=targets, on_trace_ready=lambda _prof: None,
                                  record_shapes=True)  # shapes: attention's products
-        prof.start()
-        for _ in range(steps):
-            run()
-            prof.step()
-        prof.stop()
+        functional, unmarked = paddle.nn.functional, paddle.nn.functional.mse_loss
+        functional.mse_loss = marked_mse_loss(unmarked)
+        try:
+            prof.start()
+            for _ in range(steps):
+                run()
+                prof.step()
+            prof.stop()
+        finally:
+            functional.mse_loss = unmarked
         prof.export(trace_path, format="json")
         return trace_categories(trace_path, op_cats=("Operator", "OperatorInner", "DygraphKernelLaunch", "UserDefined"),
                                 optimizer_marks=("Optimization Step",), kernel_cats=("Kernel",),
                                 layer_cats=("Forward",))  # no shapes in Paddle's trace: attention by its layer
+
+
+def _mark(name: str) -> None:
+    from paddle import profiler
+
+    with profiler.RecordEvent(name):
+        pass
+
+
+def marked_mse_loss(mse_loss):
+    """``mse_loss`` with the profiler's loss markers (``xfw.contract.explain_categories.LOSS_MARK``): a user
+    event around the call, an instant marker from a hook on its output's gradient (its backward begins) and
+    one from a hook on its inputs' (done: the next operator's gradient is being taken). Paddle's profiler
+    needs its events nested, so the backward is two instants, not one event across the gradient nodes."""
+    from paddle import profiler
+
+    def marked(input, label, *args, **kwargs):  # noqa: A002 - paddle's own argument name
+        with profiler.RecordEvent(LOSS_MARK):
+            out = mse_loss(input, label, *args, **kwargs)
+        inputs = [t for t in (input, label) if isinstance(t, paddle.Tensor) and not t.stop_gradient]
+        if isinstance(out, paddle.Tensor) and not out.stop_gradient and inputs:
+            out.register_hook(lambda _g: _mark(LOSS_BACKWARD_BEGINS))
+            done = []
+
+            def ended(_g):
+                if not done:
+                    done.append(True)
+                    _mark(LOSS_BACKWARD_ENDS)
+
+            for t in inputs:
+                t.register_hook(ended)
+        return out
+
+    return marked
 
 
 def explain(spec: dict, path: str) -> None:
