@@ -127,12 +127,14 @@ def compare(recipes, backends, overrides, comparison, repeat, pythons, out_dir, 
 @click.option("--backends", "backends", default="paddle,torch", show_default=True,
               help="Comma-separated backends; the gap = first - second.")
 @set_option
+@as_option
+@repeat_option
 @python_option
 @out_option
 @force_option
 @click.option("--categories", is_flag=True, help="Print how operators are put into categories (the map both "
                                                  "sides share) and exit; no RECIPE needed.")
-def explain_command(recipe, backends, overrides, pythons, out_dir, force, categories) -> None:
+def explain_command(recipe, backends, overrides, comparison, repeat, pythons, out_dir, force, categories) -> None:
     """Compare RECIPE, then explain the gap: each side profiles a few steps after its measured window
     (module hooks, the framework's profiler) and the report aligns them by canonical module name and
     by category, with a waterfall of the step-time difference (docs/explain.md)."""
@@ -144,8 +146,9 @@ def explain_command(recipe, backends, overrides, pythons, out_dir, force, catego
     if recipe is None:
         raise click.UsageError("Missing argument 'RECIPE' (or --categories).")
     _finish(lambda: workflow.compare(
-        [recipe], _backend_names(backends), overrides=list(overrides), interpreters=_interpreters(pythons, backends),
-        out_dir=out_dir, force=force, progress=_progress(), log=_log, explain=True))
+        [recipe], _backend_names(backends), overrides=_with_repeat(overrides, repeat, comparison),
+        interpreters=_interpreters(pythons, backends), out_dir=out_dir, force=force, progress=_progress(), log=_log,
+        explain=True))
 
 
 @main.command()

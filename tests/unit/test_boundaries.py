@@ -95,7 +95,7 @@ def test_cli_commands_and_options_are_frozen():
         "bisect": ["bad", "builds_path", "force", "good", "out_dir", "overrides", "recipe", "repeat"],
         "compare": ["ab", "backends", "comparison", "contrast", "explain", "force", "master_addr", "master_port", "node_rank", "out_dir",
                     "overrides", "parity_dirs", "pythons", "recipes", "repeat"],
-        "explain": ["backends", "categories", "force", "out_dir", "overrides", "pythons", "recipe"],
+        "explain": ["backends", "categories", "comparison", "force", "out_dir", "overrides", "pythons", "recipe", "repeat"],
         "env": ["backends", "pythons", "remove"],
         "parity": ["backends", "force", "out_dir", "overrides", "pythons", "recipe", "steps", "weights"],
         "estimate": ["overrides", "recipe", "run_dir"],
