@@ -32,16 +32,12 @@ from xfw.report.explain_rows import (FLOOR, NOT_MODULES, ROOT, TOP_LEVEL, Aligne
                                      combine_runs, coverage, folds, module_rows, quartiles, rests_on, runs_of,
                                      spread, total)
 from xfw.report.explain_trust import (SIZE_TOLERANCE, Verdict, _cost, _diagnosis, _measured_noise,  # noqa: F401
-                                      program_check, side_lines, verdict)
+                                      _ms, program_check, side_lines, verdict)
 from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Table
 
 SHOWN = 12
 """Module rows shown before the rest is folded into one (the CSV holds every row)."""
 WATERFALL_PARTS = 8
-
-
-def _ms(seconds: float | None) -> str:
-    return "–" if seconds is None else f"{seconds * 1e3:.2f}"
 
 
 def _fb(row: dict | None) -> str:
