@@ -6,6 +6,7 @@ PYTEST := .venv/torch/bin/python -m pytest
 
 setup:
 	bash scripts/setup.sh
+	bash scripts/setup_jax.sh  # .venv/jax: its own script and stamp (docs/jax.md)
 
 # Debian's chromium, for the test that opens the nightly report in a real headless browser.
 browser:

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create .venv/jax (JAX, Flax NNX, optax on CPU + the bare xfw core + xfw_jax), and skip it when up to date.
+# Its own script, with its own stamp, so that adding JAX does not change scripts/setup.sh (whose hash is
+# part of the two other environments' stamps); it builds the environment the way setup.sh's make_env does.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=python3
+if command -v python3.11 >/dev/null 2>&1; then PYTHON=python3.11; fi
+
+dir=.venv/jax
+stamp="$dir/.xfw-setup-stamp"
+requirements=adapters/jax/requirements.txt
+want=$(cat "$requirements" pyproject.toml adapters/jax/pyproject.toml scripts/setup_jax.sh | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$dir/bin/python" -c "import xfw_jax" 2>/dev/null; then
+  echo "==> .venv/jax is up to date"
+  exit 0
+fi
+echo "==> creating .venv/jax (about 2 minutes on a fresh machine)"
+rm -rf "$dir"
+"$PYTHON" -m venv "$dir"
+"$dir/bin/python" -m pip install --progress-bar off --upgrade pip 2>&1 | sed -u '/^Requirement already satisfied/d'
+"$dir/bin/python" -m pip install --progress-bar off -r "$requirements" -e . -e adapters/jax 2>&1 \
+  | sed -u '/is ignored: it is neither a file nor a directory/d; /^Requirement already satisfied/d'
+"$dir/bin/python" -c "import xfw_jax"
+echo "$want" > "$stamp"
+echo "==> .venv/jax ready"
