@@ -87,7 +87,10 @@ OPTIONAL: dict[str, dict[str, tuple]] = {
                 "mechanisms": _DICT, "env": _DICT, "not_honoured": _DICT,
                 # An attached run's parameters per module that took part: {"UNet2DConditionModel":
                 # {"total": n, "trainable": n}, ...} (xfw.contract.probe.applied.count_params).
-                "params_by_module": _DICT},
+                "params_by_module": _DICT,
+                # Seconds the adapter spent compiling its step programs ahead of the steps (JAX's jit),
+                # measured apart from every step and the window (docs/jax.md).
+                "compile_time_s": _NUM},
     # "command_log": the window was parsed from a command's log (xfw.run.logparse), not measured by xfw.
     "window": {"source": _STR, "padded_tokens": _INT},
 }
