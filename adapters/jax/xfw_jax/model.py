@@ -2,7 +2,8 @@
 
 * ``build_model``: the family's module tree (``xfw_jax.families``), seeded (``measure.seed``), then
   ``model.weights`` when it names a directory (canonical names, ``xfw_jax.names``), strictly: every
-  parameter, nothing extra, same shapes (``xfw.contract.weights.Checkpoint``).
+  parameter, nothing extra, same shapes (``xfw.contract.weights.Checkpoint``); in stage ``lora`` the
+  adapters (``xfw_jax.lora``), then the file's adapters when it holds any.
 * What trains is selected per parameter by its canonical name with the family's facts
   (``xfw.contract.families.trains``), as the two other adapters select it: :func:`trainable_filter`
   is an NNX filter, so ``nnx.split(model, trainable, nnx.Param, ...)`` gives the trained state apart
@@ -17,6 +18,7 @@ from flax import nnx
 from xfw.contract import families
 from xfw.contract import weights as neutral
 from xfw.contract.harness import InvalidSpec, Unsupported
+from xfw.contract.hf_names import is_lora
 from xfw_jax import names
 from xfw_jax.families import family_module
 
@@ -31,14 +33,15 @@ def _weights_dir(spec: dict) -> str | None:
     return None if weights == "random" else weights
 
 
-def load_weights(model, directory: str, family: str) -> None:
+def load_weights(model, directory: str, family: str, *, lora: bool = False) -> None:
+    """The base parameters (``lora=False``) or the LoRA adapters (True) from ``directory``, strictly."""
     import jax.numpy as jnp
 
-    found = params(model)
+    found = [(p, v) for p, v in params(model) if is_lora(names.canonical(p)) == lora]
     shapes = {names.canonical(p): names.canonical_shape(p, v[...].shape) for p, v in found}
     try:
         ckpt = neutral.Checkpoint(directory, family=family)
-        ckpt.check(shapes, lora=False)
+        ckpt.check(shapes, lora=lora)
         state = ckpt.load(shapes)
     except neutral.WeightsError as err:
         raise InvalidSpec(str(err) if str(err).startswith("model.weights") else f"model.weights: {err}") from None
@@ -60,6 +63,12 @@ def build_model(spec: dict, *, dtype=None, param_dtype=None, weights: bool = Tru
             neutral.Checkpoint(directory, family=family).check_stage(spec["stage"])
         except neutral.WeightsError as err:
             raise InvalidSpec(str(err)) from None
+    if spec["stage"] == "lora":  # after the base weights, as peft injects its adapters
+        from xfw_jax.lora import add_lora
+
+        add_lora(model, spec)
+        if directory is not None and neutral.Checkpoint(directory, family=family).names(lora=True):
+            load_weights(model, directory, family, lora=True)
     return model
 
 

@@ -2,12 +2,14 @@
 
 The family modules mirror transformers' attribute names, so a path joined with dots is the canonical
 name once Flax's own leaf names are translated: ``kernel`` (a linear's ``[in, out]``, a convolution's
-``[kh, kw, in, out]``), ``embedding`` and ``scale`` are ``weight`` (``[out, in]``, ``[out, in, kh, kw]``).
+``[kh, kw, in, out]``), ``embedding`` and ``scale`` are ``weight`` (``[out, in]``, ``[out, in, kh, kw]``); a LoRA-adapted linear's ``base_layer`` is peft's name.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from xfw.contract.hf_names import peft_to_canonical
 
 _LEAF = {"kernel": "weight", "embedding": "weight", "scale": "weight"}
 
@@ -15,7 +17,7 @@ _LEAF = {"kernel": "weight", "embedding": "weight", "scale": "weight"}
 def canonical(path: tuple) -> str:
     parts = [str(p) for p in path]
     parts[-1] = _LEAF.get(parts[-1], parts[-1])
-    return ".".join(parts)
+    return peft_to_canonical(".".join(parts))  # a LoRA-adapted linear's base_layer is the linear itself
 
 
 def to_canonical(path: tuple, value: np.ndarray) -> np.ndarray:
