@@ -1,0 +1,89 @@
+"""The JAX adapter, for real: tiny LLaVA in Flax NNX beside PyTorch, through the commands a user runs.
+
+JAX runs only as a subprocess of ``.venv/jax/bin/python`` (skipped when that is missing: scripts/setup_jax.sh
+makes it). XLA compiles every program before its first step (seconds on CPU), so each test runs as few
+steps as shows its point: about a minute and a half together on two cores.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from xfw.contract import presets
+from xfw.contract.records import load_records, validate_record
+
+from conftest import ROOT, applied, kinds, require_interpreter, run_adapter
+
+pytestmark = pytest.mark.contract
+RECIPE = "recipes/tiny/llava_sft.yaml"
+COUNTS = presets.count_params(presets.resolve_arch("tiny-llava", {}, None, None))
+
+
+def xfw(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xfw.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout_s)
+
+
+def test_describe_names_the_framework_and_xfw_env_lists_it():
+    python = require_interpreter("jax")
+    out = subprocess.run([str(python), "-m", "xfw_jax", "--describe"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    described = json.loads(out.stdout)
+    assert described["framework"] == "jax" and described["versions"]["flax"]
+    assert described["launcher"][:3] == ["{python}", "-m", "xfw_jax"]
+    env = xfw("env", "--backends", "jax", timeout_s=120)
+    assert env.returncode == 0 and "jax " in env.stdout and "flax" in env.stdout, env.stdout + env.stderr
+
+
+def test_compare_jax_torch_runs_both_with_equal_parameter_counts(tmp_path):
+    require_interpreter("jax")
+    out = tmp_path / "cmp"
+    result = xfw("compare", RECIPE, "--backends", "jax,torch", "--set", "measure.warmup_steps=1",
+                 "--set", "measure.steps=3", "--out", str(out))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    sides = {b: load_records(out / "tiny-llava-sft" / b / "steps.jsonl") for b in ("jax", "torch")}
+    for records in sides.values():
+        assert all(validate_record(r) == [] for r in records)
+        assert kinds(records) == ["start"] + ["step"] * 4 + ["window", "applied", "end"]
+    jax_applied, torch_applied = applied(sides["jax"]), applied(sides["torch"])
+    assert jax_applied["num_params_total"] == torch_applied["num_params_total"] == COUNTS["total"]
+    assert jax_applied["num_params_trainable"] == torch_applied["num_params_trainable"]
+    # jit's compile time is its own field, measured outside every step
+    assert jax_applied["compile_time_s"] > 0 and jax_applied["mem_source"] == "peak_rss"
+    assert "jax" in (out / "report.md").read_text()
+
+
+def test_parity_jax_torch_ten_fp32_steps_pass(tmp_path):
+    require_interpreter("jax")
+    out = tmp_path / "parity"
+    result = xfw("parity", RECIPE, "--backends", "jax,torch", "--steps", "10", "--out", str(out))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    report = json.loads((out / "parity.json").read_text())
+    assert report["passed"] is True and len(report["steps"]) == 10
+    assert report["backends"][0] == "jax"  # the reference: the JAX side exported the shared start
+
+
+def test_bf16_with_remat_and_clipping_is_recorded_as_applied(tmp_path):
+    code, records, stderr = run_adapter(
+        "jax", tmp_path, measure={"warmup_steps": 1, "steps": 2, "timeout_s": 120},
+        precision={"dtype": "bf16", "amp_level": "O1"}, recompute=True,
+        optimizer={"lr": 1.0e-3, "max_grad_norm": 1.0})
+    assert code == 0, stderr[-3000:]
+    a = applied(records)
+    assert (a["weight_dtype"], a["compute_dtype"], a["recompute"]) == ("float32", "bfloat16", True)
+    assert a["mechanisms"]["checkpointing"] == "nnx.remat (nothing_saveable)"
+    assert "clip_by_global_norm(1)" in a["notes"]
+
+
+@pytest.mark.parametrize("sections, reason", [
+    ({"model": {"preset": "tiny-sd15"}, "stage": "lora", "lora": {"r": 4, "alpha": 4, "dropout": 0.0,
+                                                                   "targets": ["to_q"]}}, "Stable Diffusion 1.5"),
+    ({"precision": {"dtype": "fp16", "amp_level": "O1"}}, "loss scaler"),
+])
+def test_what_is_not_ported_is_unsupported_with_its_reason(tmp_path, sections, reason):
+    code, records, stderr = run_adapter("jax", tmp_path, **sections)
+    assert code == 3, stderr[-2000:]
+    error = records[-1]
+    assert error["kind"] == "error" and error["status"] == "unsupported" and reason in error["message"]
