@@ -169,7 +169,7 @@ def test_validate_accepts_declared_knobs_and_env():
 
 def test_each_adapter_declares_its_knobs_as_data_with_the_harness_knobs():
     files = sorted(ROOT.glob(f"adapters/*/xfw_*/{knob_declaration.KNOBS_FILE}"))
-    assert {f.parent.name for f in files} == {"xfw_torch", "xfw_paddle"}
+    assert {f.parent.name for f in files} == {"xfw_torch", "xfw_paddle", "xfw_jax"}
     for f in files:
         declared = knob_declaration.read_declaration(f)
         assert {GRAD_NORM_KNOB, *LOADER_KNOBS} <= set(declared), f
