@@ -15,7 +15,9 @@ Neutral settings map to JAX's own mechanisms (docs/jax.md):
 * The step: two ``jax.jit`` programs (forward + backward over the micro-batches, gradients averaged;
   the optimizer update), each compiled ahead of time on its first inputs (``.lower().compile()``),
   the compile time measured apart and recorded (``applied.compile_time_s``), never inside a step.
-* Several devices (``xfw_jax.parallel``): a ``jax.sharding`` mesh over the process's devices.
+* Several ranks (``xfw_jax.parallel``): one process per rank (``xfw_jax.launch``), joined by
+  ``jax.distributed``; a ``jax.sharding`` mesh over their devices, ``parallel.sharding`` choosing what
+  is sharded (data parallel, ZeRO-1/2, FSDP), XLA's SPMD partitioner placing the collectives.
 
 JAX dispatches asynchronously: :meth:`JaxSession.timestamp` waits for the arrays the step produced
 before reading the clock (on CPU what PyTorch's synchronous execution does implicitly). Memory on
@@ -50,20 +52,21 @@ def _library_versions() -> dict[str, str]:
 
 
 def _device_name() -> str:
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]
     return cpu_model() if device.platform == "cpu" else getattr(device, "device_kind", device.platform)
 
 
 def describe() -> dict:
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]
     import jaxlib
 
     return {
         "backend": "jax", "framework": "jax", "framework_version": jax.__version__,
         "framework_commit": getattr(jaxlib.version, "_git_hash", None) if hasattr(jaxlib, "version") else None,
         "versions": _library_versions(), "device": f"{device.platform}:0", "device_name": _device_name(),
-        # One controller process: a run of several processes is refused by the session (xfw_jax.parallel).
-        "launcher": ["{python}", "-m", "xfw_jax"],
+        "launcher": ["{python}", "-m", "xfw_jax.launch", "--nnodes", "{nnodes}", "--node_rank", "{node_rank}",
+                     "--master_addr", "{master_addr}", "--master_port", "{master_port}",
+                     "--nproc_per_node", "{nproc}", "--"],
     }
 
 
@@ -118,14 +121,20 @@ class JaxSession:
         adamw = optax.adamw(opt["lr"], b1=opt["betas"][0], b2=opt["betas"][1], eps=opt["eps"],
                             weight_decay=opt["weight_decay"])
         self.tx = optax.chain(optax.clip_by_global_norm(self.max_grad_norm), adamw) if self.max_grad_norm else adamw
-        self.opt_state = self.tx.init(self.train)
+        # optax's state made where it lives: sharded over the ranks from ZeRO-1 on (xfw_jax.parallel)
+        opt_sh = self.layout.opt_shardings(jax.eval_shape(self.tx.init, self.train))
+        self.opt_state = jax.jit(self.tx.init, out_shardings=opt_sh)(self.train)
         self.record_grad_norm = wants_grad_norm(spec)
         self.loader = loader_settings(spec)
         self._grads, self._last, self._grad_norm = None, None, None
         self.compiled: dict = {}
         self.compile_time_s, self.compilations = 0.0, 0
-        self._fwd_bwd = jax.jit(self._fwd_bwd_fn)
-        self._update = jax.jit(self._update_fn)
+        # Several ranks: the layouts pinned (xfw_jax.parallel), so every step keeps its sharding.
+        train_sh = self.layout.param_shardings(self.train)
+        grads_sh = self.layout.grad_shardings(self.train)
+        replicated = None if self.layout.mesh is None else self.layout.shardings(0.0, False)
+        self._fwd_bwd = jax.jit(self._fwd_bwd_fn, out_shardings=None if grads_sh is None else (replicated, grads_sh))
+        self._update = jax.jit(self._update_fn, out_shardings=None if train_sh is None else (train_sh, opt_sh))
         self._eval = jax.jit(self._eval_fn)
 
     # -- the programs -------------------------------------------------------------------------
@@ -216,7 +225,7 @@ class JaxSession:
             jax.block_until_ready(self._last)
 
     def memory_peaks(self) -> tuple[int | None, int | None]:
-        stats = jax.devices()[0].memory_stats() if jax.devices()[0].platform != "cpu" else None
+        stats = jax.local_devices()[0].memory_stats() if jax.local_devices()[0].platform != "cpu" else None
         if stats and "peak_bytes_in_use" in stats:
             return int(stats["peak_bytes_in_use"]), stats.get("bytes_reservable_limit")
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, None  # KiB on Linux: the process's peak
@@ -226,7 +235,7 @@ class JaxSession:
         return "resource_exhausted" in text or "out of memory" in text
 
     def applied(self) -> dict:
-        on_cpu = jax.devices()[0].platform == "cpu"
+        on_cpu = jax.local_devices()[0].platform == "cpu"
         weight_dtype = str(jax.tree.leaves(self.train)[0].dtype)
         compute = "bfloat16" if self.compute_dtype is not None else "float32"
         notes = self.precision_note
@@ -239,7 +248,7 @@ class JaxSession:
         notes += f"; {self.compilations} XLA compilations, {self.compile_time_s:.2f} s, outside the steps"
         versions = {f"version_{k}": v for k, v in _library_versions().items()}
         return dict(
-            framework="jax", framework_version=jax.__version__, device=f"{jax.devices()[0].platform}:0",
+            framework="jax", framework_version=jax.__version__, device=f"{jax.local_devices()[0].platform}:0",
             device_name=_device_name(), weight_dtype=weight_dtype, compute_dtype=compute,
             amp_level=self.spec["precision"]["amp_level"], master_weights=self.masters,
             sharding_impl=self.layout.impl, attention_impl="xla", tf32=False, fused_optimizer=True,
@@ -252,7 +261,7 @@ class JaxSession:
                 "attention_kernel": "XLA-fused einsum softmax (no named kernel)",
                 "attention_impl": "xla",
                 "optimizer_impl": "optax.adamw inside one jit program (XLA-fused)",
-                "grad_reduce_dtype": "n/a (one process)" if self.num_ranks == 1 else "float32",
+                "grad_reduce_dtype": "n/a (one process)" if self.num_ranks == 1 else weight_dtype,
                 "master_weights": "fp32 parameters (param_dtype)" if self.masters else "none",
                 "master_grads": f"the parameters' dtype ({weight_dtype})",
                 "sharding_impl": self.layout.impl, "sharding_detail": self.layout.detail,
