@@ -87,3 +87,24 @@ def test_what_is_not_ported_is_unsupported_with_its_reason(tmp_path, sections, r
     assert code == 3, stderr[-2000:]
     error = records[-1]
     assert error["kind"] == "error" and error["status"] == "unsupported" and reason in error["message"]
+
+
+def test_two_ranks_fsdp_train_the_same_losses_as_one_process_accumulating(tmp_path):
+    """stage3 on two processes (xfw_jax.launch, jax.distributed over Gloo, parameters sharded over the mesh)
+    against one process accumulating the same two micro-batches: one seeded start, the same samples."""
+    require_interpreter("jax")
+    out = tmp_path / "fsdp"
+    short = ("--set", "measure.warmup_steps=1", "--set", "measure.steps=2")
+    result = xfw("run", RECIPE, "--backend", "jax", "--set", "parallel.nproc_per_node=2",
+                 "--set", "parallel.sharding=stage3", *short, "--out", str(out))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    records = load_records(out / "tiny-llava-sft" / "jax" / "steps.jsonl")
+    assert sorted({r["rank"] for r in records if r["kind"] == "end"}) == [0, 1]
+    a = applied(records)
+    assert (a["sharding_impl"], a["num_processes"], a["grad_accum_steps"]) == ("jax_fsdp", 2, 1)
+    code, single, stderr = run_adapter("jax", tmp_path, batch={"global": 8, "micro": 4},
+                                       measure={"warmup_steps": 1, "steps": 2, "timeout_s": 120})
+    assert code == 0, stderr[-2000:]
+    two = [r["loss"] for r in records if r["kind"] == "step" and r["rank"] == 0]
+    one = [r["loss"] for r in single if r["kind"] == "step"]
+    assert two == pytest.approx(one, rel=1e-5)
