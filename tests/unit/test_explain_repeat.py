@@ -83,7 +83,8 @@ def test_the_page_says_what_each_row_rests_on_and_the_csv_holds_every_row(tmp_pa
     records = list(csv.DictReader(io.StringIO(to_csv(page))))
     assert len(records) == 21 and {r["module"] for r in records} == {*many, "x"}  # the CSV does not
     assert not any("more rows" in r["module"] for r in records)
-    assert records[0]["module"] == "x" and records[0]["rank"] == "1" and records[0]["paddle_runs"] == "2"
+    # both sides' measured steps are 31 ms: no gap to explain, so "x" is listed first but not ranked as a finding
+    assert records[0]["module"] == "x" and records[0]["rank"] == report.UNRANKED and records[0]["paddle_runs"] == "2"
     assert records[0]["paddle_steps"] == "10"
 
 

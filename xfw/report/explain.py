@@ -47,6 +47,22 @@ def _fb(row: dict | None) -> str:
     return text + (f" (recompute {row['recompute_s'] * 1e3:.2f})" if row.get("recompute_s") else "")
 
 
+def _shown_ms(row: dict | None) -> float:
+    """A row's fwd + bwd as its cell shows them (ms, each part rounded as printed); a dash counts 0."""
+    return 0.0 if row is None else round(row["fwd_med_s"] * 1e3, 2) + round(row["bwd_med_s"] * 1e3, 2)
+
+
+def _diff_cell(ra: dict | None, rb: dict | None) -> str:
+    """The difference column: the first side's shown fwd + bwd minus the second's, from the printed figures
+    themselves, so a reader adding the cells gets the same number."""
+    return f"{_shown_ms(ra) - _shown_ms(rb):+.2f}"
+
+
+def _diff_ms(va: float, vb: float) -> str:
+    """``va − vb`` of two figures as :func:`_ms` prints them (seconds in, ms out)."""
+    return f"{round(va * 1e3, 2) - round(vb * 1e3, 2):+.2f}"
+
+
 def _iqr(row: dict | None) -> str:
     """A row's noise band (:func:`spread`): p25–p75 of its steps, or min–max of its per-run medians."""
     if row is None:
@@ -79,10 +95,16 @@ class ExplainPage(Page):
         return [t.full if isinstance(t, FoldedTable) and t.full is not None else t for t in super().tables()]
 
 
+UNRANKED = "beyond its noise, not ranked (unreliable)"
+"""A finding's rank cell when the explanation is unreliable: listed by size, never numbered as a finding."""
+
+
 def module_table(names: tuple[str, str], rows: list[Aligned], v: Verdict, recipe: str = "") -> Table:
     """The rows, largest finding first; the page shows :data:`SHOWN` and folds the rest into one, the CSV
     (``.full``) has every row with its raw numbers, how many runs and hooked steps each rests on, and the
-    comparison row (``recipe``) it belongs to."""
+    comparison row (``recipe``) it belongs to. Each side's cell is its row's median step, fwd / bwd, and the
+    difference column is the first side's fwd + bwd minus the second's, as shown (:func:`_diff_cell`); rows are
+    ranked only when the verdict is reliable (else :data:`UNRANKED`)."""
     a, b = names
     cells, records = [], []
     rank = 0
@@ -95,11 +117,13 @@ def module_table(names: tuple[str, str], rows: list[Aligned], v: Verdict, recipe
             return "within noise"
         if r.small:
             return f"below the floor (<{FLOOR:.0%} of the step)"
+        if not v.reliable:
+            return UNRANKED
         rank += 1
         return str(rank)
 
     for r in rows:
-        cells.append([r.name, _fb(r.a), _fb(r.b), f"{r.diff * 1e3:+.2f}", f"{_iqr(r.a)}; {_iqr(r.b)}", note(r),
+        cells.append([r.name, _fb(r.a), _fb(r.b), _diff_cell(r.a, r.b), f"{_iqr(r.a)}; {_iqr(r.b)}", note(r),
                       _share(r.diff, v)])
         side = lambda row, k: row and row[k]  # noqa: E731
         records.append({**({"recipe": recipe} if recipe else {}), "module": r.name,
@@ -109,7 +133,7 @@ def module_table(names: tuple[str, str], rows: list[Aligned], v: Verdict, recipe
                         f"{a}_steps": side(r.a, "run_steps"), f"{b}_runs": side(r.b, "runs"),
                         f"{b}_steps": side(r.b, "run_steps"), "folded_in": ", ".join(r.folded)})
     header = ["Module (canonical name)", f"{a} fwd / bwd (ms, median)", f"{b} fwd / bwd (ms, median)",
-              f"{a} − {b} (ms)", _spread_header(rows, a, b), "rank", "share of the rows' gap"]
+              f"{a} − {b} (ms, fwd + bwd)", _spread_header(rows, a, b), "rank", "share of the rows' gap"]
     full = Table(header=header, cells=cells, records=records, numeric=(1, 2, 3, 6), name="explain-modules")
     shown_cells, shown_records = cells[:SHOWN], records[:SHOWN]
     rest = rows[SHOWN:]
@@ -118,8 +142,9 @@ def module_table(names: tuple[str, str], rows: list[Aligned], v: Verdict, recipe
         fold = lambda side: {"fwd_med_s": sum((getattr(r, side) or {}).get("fwd_med_s", 0.0) for r in rest),  # noqa: E731
                              "bwd_med_s": sum((getattr(r, side) or {}).get("bwd_med_s", 0.0) for r in rest)}
         ranked = sum(1 for r in rest if r.finding)
+        found = (f"{ranked} ranked" if v.reliable else f"{ranked} beyond noise, not ranked") if ranked else ""
         shown_cells.append([f"({len(rest)} more rows: explain.csv has them)", _fb(fold("a")), _fb(fold("b")),
-                            f"{diff * 1e3:+.2f}", "", f"{ranked} ranked" if ranked else "", _share(diff, v)])
+                            _diff_cell(fold("a"), fold("b")), "", found, _share(diff, v)])
         shown_records.append({"module": f"({len(rest)} more rows)", "diff_s": diff, "rank": ""})
     return FoldedTable(header=header, cells=shown_cells, records=shown_records, numeric=(1, 2, 3, 6),
                        name="explain-modules", full=full)
@@ -136,11 +161,11 @@ def category_table(names: tuple[str, str], ea: dict, eb: dict) -> Table:
     for cat in CATEGORIES:
         va, vb = ea["categories"].get(cat, 0.0), eb["categories"].get(cat, 0.0)
         ops = "; ".join(x for x in (_ops(ea, cat), _ops(eb, cat)) if x)
-        cells.append([cat, _ms(va), _ms(vb), f"{(va - vb) * 1e3:+.2f}", ops])
+        cells.append([cat, _ms(va), _ms(vb), _diff_ms(va, vb), ops])
     ta, tb = sum(ea["categories"].values()), sum(eb["categories"].values())
-    cells.append(["total (profiled operators)", _ms(ta), _ms(tb), f"{(ta - tb) * 1e3:+.2f}", ""])
+    cells.append(["total (profiled operators)", _ms(ta), _ms(tb), _diff_ms(ta, tb), ""])
     cells.append(["the profiled step", _ms(ea["profiler_step_s"]), _ms(eb["profiler_step_s"]),
-                  f"{(ea['profiler_step_s'] - eb['profiler_step_s']) * 1e3:+.2f}", ""])
+                  _diff_ms(ea["profiler_step_s"], eb["profiler_step_s"]), ""])
     return Table(header=["Category", f"{a} (ms per step)", f"{b} (ms per step)", f"{a} − {b} (ms)",
                          "main operators (trace.json's xfwCategories has all)"], cells=cells,
                  numeric=(1, 2, 3), name="explain-categories", csv=False)
@@ -193,10 +218,12 @@ def basis(names: tuple[str, ...], explains: tuple[dict, ...]) -> str:
     sides = "; ".join(f"{n} {rests_on(e)}" + (f" ({e['unexplained_runs']} more run(s) without an explain.json)"
                                                 if e.get("unexplained_runs") else "") for n, e in zip(names, explains))
     if max(len(runs_of(e)) for e in explains) == 1:
-        how = ("each row is the median over its hooked steps, its band their p25–p75; a row is within noise when the "
+        how = ("each row is its median hooked step (fwd / bwd are that step's, so they add up to the figure the "
+               "difference is taken of), its band the steps' p25–p75; a row is within noise when the "
                "two sides' bands overlap (`--repeat 3` profiles every run and takes each row across them)")
     else:
-        how = ("each row is the median of its per-run medians, its band the min–max of those medians (a host stall "
+        how = ("each row is the median of its per-run medians (fwd / bwd are that run's median step's), its band the "
+               "min–max of those medians (a host stall "
                "in one run moves that run's median only); a row is within noise when the two sides' bands overlap; "
                "categories and the steps below are medians over the runs")
     return f"Rows rest on: {sides}; {how}."
@@ -219,13 +246,15 @@ def row_blocks(row: ComparisonRow, names: tuple[str, str], out_dir: Path | None,
                  for n, (_, d) in programs.items() if d] + _diagnosis(names, (side_a, side_b), (ea, eb))
     v = verdict(rows, ea, eb, gap, gap_noise, names, diagnosis)
     if any(d for _, d in programs.values()):
-        v = Verdict(False, v.rows_gap_s, v.why or "; ".join(diagnosis))
+        v = Verdict(False, v.rows_gap_s, v.why or "; ".join(diagnosis),
+                    v.short or "an explain process did not run the measured program")
     blocks: list = [Heading(f"Explain: {title}", 3),
                     Paragraph(f"Measured step: {a} {_ms(sa)} ms, {b} {_ms(sb)} ms, gap {a} − {b} "
-                              f"{'–' if gap is None else f'{gap * 1e3:+.2f}'} ms (±{gap_noise * 1e3:.2f}: half "
+                              f"{'–' if gap is None else _diff_ms(sa, sb)} ms (±{gap_noise * 1e3:.2f}: half "
                               "the p10–p90 ranges)."),
                     Paragraph(basis((a, b), (ea, eb)))]
-    blocks.append(Paragraph(f"**The explanation is unreliable here**, because {v.why}. The rows are shown; no shares."
+    blocks.append(Paragraph(f"**The explanation is unreliable here**, because {v.why}. The rows are listed by the "
+                            "size of their difference; none is ranked as a finding, and there are no shares."
                             if not v.reliable else
                             f"The rows' sum ({v.rows_gap_s * 1e3:+.2f} ms) agrees with the measured gap within the "
                             "noise: shares are of the rows' gap and add up to 100%."))
@@ -240,14 +269,19 @@ def row_blocks(row: ComparisonRow, names: tuple[str, str], out_dir: Path | None,
     if out_dir is not None and gap is not None:
         from xfw.report.plot import plot_waterfall
 
+        # the table's own figures (its difference column, :func:`_diff_cell`), so each bar reads as its row
+        shown = lambda r: (_shown_ms(r.a) - _shown_ms(r.b)) / 1e3  # noqa: E731
         ranked = [r for r in rows if r.finding][:WATERFALL_PARTS]
-        parts = [(r.name, r.diff) for r in ranked]
-        parts.append(("rows within noise, below the floor or one-sided", sum(r.diff for r in rows if r not in ranked)))
+        drawn = {id(r) for r in ranked}
+        parts = [(r.name, shown(r)) for r in ranked]
+        parts.append(("rows within noise, below the floor or one-sided",
+                      sum(shown(r) for r in rows if id(r) not in drawn)))
         parts.append(("not covered", gap - sum(d for _, d in parts)))
         try:
             chart = plot_waterfall((f"{b} step", sb), [(_short(n), d) for n, d in parts], (f"{a} step", sa),
                                    out_dir / chart_name(title, index),
-                                   title=f"{title}: from {b}'s step to {a}'s (ms)")
+                                   title=f"{title}: from {b}'s step to {a}'s (ms)",
+                                   unreliable="" if v.reliable else v.short or v.why)
             blocks.append(Image(chart, f"waterfall from {b}'s step time to {a}'s"))
         except OSError:
             pass
@@ -301,8 +335,10 @@ def explain_page(rows: list[ComparisonRow], backends: list[str], out_dir: Path |
         "every module, `optimizer` the optimizer step (the loss is its own row on both sides: transformers' "
         "in-forward loss call is timed as `loss`). `(model, its own code)` is the top level's own code, whichever "
         "class holds it. Recompute is the forward run again inside backward. Each "
-        "figure is the median over the hooked steps, with its interquartile range (over several runs: the median of "
-        "the runs' medians, with their min–max); a row is ranked only when the "
+        "side's fwd / bwd are the row's median hooked step (the step whose fwd + bwd is the median; over several "
+        "runs, the median run's), so they add up to the row's figure, and the difference column is the first side's "
+        "fwd + bwd minus the second's, as printed; the band is the steps' interquartile range (over several runs: "
+        "the min–max of the runs' medians); a row is ranked only when the explanation is reliable, the "
         f"two sides' ranges do not overlap and its difference is at least {FLOOR:.0%} of the slower side's hooked "
         "step (the floor). The steps are taken after the measured window in a process of its own "
         "that runs the measured run's program (docs/explain.md).", muted=True))

@@ -4,7 +4,8 @@ module names, and two sides' rows aligned, each difference with its noise::
     side = combine_runs([read_explain(p) for p in paths])   # one per repeat of the measured run
     rows = aligned(side_a, side_b, ("paddle", "torch"))     # findings first, largest difference first
 
-A row's figure is the median of its per-run medians (each run's median over its hooked steps); its spread is the
+A row's figure is the median of its per-run medians (each run's median over its hooked steps of fwd + bwd), and
+the fwd / bwd shown beside it are that median step's, so they add up to it (:func:`median_index`); its spread is the
 interquartile range of its hooked steps (one run) or the range (min–max) of its per-run medians (several runs), so
 one run's host stall moves one run's median and cannot decide the row. The page around them is
 ``xfw.report.explain``.
@@ -47,6 +48,14 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
         return values[0], values[0], values[0]
     q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return q1, q2, q3
+
+
+def median_index(values: list[float]) -> int:
+    """The index of the median of ``values`` (the lower middle of an even count: always one of them). A row's
+    figure is its median step's fwd + bwd and its fwd / bwd are that step's, so the parts a page shows add up
+    to the figure its difference is taken of (a median of fwd plus a median of bwd need not: a stall in
+    forward in some steps and in backward in others puts both medians low and their steps' sums high)."""
+    return sorted(range(len(values)), key=lambda k: (values[k], k))[(len(values) - 1) // 2]
 
 
 def _median_of(values: list[float], fallback: float = 0.0) -> float:
@@ -105,9 +114,8 @@ def _one_run_rows(explain: dict, fold: dict[str, str]) -> dict[str, dict]:
     for row in rows.values():
         pairs = row.pop("pairs") or [[row["fwd_s"], row["bwd_s"]]]
         row["steps"] = [f + b for f, b in pairs]
-        row["fwd_med_s"] = statistics.median(f for f, _ in pairs)
-        row["bwd_med_s"] = statistics.median(b for _, b in pairs)
-        row["run_medians"] = [statistics.median(row["steps"])]
+        row["fwd_med_s"], row["bwd_med_s"] = pairs[median_index(row["steps"])]
+        row["run_medians"] = [row["fwd_med_s"] + row["bwd_med_s"]]
     return rows
 
 
@@ -127,12 +135,12 @@ def module_rows(explain: dict, fold: dict[str, str] | None = None) -> dict[str, 
     for name in sorted({n for r in runs for n in r}):
         have = [(r.get(name), n) for r, n in zip(runs, lengths)]
         steps = [x for row, n in have for x in (row["steps"] if row else [0.0] * n)]
+        medians = [row["run_medians"][0] if row else 0.0 for row, _ in have]
+        middle = have[median_index(medians)][0] or {}  # the median run: its median step's fwd / bwd
         out[name] = {
             **{k: _median_of([row[k] if row else 0.0 for row, _ in have]) for k in ("fwd_s", "bwd_s", "recompute_s")},
-            "fwd_med_s": _median_of([row["fwd_med_s"] if row else 0.0 for row, _ in have]),
-            "bwd_med_s": _median_of([row["bwd_med_s"] if row else 0.0 for row, _ in have]),
-            "steps": steps, "run_medians": [row["run_medians"][0] if row else 0.0 for row, _ in have],
-            "runs": len(runs), "run_steps": len(steps)}
+            "fwd_med_s": middle.get("fwd_med_s", 0.0), "bwd_med_s": middle.get("bwd_med_s", 0.0),
+            "steps": steps, "run_medians": medians, "runs": len(runs), "run_steps": len(steps)}
     return out
 
 
@@ -177,10 +185,12 @@ class Aligned:
 
 
 def total(row: dict | None) -> float:
-    """A row's figure: the median of its per-run medians (one run: the median of its hooked steps)."""
+    """A row's figure: the median of its per-run medians (one run: the median of its hooked steps), the lower
+    middle of an even count (:func:`median_index`), so it is always its shown fwd + bwd."""
     if row is None:
         return 0.0
-    return statistics.median(row.get("run_medians") or [quartiles(row["steps"])[1]])
+    medians = row.get("run_medians") or [quartiles(row["steps"])[1]]
+    return medians[median_index(medians)]
 
 
 def spread(row: dict) -> tuple[float, float]:

@@ -31,6 +31,8 @@ class Verdict:
     reliable: bool
     rows_gap_s: float
     why: str = ""
+    short: str = ""
+    """``why`` in a few words (the chart's mark)."""
 
 
 def _measured_noise(side) -> float:
@@ -47,18 +49,23 @@ def verdict(rows: list[Aligned], ea: dict, eb: dict, gap: float | None, gap_nois
     rows_noise = step_noise(ea) + step_noise(eb)
     said = (f"the rows' sum gives {a} − {b} {rows_gap * 1e3:+.2f} ms (±{rows_noise * 1e3:.2f}) against a measured "
             f"{'–' if gap is None else f'{gap * 1e3:+.2f}'} ms (±{gap_noise * 1e3:.2f})")
-    why = ""
+    why = short = ""
+    allowed = rows_noise + gap_noise + SIZE_TOLERANCE * abs(gap or 0.0)
     if gap is None:
-        why = "no measured gap"
+        why = short = "no measured gap"
     elif abs(gap) <= gap_noise:
-        why = f"the measured gap is inside its own noise: there is no difference to explain ({said})"
+        short = "the measured gap is inside its own noise"
+        why = f"{short}: there is no difference to explain ({said})"
     elif abs(rows_gap) > rows_noise and (rows_gap > 0) != (gap > 0):
+        short = "the rows' sum and the measured gap have opposite signs"
         why = f"the sign differs: {said}"
-    elif abs(rows_gap - gap) > rows_noise + gap_noise + SIZE_TOLERANCE * abs(gap):
-        why = f"the size differs by {abs(rows_gap - gap) / abs(gap):.0%} of the gap: {said}"
+    elif abs(rows_gap - gap) > allowed:
+        short = f"the rows' sum accounts for {rows_gap / gap:.0%} of the measured gap"
+        why = (f"{short}: it misses the gap by {abs(rows_gap - gap) * 1e3:.2f} ms, more than both noises plus "
+               f"{SIZE_TOLERANCE:.0%} of the gap allow ({allowed * 1e3:.2f} ms); {said}")
     if why and diagnosis:
         why += "; " + "; ".join(diagnosis)
-    return Verdict(not why, rows_gap, why)
+    return Verdict(not why, rows_gap, why, short)
 
 
 def _spread(values: list[float] | None, fallback: float) -> str:

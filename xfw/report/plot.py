@@ -118,12 +118,12 @@ def plot_comparison(rows: list[ComparisonRow], backends: list[str], path: str | 
     return _save(fig, path)
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path, description: str = "") -> Path:
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=120)
+    fig.savefig(tmp, dpi=120, **({"metadata": {"Description": description}} if description else {}))
     plt.close(fig)
     tmp.replace(path)
     return path
@@ -172,21 +172,27 @@ def plot_breakdown(entries: list[tuple[str, str, dict]], parts: list[str], label
     return _save(fig, Path(path))
 
 
+UNRELIABLE_MARK = "UNRELIABLE here"
+"""What an explain chart says across its top when its page says the explanation is unreliable."""
+
+
 def plot_waterfall(start: tuple[str, float], steps: list[tuple[str, float]], end: tuple[str, float],
-                   path: str | Path, *, title: str) -> Path:
+                   path: str | Path, *, title: str, unreliable: str = "") -> Path:
     """A waterfall (``xfw explain``): ``start``'s step time, each part's difference (seconds; red
-    adds time, green removes it), ending at ``end``'s step time."""
+    adds time, green removes it), ending at ``end``'s step time. ``unreliable`` (why, in a few words) marks
+    the chart as the page marks it: :data:`UNRELIABLE_MARK` and why in the title, the parts hatched."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(steps) + 3), 4.6))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(steps) + 3), 4.6 + (0.5 if unreliable else 0)))
     ax.bar(0, start[1] * 1e3, 0.6, color=backend_color(_backend_of(start[0]), 0))
     level = start[1]
     for j, (_, delta) in enumerate(steps, start=1):
         low = min(level, level + delta)
-        ax.bar(j, abs(delta) * 1e3, 0.6, bottom=low * 1e3, color="#d9534f" if delta > 0 else "#5cb85c")
+        ax.bar(j, abs(delta) * 1e3, 0.6, bottom=low * 1e3, color="#d9534f" if delta > 0 else "#5cb85c",
+               hatch="//" if unreliable else None, alpha=0.55 if unreliable else 1.0)
         ax.text(j, max(level, level + delta) * 1e3, f"{delta * 1e3:+.2f}", ha="center", va="bottom", fontsize=8)
         level += delta
     ax.bar(len(steps) + 1, end[1] * 1e3, 0.6, color=backend_color(_backend_of(end[0]), 1))
@@ -194,6 +200,13 @@ def plot_waterfall(start: tuple[str, float], steps: list[tuple[str, float]], end
     ax.set_xticks(range(len(names)), names, rotation=35, ha="right", rotation_mode="anchor", fontsize=8)
     ax.set_ylabel("step time (ms)")
     ax.set_title(title, fontsize=11)
+    if unreliable:
+        import textwrap
+
+        ax.set_title(f"{title}\n" + "\n".join(textwrap.wrap(f"{UNRELIABLE_MARK}: {unreliable}; the parts are not "
+                                                            "findings (explain.md says why)",
+                                                            int(fig.get_figwidth() * 9))),
+                     fontsize=10, color="#b00020")
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
-    return _save(fig, Path(path))
+    return _save(fig, Path(path), f"{UNRELIABLE_MARK}: {unreliable}" if unreliable else "")
