@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from xfw.run.yamlfile import load_file
+from xfw.run.published import MECHANISMS
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -76,6 +77,14 @@ def _problems(path: Path, recipe_name: str) -> list[str]:
             if "not_reproduced" in entry:
                 if set(entry) != {"not_reproduced", "source", "line"} or not str(entry["not_reproduced"]).strip():
                     bad.append(f"{where}: a not_reproduced entry holds one sentence, a source and a line")
+                continue
+            if "recorded" in entry:  # recorded, never set: a mechanism both frameworks have (published.MECHANISMS)
+                if set(entry) != {"key", "value", "recorded", "source", "line"} or \
+                        entry["recorded"] not in ("default", "script") or entry["key"] not in MECHANISMS:
+                    bad.append(f"{where}: a recorded entry is key (a mechanism), value, recorded, source and line")
+                if entry.get("key") in seen:
+                    bad.append(f"{where}: {entry.get('key')} given twice")
+                seen.add(entry.get("key"))
                 continue
             if set(entry) != {"key", "value", "source", "line"}:
                 bad.append(f"{where}: keys {sorted(entry)}")

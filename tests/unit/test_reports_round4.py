@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 from PIL import Image as PILImage
@@ -15,6 +16,7 @@ from xfw.report import explain as report
 from xfw.report import plot
 from xfw.report.compare import ComparisonRow, Side
 from xfw.report.table import Table
+from xfw.run import published
 
 NAMES = ("paddle", "torch")
 
@@ -88,3 +90,39 @@ def test_rows_under_an_unreliable_banner_are_not_ranked_and_the_chart_says_so_to
     assert ranks == [report.UNRANKED] and not any(r.isdigit() for r in ranks)
     mark = PILImage.open(tmp_path / "explain.png").text.get("Description", "")
     assert mark.startswith(plot.UNRELIABLE_MARK) and "accounts for 23%" in mark
+
+
+PUBLISHED = sorted((Path(__file__).resolve().parents[2] / "recipes" / "published").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=[p.stem for p in PUBLISHED])
+def test_every_published_row_records_the_same_mechanisms_on_both_sides(path):
+    data = published.load(path)
+    assert set(data["sides"]) == {"paddle", "torch"}
+    assert published.one_sided_mechanisms(data) == []
+    # the ones issue 42 found on PyTorch's side only: the optimizer's implementation and, where a side checkpoints,
+    # its style, each on Paddle's side too, read from a source or marked as the framework's default
+    keys = {side: {e["key"]: e for kind in ("set", "recorded") for e in entries[kind]}
+            for side, entries in data["sides"].items()}
+    assert "optimizer_impl" in keys["paddle"] and ("checkpointing" in keys["paddle"]) == ("checkpointing" in keys["torch"])
+    for entry in data["sides"]["paddle"]["recorded"]:
+        assert entry["source"].count("@") == 1 and "#L" in entry["source"]
+        if entry["how"] == "default":
+            assert entry["text"] == (f"not set by the script — the framework's default, {entry['value']}, "
+                                     f"from {entry['source']}")
+
+
+def test_a_mechanism_on_one_side_only_is_named_and_a_recorded_entry_is_checked(tmp_path):
+    source = "{repo: o/r, commit: " + "a" * 40 + ", path: run.sh}"
+    f = tmp_path / "row.yaml"
+    f.write_text("row: r\nsources: {s: " + source + "}\nsides:\n"
+                 "  torch:\n    - {key: optimizer_impl, value: foreach, source: s, line: 3}\n"
+                 "  paddle:\n    - {key: checkpointing, value: non_reentrant, recorded: default, source: s, line: 4}\n")
+    data = published.load(f)
+    assert published.one_sided_mechanisms(data) == ["checkpointing: paddle only (not on torch)",
+                                                    "optimizer_impl: torch only (not on paddle)"]
+    described = published.described("like-for-like", data, "paddle", attached=False)
+    assert described["recorded"][0]["text"].startswith("not set by the script — the framework's default, non_reentrant")
+    f.write_text(f.read_text().replace("recorded: default", "recorded: maybe"))
+    with pytest.raises(published.PublishedError, match=r"sides\.paddle\.0\.recorded: must be one of default, script"):
+        published.load(f)

@@ -184,7 +184,7 @@ def result_variables(row) -> list[str]:
 
 
 _ENTRY_TEXT = {"set": ("key", "source"), "not_applied": ("key", "source"), "replaced": ("key", "source"),
-               "not_reproduced": ("what", "source")}
+               "not_reproduced": ("what", "source"), "recorded": ("key", "source", "text")}
 _THROUGHPUT_DEFINITIONS = tuple(THROUGHPUT_NOTES)
 
 
@@ -246,13 +246,14 @@ def blocks(rows, backends: list[str]) -> list:
         kind = kind_of(row)
         first = next(d for d in described.values() if d.get("file"))
         out.append(Heading(f"{row.model} {row.stage}: {kind} (seed row {first.get('row')}, {first.get('file')})", 4))
-        applied_cells, left_out, unreproduced, honoured, replaced = [], [], [], [], []
+        applied_cells, left_out, unreproduced, honoured, replaced, recorded = [], [], [], [], [], []
         for b, d in described.items():
             applied_cells += [[b, e["key"], str(e["value"]), e["source"]] for e in d.get("set", [])]
             replaced += [f"{b}: {e['key']} ran as {'(not set)' if e.get('ran') is None else e['ran']}, not the "
                          f"published {e['value']} ({e['source']}): this run's own --set" for e in d.get("replaced", [])]
             left_out += [f"{b}: {e['key']} = {e['value']} ({e['source']})" for e in d.get("not_applied", [])]
             unreproduced += [f"{b}: {e['what']} ({e['source']})" for e in d.get("not_reproduced", [])]
+            recorded += [f"{b}: {e['key']} = {e['value']}: {e['text']}" for e in d.get("recorded", [])]
             side = row.sides[b]
             honoured += [f"{b}: {k}: {why}" for k, why in (side.applied.get("not_honoured") or {}).items()]
         if applied_cells:
@@ -268,6 +269,9 @@ def blocks(rows, backends: list[str]) -> list:
         if left_out:
             out += [Paragraph("What the published scripts ran that this like-for-like comparison deliberately does not "
                               "(run with `--as published` to apply them):"), Bullets(left_out, name="not_applied")]
+        if recorded:
+            out += [Paragraph("Mechanisms recorded for a side but not set by xfw (each side's, so both sides of the row "
+                              "carry the same mechanisms):"), Bullets(recorded, name="recorded")]
         if unreproduced:
             out += [Paragraph("What the scripts did that xfw does not reproduce in either comparison:"),
                     Bullets(unreproduced, name="not_reproduced")]

@@ -21,7 +21,16 @@ report lists it. The file format (``recipes/published/*.yaml``)::
         - {key: sharding_impl, value: deepspeed, source: bench_run, line: 40}
         - {key: env.NCCL_ALGO, value: "Tree", source: bench_run, line: 12}
         - {not_reproduced: "what the script did and why xfw does not", source: bench_run, line: 7}
+      paddle:
+        - {key: checkpointing, value: non_reentrant, recorded: default, source: nlp_config, line: 271}
+        - {key: tf32, value: false, recorded: script, source: mix_run, line: 120}
     throughput: {paddle: {definition: step_mean, skip_steps: 2, source: mix_run, line: 30}}
+
+A ``recorded`` entry is a mechanism the side ran that xfw records but does not set (no knob of that side's adapter
+carries it, or another entry already does): ``recorded: default`` — not set by the script, the framework's default,
+read at its source; ``recorded: script`` — the script's own value (a variable above it sets it, or a flag xfw's adapter
+runs the same way). Every key in :data:`MECHANISMS` that one side of a row records is recorded on the other
+(:func:`one_sided_mechanisms`; tests/unit/test_reports_round4.py holds every published file to it).
 """
 
 from __future__ import annotations
@@ -33,6 +42,12 @@ from xfw.run.yamlfile import YamlError, load_file
 from xfw.run import instances
 
 COMPARISONS = ("like-for-like", "published")
+MECHANISMS = ("attn_implementation", "checkpointing", "optimizer_impl", "recompute", "tf32", "tf32_conv")
+"""The mechanisms both frameworks have, so a row that records one for one side records it for the other. A
+sharding implementation's own configuration (``sharding_impl``, ``deepspeed.*``, Paddle's ``stage2_overlap``), a
+framework's variables (``env.*``) and PyTorch's ``compile`` and ``fused_optimizer`` belong to one side."""
+RECORDED = {"default": "not set by the script — the framework's default, {value}, from {source}",
+            "script": "the script's own value, {value} ({source}), recorded: no knob of xfw's adapter sets it"}
 PUBLISHED_DIR = Path(__file__).resolve().parents[2] / "recipes" / "published"
 THROUGHPUT_DEFINITIONS = ("window", "step_mean", "whole_run", "rank0_times")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -158,7 +173,7 @@ def load(path: Path) -> dict:
         if not isinstance(entries, list):
             raise PublishedError(f"{where}: sides.{side}: must be a list of entries")
         declared = declared_knobs(side)
-        out = sides[side] = {"set": [], "not_reproduced": []}
+        out = sides[side] = {"set": [], "not_reproduced": [], "recorded": []}
         for i, entry in enumerate(entries):
             at = f"{where}: sides.{side}.{i}"
             if not isinstance(entry, dict):
@@ -175,6 +190,13 @@ def load(path: Path) -> dict:
                 raise PublishedError(f"{at}: needs key (a dotted name) and value, or not_reproduced")
             if key.startswith("env.") and not isinstance(entry["value"], str):
                 raise PublishedError(f"{at}.value: {key} is a variable: its value must be a string")
+            if "recorded" in entry:
+                if entry["recorded"] not in RECORDED or key.startswith("env."):
+                    raise PublishedError(f"{at}.recorded: must be one of {', '.join(RECORDED)} (a mechanism, not a "
+                                         "variable)")
+                out["recorded"].append({"key": key, "value": entry["value"], "source": cite, "how": entry["recorded"],
+                                        "text": RECORDED[entry["recorded"]].format(value=entry["value"], source=cite)})
+                continue
             problem = _entry_problem(side, key, entry["value"], declared)
             if problem:
                 raise PublishedError(f"{at}.{problem}")
@@ -193,6 +215,20 @@ def load(path: Path) -> dict:
         throughput[side] = {k: v for k, v in spec.items() if k in ("definition", "skip_steps", "n")}
         throughput[side]["source"] = _cite(sources, spec, at)
     return {"row": data["row"], "file": str(path), "sides": sides, "throughput": throughput}
+
+
+def one_sided_mechanisms(published: dict) -> list[str]:
+    """Each :data:`MECHANISMS` key a loaded published file records (set or ``recorded``) for one side and not the
+    other, as ``"<key>: <side> only"``; [] when every mechanism is on both sides or neither."""
+    keys = {side: {e["key"] for kind in ("set", "recorded") for e in entries[kind]} & set(MECHANISMS)
+            for side, entries in published["sides"].items()}
+    out = []
+    for side, mine in sorted(keys.items()):
+        for key in sorted(mine):
+            missing = [other for other, theirs in sorted(keys.items()) if key not in theirs]
+            if missing:
+                out.append(f"{key}: {side} only (not on {', '.join(missing)})")
+    return out
 
 
 def throughput_problem(spec: dict) -> str | None:
@@ -253,8 +289,9 @@ def described(kind: str, published: dict | None, backend: str, *, attached: bool
     if published is None:
         return out
     backend = instances.adapter_of(backend)  # an instance (paddle@3.2.0) is its framework's side
-    side = published["sides"].get(backend, {"set": [], "not_reproduced": []})
-    out.update(row=published["row"], file=published["file"], not_reproduced=list(side["not_reproduced"]))
+    side = published["sides"].get(backend, {"set": [], "not_reproduced": [], "recorded": []})
+    out.update(row=published["row"], file=published["file"], not_reproduced=list(side["not_reproduced"]),
+               recorded=list(side.get("recorded", [])))
     if kind == "published" and not attached:
         out["set"], out["replaced"] = [], []
         for entry in side["set"]:

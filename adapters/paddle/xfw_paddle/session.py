@@ -421,7 +421,10 @@ class PaddleSession:
             # cuDNN's TF32 for convolutions (get_cudnn_switch), apart from the GEMMs' cuBLAS switch above
             "tf32_conv": bool(paddle.base.core.get_cudnn_switch()) if self.gpu else "n/a",
             "comm_overlap": parallel.comm_overlap(w, self.num_ranks),
-            "checkpointing": ("recompute full per block (fleet.utils.recompute, reentrant)"
+            # what the families pass: use_reentrant=False (llava's recompute_use_reentrant, qwen2vl's and sd3's
+            # recompute calls); sd15's is ppdiffusers' own choice, which its model reports
+            "checkpointing": ("recompute full per block (fleet.utils.recompute, use_reentrant="
+                              f"{bool(getattr(self.model, 'recompute_use_reentrant', False))})"
                               if getattr(self.model, "recompute_enabled", self.spec["recompute"]) else "none"),
         }
 

@@ -43,6 +43,14 @@ class StableDiffusion15(nn.Layer):
     def recompute_enabled(self) -> bool:
         return any(getattr(m, "gradient_checkpointing", False) for m in self.unet.sublayers())
 
+    @property
+    def recompute_use_reentrant(self) -> bool:
+        """What ppdiffusers' blocks pass: ``use_reentrant=False`` unless its ``recompute_use_reentrant()`` is True
+        (on Paddle >= 2.5 only with FLAG_USE_OLD_RECOMPUTE or FLAG_RECOMPUTE_USE_REENTRANT set)."""
+        from ppdiffusers.utils import recompute_use_reentrant
+
+        return bool(recompute_use_reentrant())
+
     def noise_coefficients(self, timesteps: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         alpha = paddle.gather(self.alphas_cumprod, timesteps).reshape([-1, 1, 1, 1])
         return alpha.sqrt(), (1.0 - alpha).sqrt()
