@@ -126,3 +126,25 @@ def test_a_mechanism_on_one_side_only_is_named_and_a_recorded_entry_is_checked(t
     f.write_text(f.read_text().replace("recorded: default", "recorded: maybe"))
     with pytest.raises(published.PublishedError, match=r"sides\.paddle\.0\.recorded: must be one of default, script"):
         published.load(f)
+
+
+def test_xfw_env_says_what_it_probes_as_it_goes(monkeypatch):
+    from xfw.run import launcher
+    from xfw.workflow import reading
+
+    seen = []
+
+    def probe(names, interpreters, log):  # what prepare_backends does, without starting an interpreter
+        seen.append(("probed", names[0]))
+        if names[0] == "jax":
+            raise reading.UsageError("no interpreter")
+        return {names[0]: (launcher.Backend(names[0], f"/envs/{names[0]}/python"), {"device": "cpu"})}
+
+    monkeypatch.setattr(reading, "prepare_backends", probe)
+    monkeypatch.setattr(reading.instances, "built_envs", lambda: [])
+    outcome = reading.describe_backends(["paddle", "jax"], {}, log=lambda line: seen.append(("log", line)))
+    # a line before each probe starts, then how long it took: never a silent wait
+    assert [kind for kind, _ in seen] == ["log", "probed", "log", "log", "probed", "log"]
+    assert seen[0][1].startswith("xfw env: probing paddle (1 of 2)") and "probed in" in seen[2][1]
+    assert seen[3][1].startswith("xfw env: probing jax (2 of 2)") and "jax not available" in seen[5][1]
+    assert outcome.exit_code == 1 and "jax: NOT AVAILABLE" in outcome.text

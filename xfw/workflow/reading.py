@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import time
 from pathlib import Path
 
 from xfw.contract.atomic import UnreadableFile, open_checked, read_bounded, read_json_object
@@ -233,13 +234,20 @@ def describe_backends(backend_names: list[str], interpreters: dict[str, str], lo
     """``xfw env``: each backend's interpreter, device, versions and build (an instance's environment
     built first, once); exit 1 if one is unusable."""
     lines, code = [], 0
-    for name in backend_names:
+    for k, name in enumerate(backend_names, start=1):
+        # each probe starts the backend's interpreter and imports its framework and libraries (seconds each):
+        # say so as it goes, so a newcomer does not watch a silent terminal
+        log(f"xfw env: probing {name} ({k} of {len(backend_names)}): starting its interpreter and importing "
+            "its framework and libraries...")
+        started = time.monotonic()
         try:
             backend, info = prepare_backends([name], interpreters, log=log)[name]
         except UsageError as err:
             lines.append(f"{name}: NOT AVAILABLE — {err}")
             code = 1
+            log(f"xfw env: {name} not available ({time.monotonic() - started:.1f} s)")
             continue
+        log(f"xfw env: {name} probed in {time.monotonic() - started:.1f} s")
         versions = ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items())
         lines.append(f"{name}: {backend.python}\n  device: {info.get('device')} ({info.get('device_name')})\n"
                      f"  versions: {versions}" + (f"\n  commit: {info['framework_commit']}"
