@@ -25,7 +25,8 @@ from xfw.report.history import NIGHTS_DIR, History, night_order
 from xfw.report.plot import backend_color, plot_comparison
 from xfw.report.results import load_runs
 from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Table, to_html, to_markdown
-from xfw.report.verdicts import VERDICTS_FILE, Verdict, load_verdicts, memory_of, memory_source_of
+from xfw.report.readback import CONVERGE, read_checked
+from xfw.report.verdicts import Verdict, load_verdicts, memory_of, memory_source_of, read_night_verdicts
 
 TREND_NIGHTS = 30
 """Nights shown in each trend plot (the most recent)."""
@@ -202,10 +203,13 @@ def converge_blocks(history_dir: Path, night_dir: Path, verdicts: list[Verdict])
     blocks: list = []
     for d in converge_dirs(night_dir):
         blocks.append(Heading(f"Converge: {d.name}", 3))
-        try:
-            report = ConvergeReport.load(d)
+        try:  # checked against its shape first: a hand-edited file is one line here, never a crash
+            data = read_checked(d / CONVERGE_FILE, CONVERGE)
+            if not data:
+                raise FileNotFoundError(f"{d / CONVERGE_FILE}: no convergence report")
+            report = ConvergeReport.from_dict(data)
         except (OSError, ValueError, UnreadableFile, KeyError, TypeError) as err:
-            blocks.append(Paragraph(f"No convergence report in {d}: {err}"))
+            blocks.append(Paragraph(f"No convergence report in {d}: {str(err)[:300]}"))
             continue
         quality = [v for v in verdicts if v.entry == d.name and v.kind == "quality"]
         blocks.append(Bullets(report.headline))
@@ -262,10 +266,7 @@ def night_page(history_dir: Path, night: str, *, suite_name: str) -> Page:
                          {(night, v.backend, "eval_loss" if v.kind == "quality" else v.metric)
                           for v in flagged if v.entry == entry},
                          night_dir / f"trend-{entry}.png") for entry in entries]
-    try:
-        window = read_json_object(night_dir / VERDICTS_FILE).get("policy", {}).get("window", "?")
-    except (ValueError, AttributeError):
-        window = "?"
+    window = read_night_verdicts(night_dir).get("policy", {}).get("window", "?")  # checked by load_verdicts
     blocks: list = [regressions_box(verdicts)]
     checked = selfcheck.load_verdicts(night_dir / selfcheck.NIGHT_DIR)
     if checked:

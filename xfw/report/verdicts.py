@@ -377,16 +377,17 @@ def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: l
     return out
 
 
-def _read_json(path: Path) -> dict:
-    from xfw.contract.atomic import UnreadableFile, read_json_object
+def read_night_verdicts(night_dir: Path) -> dict:
+    """A night's ``nightly.json`` checked against its shape (``xfw.report.readback.VERDICTS``); {} when
+    the night has none. A damaged file raises UnreadableFile in one line naming the file and the key."""
+    from xfw.report.readback import VERDICTS, read_checked
 
-    try:
-        return read_json_object(path)  # bounded, a regular file, a JSON object
-    except UnreadableFile:
-        return {}
+    return read_checked(night_dir / VERDICTS_FILE, VERDICTS,
+                        hint="edited by hand? rerun the night with xfw nightly to write it again")
 
 
 def load_verdicts(night_dir: Path) -> list[Verdict]:
-    data = _read_json(night_dir / VERDICTS_FILE)
+    """The night's verdicts (:func:`read_night_verdicts`); [] when it has none."""
     fields = Verdict.__dataclass_fields__
-    return [Verdict(**{k: v for k, v in d.items() if k in fields}) for d in data.get("verdicts", [])]
+    return [Verdict(**{k: v for k, v in d.items() if k in fields})
+            for d in read_night_verdicts(night_dir).get("verdicts", [])]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from xfw.contract.atomic import UnreadableFile, read_json_object, write_json_atomic
+from xfw.report.readback import AB, read_checked
 from xfw.run import launcher
 from xfw.workflow.base import (Log, Outcome, UsageError, guarded, load_all, prepare_backends, refuse_commands, silent,
                                write_page)
@@ -87,7 +88,7 @@ def _decision(step_dir: Path, name: str, position: int, good: str, outcome: Outc
     from xfw.report.results import RunResult
 
     try:
-        verdict = read_json_object(step_dir / "ab.json").get("verdicts", [{}])[0]
+        verdict = read_checked(step_dir / "ab.json", AB).get("verdicts", [{}])[0]  # typed: xfw.report.readback
     except (UnreadableFile, IndexError):
         verdict = {}
     if verdict.get("verdict") in ("slower", "faster", "no change"):

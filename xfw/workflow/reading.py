@@ -64,13 +64,14 @@ def estimate(recipe_path: str | None, overrides: list[str], run_dir: str | None)
 def _ab_pair(paths: list[str]) -> tuple[str, str] | None:
     """The two builds an ``xfw compare --ab`` directory among ``paths`` judged (its ab.json), or None."""
     for path in paths:
+        from xfw.report.readback import AB, read_checked
+
         try:
-            verdicts = read_json_object(Path(path) / "ab.json").get("verdicts")
-            first, second = verdicts[0]["first"], verdicts[0]["second"]
-        except (UnreadableFile, AttributeError, IndexError, KeyError, TypeError):
+            verdicts = read_checked(Path(path) / "ab.json", AB).get("verdicts")  # typed: first, second are text
+        except UnreadableFile:
             continue
-        if isinstance(first, str) and isinstance(second, str):
-            return first, second
+        if verdicts:
+            return verdicts[0]["first"], verdicts[0]["second"]
     return None
 
 

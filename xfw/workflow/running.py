@@ -359,7 +359,10 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
         night = night or (History(history_dir).nights() or [None])[-1]
         if night is None or not (history_dir / NIGHTS_DIR / night / VERDICTS_FILE).exists():
             raise UsageError(f"--report-only: no recorded night {night or ''} in {history_dir}".replace("  ", " "))
-        verdicts = load_verdicts(history_dir / NIGHTS_DIR / night)
+        try:
+            verdicts = load_verdicts(history_dir / NIGHTS_DIR / night)
+        except UnreadableFile as err:
+            raise UsageError(f"--report-only: {err}") from None
         failing = [v for v in checked_paths(history_dir / NIGHTS_DIR / night / CHECKED) if v.verdict == "fail"]
         path = write_night_report(history_dir, night, suite_name=suite.name)
         return Outcome(paths={"report": path}, exit_code=1 if failing or any(v.flagged for v in verdicts) else 0)
