@@ -102,7 +102,7 @@ class JaxSession:
         self.rank, self.num_ranks = self.layout.rank, self.layout.num_ranks
         model = models.build_model(spec, dtype=self.compute_dtype, param_dtype=self.param_dtype)
         self.remat_policy = None
-        if spec["recompute"] or knobs.get("recompute"):
+        if knobs.get("recompute", spec["recompute"]):  # the recipe's, or this side's own (backends.jax.recompute)
             policy = knobs.get("remat_policy", "nothing_saveable")
             if policy not in REMAT_POLICIES:
                 raise InvalidSpec(f"backends.jax.remat_policy: {policy!r} (known: {', '.join(REMAT_POLICIES)})")
@@ -126,6 +126,10 @@ class JaxSession:
         self.opt_state = jax.jit(self.tx.init, out_shardings=opt_sh)(self.train)
         self.record_grad_norm = wants_grad_norm(spec)
         self.loader = loader_settings(spec)
+        self.not_honoured = {}
+        if self.loader[0]:
+            self.not_honoured["loader_workers"] = (f"asked {self.loader[0]}, ran 0: the JAX adapter reads prepared "
+                                                   "batches in the training process")
         self._grads, self._last, self._grad_norm = None, None, None
         self.compiled: dict = {}
         self.compile_time_s, self.compilations = 0.0, 0
@@ -269,6 +273,7 @@ class JaxSession:
                 "compile": f"jax.jit, ahead of time: {self.compilations} programs, {self.compile_time_s:.2f} s",
                 "memory": "peak RSS of the process (ru_maxrss)" if on_cpu else "device memory_stats peak",
             },
+            **({"not_honoured": dict(self.not_honoured)} if self.not_honoured else {}),
         )
 
 
