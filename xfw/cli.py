@@ -263,13 +263,23 @@ def parity(recipe, backends, steps, overrides, pythons, out_dir, weights, force)
 @click.option("--backends", default="paddle,torch", show_default=True,
               help="OTHER,REFERENCE, as compare orders them: contrasts are the first side against the second, the "
                    "reference, which exports each seed's start and whose mean final eval loss is the default target.")
-@click.option("--seeds", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Seeds per side (the same list on both): each varies the start and the batch order.")
-@click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True,
+@click.option("--seeds", default="3", show_default=True, metavar="N|auto",
+              help="Seeds per side (the same list on both): each varies the start and the batch order. auto: start "
+                   "at 2 and add one at a time until decided (needs --max-seeds).")
+@click.option("--max-seeds", "max_seeds", type=int, default=None, metavar="N",
+              help="Sequential: add seeds one at a time, from --seeds, until the final eval loss is decided or N seeds "
+                   "ran; alpha is spent across the looks so the error rate holds.")
+@click.option("--margin", default="0.02", show_default=True, metavar="DELTA",
+              help="Relative eval-loss margin: final eval losses within ±DELTA (0.02 = 2%) count as the same "
+                   "(docs/converge.md says why 2%).")
+@click.option("--direction", default="two-sided", show_default=True, metavar="two-sided|SIDE-worse",
+              help="two-sided (is either side worse?), or e.g. torch-worse: only ask whether that side's eval loss "
+                   "is worse (one-sided, as MLPerf asks whether quality was lost).")
+@click.option("--steps", type=count_type("steps"), default=300, show_default=True,
               help="Optimizer steps each seed trains.")
-@click.option("--eval-every", "eval_every", type=click.IntRange(min=1), default=25, show_default=True,
+@click.option("--eval-every", "eval_every", type=count_type("eval_every"), default=25, show_default=True,
               help="Evaluate the held-out split every K steps (and before the first, and after the last).")
-@click.option("--eval-samples", "eval_samples", type=click.IntRange(min=1), default=None,
+@click.option("--eval-samples", "eval_samples", type=count_type("eval_samples"), default=None,
               help="Samples held out (default: the recipe's data.eval_samples, else 10% of the data set).")
 @click.option("--target", type=float, default=None, metavar="LOSS",
               help="The eval loss to reach (default: the reference side's mean final eval loss).")
@@ -280,14 +290,16 @@ def parity(recipe, backends, steps, overrides, pythons, out_dir, weights, force)
               help="Directory for every run, the starts and converge.* (default: runs/converge-<recipe>); the same "
                    "--out resumes a killed converge.")
 @force_option
-def converge(recipe, backends, seeds, steps, eval_every, eval_samples, target, overrides, comparison, pythons,
-             out_dir, force) -> None:
+def converge(recipe, backends, seeds, max_seeds, margin, direction, steps, eval_every, eval_samples, target,
+             overrides, comparison, pythons, out_dir, force) -> None:
     """Speed at equal quality: both sides train the recipe as it says (its precision and parallel settings)
     for several seeds from one exported start per seed, on identical batches, evaluating a held-out split
-    every K steps; then a verdict per eval point (Welch's t-test over seeds, two-sided, alpha 0.05) and each
-    side's time to a target eval loss from its measured ips. docs/converge.md."""
+    every K steps; then a paired decision on the final eval loss (same within --margin, worse, or undecided
+    with the seeds it would need; alpha 0.05) and each side's time to a target eval loss from its measured
+    ips. docs/converge.md."""
     _finish(lambda: workflow.converge(recipe, _backend_names(backends), seeds=seeds, steps=steps, eval_every=eval_every,
-                                      eval_samples=eval_samples, target=target,
+                                      eval_samples=eval_samples, target=target, max_seeds=max_seeds, margin=margin,
+                                      direction=direction,
                                       overrides=_with_repeat(overrides, None, comparison),
                                       interpreters=_interpreters(pythons, backends), out_dir=out_dir, force=force,
                                       progress=_progress(), log=_log))

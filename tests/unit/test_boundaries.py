@@ -90,8 +90,8 @@ def test_cli_commands_and_options_are_frozen():
     commands = {name: sorted(p.name for p in cmd.params) for name, cmd in cli.main.commands.items()}
     assert commands == {
         "assemble": ["force", "node_dirs", "out_dir"],
-        "converge": ["backends", "comparison", "eval_every", "eval_samples", "force", "out_dir", "overrides", "pythons",
-                     "recipe", "seeds", "steps", "target"],
+        "converge": ["backends", "comparison", "direction", "eval_every", "eval_samples", "force", "margin",
+                     "max_seeds", "out_dir", "overrides", "pythons", "recipe", "seeds", "steps", "target"],
         "bisect": ["bad", "builds_path", "force", "good", "out_dir", "overrides", "recipe", "repeat"],
         "compare": ["ab", "backends", "comparison", "contrast", "explain", "force", "master_addr", "master_port", "node_rank", "out_dir",
                     "overrides", "parity_dirs", "pythons", "recipes", "repeat"],

@@ -31,6 +31,17 @@ def converge(*args):
     (["--eval-samples", "5000"], "data.eval_samples: 5000 held out of a data set of 240 samples"),
     (["--set", "data.eval_samples=-1"], "data.eval_samples"),
     (["--backends", "torch"], "exactly two backends"),
+    (["--margin", "0"], "--margin: 0 must be above 0"),
+    (["--margin", "-0.01"], "--margin"),
+    (["--margin", "two"], "--margin: 'two' is not a number"),
+    (["--margin", "nan"], "--margin"),
+    (["--seeds", "auto"], "--seeds auto: needs --max-seeds"),
+    (["--seeds", "5", "--max-seeds", "3"], "--max-seeds: 3 (must be at least --seeds 5"),
+    (["--seeds", "many"], "--seeds: 'many'"),
+    (["--seeds", "1000000000"], "--seeds: 1000000000 (must be 1 to 100)"),
+    (["--direction", "paddle-better"], "--direction: 'paddle-better'"),
+    (["--target", "0"], "--target: 0.0"),
+    (["--target", "-1"], "no curve can reach"),
 ])
 def test_bad_input_is_one_line_naming_the_key_and_exit_2(args, says):
     result = converge(*args)
@@ -66,8 +77,8 @@ def test_the_held_out_split_is_fixed_disjoint_and_independent_of_the_run_seed():
 
 def test_training_never_reads_a_held_out_sample_and_each_epoch_covers_the_rest():
     from xfw.contract.batches import EvalBatches, MicroBatches
-    from xfw.run.recipe import load_recipe
-    from xfw.run.spec import resolve_spec
+    from xfw.recipe import load_recipe
+    from xfw.recipe.spec import resolve_spec
 
     recipe = load_recipe(RECIPE, ["data.eval_samples=24", "measure.warmup_steps=0", "measure.steps=108"])
     spec = resolve_spec(recipe, backend="torch", run_id="test")

@@ -262,7 +262,7 @@ def test_the_nights_table_leaves_out_a_converge_entrys_curves_and_starts(tmp_pat
     text = json.dumps([[getattr(b, "text", ""), getattr(b, "title", ""), getattr(b, "items", [])] for b in blocks],
                       ensure_ascii=False)
     assert "Quality: converge entries" in text and "Converge: llava-converge" in text
-    assert "paddle vs torch: ips" in text  # the converge headline
+    assert "paddle vs torch (like-for-like): ips" in text  # the converge headline
     assert "final eval loss 4.6 vs 4.205" in text and "1 flagged" in text
 
 

@@ -7,16 +7,32 @@ evaluated before the first step, every K steps and after the last through the se
 ``eval_loss(batch)``. Rank 0 writes one ``eval`` record each time (``xfw.contract.records``)::
 
     {"kind": "eval", "step": 25, "samples_seen": 100, "eval_loss": 2.318, "eval_samples": 24, ...}
+
+A loss that is not finite, or above :data:`BLOWUP` times the first step's, ends the curve there as
+diverged: the held-out split is evaluated once more at that step (its loss recorded as it is) and no
+further step runs; the converge report counts that seed as diverged for that side.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
 from xfw.contract import batches
 from xfw.contract import records as rec
 from xfw.contract.harness import InvalidSpec, Session, Unsupported, _parts, _step, close_window
+
+
+BLOWUP = 10.0
+"""A train loss above this many times the first step's has blown up: the curve ends as diverged."""
+
+
+def diverged(loss: float | None, first: float | None) -> bool:
+    """A non-finite loss, or one above :data:`BLOWUP` times the first (``xfw.report.converge`` agrees)."""
+    if loss is None:
+        return False
+    return not math.isfinite(loss) or (first is not None and first > 0 and loss > BLOWUP * first)
 
 
 def eval_every(spec: dict) -> int:
@@ -69,7 +85,7 @@ def train_with_evals(spec: dict, writer: rec.RecordWriter, session: Session, dat
                          eval_tokens=tokens, eval_time_s=took)
 
     eval_at(0)
-    window_s = 0.0
+    window_s, first = 0.0, None
     for step in range(total):
         start = session.timestamp()
         loss, marks = _step(session, data, step, described)
@@ -79,8 +95,12 @@ def train_with_evals(spec: dict, writer: rec.RecordWriter, session: Session, dat
             grad_norms.append(session.grad_norm())
         time_s = session.elapsed_s(start, end)
         window_s += time_s if step >= warmup else 0.0
-        write_step(step, "warmup" if step < warmup else "measure", time_s,
-                   session.loss_value(session.loss_token(loss)), _parts(session, start, marks, end))
+        value = session.loss_value(session.loss_token(loss))
+        write_step(step, "warmup" if step < warmup else "measure", time_s, value, _parts(session, start, marks, end))
+        first = value if first is None else first
+        if diverged(value, first):  # ends the curve: the seed diverged on this side (module docstring)
+            eval_at(step + 1)
+            break
         if (step + 1) % every == 0 or step + 1 == total:
             eval_at(step + 1)
     close_window(writer, session, spec, described, max(window_s, 1e-9))

@@ -215,14 +215,16 @@ AB = {"schema": int, "verdicts": [AB_VERDICT]}
 
 _POINT = Pair(int, int, Maybe(float))
 _SEED_RUN = {"status": str, "reason?": str, "run_dir?": str, "train?": [_POINT], "eval?": [_POINT]}
-_SPEED = {"status": str, "reason?": str, "run_dir?": str, "ips?": Number, "window_s?": Number}
+_SPEED = {"status": str, "reason?": str, "run_dir?": str, "ips?": Number, "window_s?": Number, "ips_low?": Number,
+          "ips_high?": Number, "spread?": str}
 _POINT_STATS = {"step": int, "samples": int, "mean": {str: Number}, "std": {str: Number}, "n": {str: int},
                 "diff?": Number, "rel_diff?": Number, "t?": Number, "df?": Number, "p?": Number, "verdict?": str,
-                "worse?": Maybe(str), "separated?": bool}
+                "worse?": Maybe(str), "separated?": bool, "context?": str, "decision?": Maybe({str: object}),
+                "diverged?": {str: [int]}}
 _SEED_TARGET = {"seed": int, "samples": Number, "time_s?": Number, "final_eval_loss?": Number, "reached?": bool}
 _SIDE_TARGET = {"backend": str, "ips": Number, "seeds?": [_SEED_TARGET], "mean_samples?": Number,
                 "time_s?": Number, "time_reason?": str, "curve_samples?": Number, "curve_time_s?": Number,
-                "reached?": int}
+                "reached?": int, "time_low?": Number, "time_high?": Number}
 
 CONVERGE = {"schema?": int, "recipe": str, "comparison": str, "backends": Pair(str, str), "steps": int,
             "eval_every": int, "samples_per_step": int, "level?": float, "test?": str,
@@ -230,6 +232,8 @@ CONVERGE = {"schema?": int, "recipe": str, "comparison": str, "backends": Pair(s
             "target?": Number, "target_source?": str, "targets?": {str: _SIDE_TARGET}, "ips_contrast?": Number,
             "time_contrast?": Number, "curve_time_contrast?": Number, "headline?": [str],
             "settings_differences?": [str], "notes?": [str], "final_verdict?": Maybe(str),
-            "first_separation?": Maybe({"step": int, "samples": int, "p": Number}), ...: object}
+            "first_separation?": Maybe({"step": int, "samples": int, "p?": Number}), "margin?": float,
+            "direction?": str, "look?": int, "max_looks?": int, "time_contrast_low?": Number,
+            "time_contrast_high?": Number, "deliberate?": {str: [str]}, "final_outcome?": Maybe(str), ...: object}
 """``converge.json`` (``xfw.report.converge.ConvergeReport.to_dict``). Other keys are allowed (a newer
 writer's); ``ConvergeReport.from_dict`` takes only its own fields."""

@@ -17,7 +17,6 @@ resumes: settled runs are kept, a crashed or cut-off one runs again), and ``xfw 
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -25,16 +24,23 @@ from typing import Callable
 from xfw.contract import records as rec
 from xfw.contract.atomic import UnreadableFile, read_json_object
 from xfw.report.compare import compare_runs
-from xfw.report.converge import ConvergeReport, SeedRun, Speed, analyse
+from xfw.report.converge import DEFAULT_MARGIN, ConvergeReport, SeedRun, Speed, analyse
+from xfw.report.converge_target import speed_of
+from xfw.report.decision import check_margin
 from xfw.report.results import RunResult
+from xfw.report.trust import MIN_WINDOW_S, TARGET_WINDOW_S
 from xfw.run import jobs, launcher
 from xfw.run import parity as par
-from xfw.run.recipe import Recipe, load_recipe
-from xfw.run.spec import resolve_spec
+from xfw.recipe import Recipe, load_recipe
+from xfw.recipe.spec import resolve_spec
 
 PRECISION_MECHANISMS = ("mechanism.master_weights", "mechanism.master_grads", "mechanism.grad_reduce_dtype")
 """How each side carried out its precision (``applied.mechanisms``): compare shows them; converge, which
 asks whether precision cost quality, lists every difference among them (and among the backends' knobs)."""
+MAX_SEEDS = 100
+"""The most seeds one converge may run (``--seeds``, ``--max-seeds``): checked before anything launches."""
+AUTO_START = 2
+"""``--seeds auto`` starts with this many seeds: the fewest that give an interval."""
 DEFAULT_EVAL_FRACTION = 0.1
 """Without ``data.eval_samples`` (or ``--eval-samples``), converge holds out this share of the data set."""
 
@@ -58,12 +64,21 @@ class Plan:
     eval_samples: int
     target: float | None
     recipe: Recipe
+    margin: float = DEFAULT_MARGIN
+    direction: str = "two-sided"
+    max_seeds: int | None = None
+    """Sequential (``--seeds auto`` or ``--max-seeds``): add seeds one at a time up to this many until decided."""
     """The recipe as the user gave it (the speed runs' recipe)."""
     num_samples: int
     timeout_s: float
     """Each learning curve's limit: ``--set measure.timeout_s`` as given, else the recipe's (meant for
     its own warm-up and measured steps) scaled by how many more steps a curve takes."""
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def looks(self) -> int:
+        """How many decisions a sequential converge may take: at the start count and after each added seed."""
+        return 1 if self.max_seeds is None else self.max_seeds - len(self.seeds) + 1
 
     def seed_overrides(self, seed: int) -> list[str]:
         """What a learning-curve run forces on the recipe: its seed for both the start and the data,
@@ -73,15 +88,41 @@ class Plan:
                 f"measure.timeout_s={self.timeout_s:g}"]
 
 
-def plan(recipe_path: str, overrides: list[str], *, backends: tuple[str, str], seeds: int, steps: int,
-         eval_every: int, eval_samples: int | None = None, target: float | None = None) -> Plan:
-    """Every input checked (ConvergeError / RecipeError, one line naming the key); nothing launched."""
+def plan(recipe_path: str, overrides: list[str], *, backends: tuple[str, str], seeds: int | str, steps: int,
+         eval_every: int, eval_samples: int | None = None, target: float | None = None,
+         margin: float | str = DEFAULT_MARGIN, direction: str = "two-sided", max_seeds: int | None = None) -> Plan:
+    """Every input checked (ConvergeError / RecipeError, one line naming the key); nothing launched.
+    ``seeds``: a count, or ``auto`` (start at :data:`AUTO_START`, needs ``max_seeds``); with ``max_seeds``
+    the seeds are added one at a time until the decision is reached (alpha spent across the looks)."""
     import math
 
     if len(backends) != 2 or backends[0] == backends[1]:
         raise ConvergeError(f"--backends {','.join(backends)!r}: converge compares exactly two backends")
-    if seeds < 1:
-        raise ConvergeError(f"--seeds: {seeds} (must be at least 1)")
+    try:
+        margin = check_margin(margin)
+    except ValueError as err:
+        raise ConvergeError(str(err)) from None
+    directions = ("two-sided", *(f"{b}-worse" for b in backends))
+    if direction not in directions:
+        raise ConvergeError(f"--direction: {direction!r} (one of {', '.join(directions)})")
+    if seeds == "auto":
+        if max_seeds is None:
+            raise ConvergeError("--seeds auto: needs --max-seeds N, the budget (how many seeds at most)")
+        seeds = AUTO_START
+    if isinstance(seeds, str):
+        try:
+            seeds = int(seeds)
+        except ValueError:
+            raise ConvergeError(f"--seeds: {seeds!r} (a count, or auto with --max-seeds)") from None
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise ConvergeError(f"--seeds: {seeds} (must be 1 to {MAX_SEEDS})")
+    if max_seeds is not None and not seeds <= max_seeds <= MAX_SEEDS:
+        raise ConvergeError(f"--max-seeds: {max_seeds} (must be at least --seeds {seeds} and at most {MAX_SEEDS})")
+    if max_seeds is not None and max_seeds < 2:
+        raise ConvergeError(f"--max-seeds: {max_seeds} (a decision needs at least 2 seeds)")
+    if target is not None and not isinstance(target, bool) and isinstance(target, (int, float)) and target <= 0:
+        raise ConvergeError(f"--target: {target} (an eval loss is a cross-entropy or a mean squared error, never "
+                            "below 0: no curve can reach a target at or below 0)")
     if eval_every < 1:
         raise ConvergeError(f"--eval-every: {eval_every} (must be at least 1 step)")
     if steps < eval_every:
@@ -106,15 +147,19 @@ def plan(recipe_path: str, overrides: list[str], *, backends: tuple[str, str], s
     chosen = Plan(recipe_path=recipe_path, overrides=list(overrides), backends=tuple(backends),
                   seeds=[base + k for k in range(seeds)], steps=steps, eval_every=eval_every,
                   eval_samples=eval_samples, target=None if target is None else float(target), recipe=recipe,
-                  num_samples=num_samples, timeout_s=min(timeout_s, 7 * 24 * 3600.0))
-    for seed in chosen.seeds:  # every run's recipe validates (an override, a seed past the key's bound)
+                  num_samples=num_samples, timeout_s=min(timeout_s, 7 * 24 * 3600.0), margin=margin,
+                  direction=direction, max_seeds=max_seeds)
+    for seed in range(base, base + (max_seeds or seeds)):  # every run's recipe validates (an override, a seed past the key's bound)
         load_recipe(recipe_path, [*overrides, *chosen.seed_overrides(seed)])
     trained = num_samples - eval_samples
     epochs = steps * recipe.batch.global_size / trained
     chosen.notes.append(f"data: {trained} training samples, {eval_samples} held out (the same for every seed); "
                         f"{steps} steps of {recipe.batch.global_size} samples = {epochs:.1f} epochs")
-    if seeds < 2:
-        chosen.notes.append("one seed: no seed-to-seed spread can be estimated, so no verdict is given")
+    if seeds < 2 and max_seeds is None:
+        chosen.notes.append("one seed: no interval can be estimated, so the decision is undecided")
+    if max_seeds is not None:
+        chosen.notes.append(f"sequential: {seeds} seeds first, then one more at a time until decided, at most "
+                            f"{max_seeds}; α {0.05:g} spent across the {chosen.looks} looks (Kim-DeMets, ρ = 2)")
     return chosen
 
 
@@ -167,38 +212,67 @@ def _settled(result: RunResult) -> SeedRun:
     return SeedRun(status=result.status, reason=result.reason, run_dir=result.run_dir)
 
 
+def _speed(chosen: Plan, out_dir: Path, resolved: jobs.Backends, *, force: bool, progress, log,
+           variant: dict | None) -> tuple[dict[str, Speed], list[RunResult]]:
+    """Each side's ips from the recipe's ordinary measured window, with its interval (over repeats, else
+    over the window's steps). A window shorter than compare's minimum is measured again, longer, under
+    ``speed-window/`` (the recipe's steps scaled to about :data:`TARGET_WINDOW_S`), and that one is used."""
+    speed_jobs = speed_jobs_for(chosen, out_dir, variant)
+    log(f"speed: the recipe's ordinary measured window on each side ({len(speed_jobs)} runs)")
+    results, _ = jobs.run_jobs(speed_jobs, resolved, resume=True, force=force, progress=progress, log=log)
+    windows = [r.measurement.window_time_s for r in results if r.ok and r.measurement.window_time_s]
+    m = chosen.recipe.measure
+    if windows and min(windows) < MIN_WINDOW_S:
+        wanted = min(m.steps * 20, max(m.steps + 1, int(m.steps * TARGET_WINDOW_S / min(windows)) + 1))
+        log(f"speed: a window of {min(windows):.2g} s is below compare's minimum of {MIN_WINDOW_S:g} s: measuring "
+            f"again with {wanted} steps")
+        longer = load_recipe(chosen.recipe_path, [*chosen.overrides, f"measure.steps={wanted}"])
+        more = jobs.jobs_for(longer, list(chosen.backends), Path(out_dir) / "speed-window", label="speed (longer)",
+                             variant=variant)
+        results, _ = jobs.run_jobs(more, resolved, resume=True, force=force, progress=progress, log=log)
+    speed = {}
+    for name in chosen.backends:
+        runs = [r for r in results if r.backend == name]
+        ok = [r for r in runs if r.ok and r.measurement.ips]
+        if not ok:
+            speed[name] = Speed(status=runs[0].status, reason=runs[0].reason, run_dir=runs[0].run_dir)
+            continue
+        windows = [(r.measurement.ips, r.measurement.window_time_s or 0.0,
+                    [tuple(x) for x in r.measurement.rank0_steps[-r.measurement.num_measured_steps:]]) for r in ok]
+        speed[name] = Speed(status="ok", run_dir=ok[0].run_dir, **speed_of(windows))
+    return speed, results
+
+
 def run_converge(chosen: Plan, out_dir: Path, resolved: jobs.Backends, *, comparison: str, force: bool = False,
                  progress: launcher.Progress | None = None, log: Callable[[str], None] = print,
                  variant: dict | None = None) -> ConvergeReport:
     """Run the plan (the speed runs, then each seed's export and both sides' curves) and analyse it;
     writes nothing but run directories (the caller writes the report). A run that fails is a result:
-    the other seeds and sides go on. Ctrl-C raises :class:`jobs.JobsInterrupted`. ``variant``: what the
-    speed runs' summaries record as their variant (a nightly entry's label), so reports keep them apart."""
+    the other seeds and sides go on. Sequential (``chosen.max_seeds``): after the first seeds, one seed
+    more at a time until the final eval loss is decided or the budget is spent; each look spends its
+    share of α (:func:`xfw.report.decision.spend`), and the progress says what it waits for. Ctrl-C
+    raises :class:`jobs.JobsInterrupted`. ``variant``: what the speed runs' summaries record as their
+    variant (a nightly entry's label), so reports keep them apart."""
     other, reference = chosen.backends  # as compare orders them: the second is the baseline
     out_dir = Path(out_dir)
-    speed_jobs = speed_jobs_for(chosen, out_dir, variant)
-    log(f"speed: the recipe's ordinary measured window on each side ({len(speed_jobs)} runs)")
-    speed_results, _ = jobs.run_jobs(speed_jobs, resolved, resume=True, force=force, progress=progress, log=log)
-    speed = {}
-    for name in chosen.backends:
-        runs = [r for r in speed_results if r.backend == name]
-        ok = [r.measurement.ips for r in runs if r.ok and r.measurement.ips]
-        speed[name] = Speed(status="ok" if ok else runs[0].status, reason="" if ok else runs[0].reason,
-                            run_dir=runs[0].run_dir, ips=statistics.median(ok) if ok else None,
-                            window_s=runs[0].measurement.window_time_s)
+    speed, speed_results = _speed(chosen, out_dir, resolved, force=force, progress=progress, log=log, variant=variant)
     curves: dict[str, dict[int, SeedRun]] = {name: {} for name in chosen.backends}
     seed_results: list[RunResult] = []
-    for i, seed in enumerate(chosen.seeds, 1):
+    most = chosen.max_seeds or len(chosen.seeds)
+    todo_seeds = list(chosen.seeds)
+    seeds_done = 0
+
+    def one_seed(seed: int) -> None:
         weights = (out_dir / f"seed-{seed}" / "weights").resolve()
         try:
             exported = _export(chosen, seed, resolved[reference][0], weights)
-            log(f"seed {seed} ({i} of {len(chosen.seeds)}): " + (f"{reference} exported the start" if exported else
-                                                                  "the start exported earlier is kept"))
+            log(f"seed {seed} ({seeds_done + 1} of {len(todo_seeds) if chosen.max_seeds is None else f'at most {most}'}"
+                "): " + (f"{reference} exported the start" if exported else "the start exported earlier is kept"))
         except ConvergeError as err:
             for name in chosen.backends:
                 curves[name][seed] = SeedRun(status="crashed", reason=str(err))
             log(f"seed {seed}: {err}")
-            continue
+            return
         recipe = load_recipe(chosen.recipe_path, [*chosen.overrides, *chosen.seed_overrides(seed),
                                                   f"model.weights={weights}"])
         curve = {"seed": seed, "run": "learning curve (every step synchronised)"}
@@ -209,12 +283,51 @@ def run_converge(chosen: Plan, out_dir: Path, resolved: jobs.Backends, *, compar
             run = _settled(result)
             run.train, run.eval = _rank0(Path(result.run_dir))
             curves[result.backend][seed] = run
-        seed_results += results
-    differences = settings_differences(speed_results, seed_results, list(chosen.backends))
-    return analyse(curves, speed, backends=(reference, other), recipe=chosen.recipe.name, comparison=comparison,
-                   steps=chosen.steps, eval_every=chosen.eval_every,
-                   samples_per_step=chosen.recipe.batch.global_size, target=chosen.target,
-                   settings_differences=differences, notes=chosen.notes)
+        seed_results.extend(results)
+
+    def judge(look: int) -> ConvergeReport:
+        differences, deliberate = settings_differences(speed_results, seed_results, list(chosen.backends))
+        return analyse(curves, speed, backends=(reference, other), recipe=chosen.recipe.name, comparison=comparison,
+                       steps=chosen.steps, eval_every=chosen.eval_every,
+                       samples_per_step=chosen.recipe.batch.global_size, target=chosen.target, margin=chosen.margin,
+                       direction=chosen.direction, look=look, max_looks=chosen.looks, deliberate=deliberate,
+                       settings_differences=differences, notes=chosen.notes)
+
+    for seed in todo_seeds:
+        one_seed(seed)
+        seeds_done += 1
+    look = 1
+    report = judge(look)
+    while chosen.max_seeds is not None:
+        go_on, line = next_look(report.decision, seeds_done, most, look, chosen.looks, chosen.margin)
+        log(line + (f"; adding seed {chosen.seeds[0] + seeds_done}" if go_on else ""))
+        if not go_on:
+            break
+        seed = chosen.seeds[0] + seeds_done
+        todo_seeds.append(seed)
+        one_seed(seed)
+        seeds_done += 1
+        look += 1
+        report = judge(look)
+    return report
+
+
+def next_look(d, n: int, most: int, look: int, looks: int, margin: float) -> tuple[bool, str]:
+    """Whether a sequential converge adds a seed after this look, and the line that says why: decided,
+    the budget spent, or what it waits for ("undecided at 3 seeds: interval −0.4%…+2.1%, margin 2.0%")."""
+    if d is not None and d.decided:
+        return False, f"decided at {n} seeds (look {look} of at most {looks}): {d.outcome}"
+    need = f", needs about {d.needed} seeds in all" if d is not None and d.needed else ""
+    if n >= most:
+        return False, f"budget spent: still undecided at {n} seeds (--max-seeds {most}){need}"
+    interval = (f"interval {_signed(d.low)}…{_signed(d.high)}" if d is not None and d.low is not None
+                else "no interval yet")
+    return True, (f"undecided at {n} seeds: {interval}, margin {margin:.1%}{need} "
+                  f"(look {look} of at most {looks})")
+
+
+def _signed(x: float) -> str:
+    return ("+" if x >= 0 else "−") + f"{abs(x):.1%}"
 
 
 def speed_jobs_for(chosen: Plan, out_dir: Path, variant: dict | None = None) -> list[jobs.Job]:
@@ -224,22 +337,36 @@ def speed_jobs_for(chosen: Plan, out_dir: Path, variant: dict | None = None) -> 
 
 
 def settings_differences(speed_results: list[RunResult], seed_results: list[RunResult],
-                         backends: list[str]) -> list[str]:
+                         backends: list[str]) -> tuple[list[str], dict[str, list[str]]]:
     """Every applied setting that differs between the sides (as ``compare`` warns about them), the
-    deliberate per-backend overrides, and whether each seed's batches were identical on both sides."""
+    deliberate per-backend overrides (each listed once: a warning the override explains is left out),
+    and whether each seed's batches were identical on both sides; and backend -> the keys its override
+    set (the default target is never taken from a side that carries one)."""
     lines: list[str] = []
+    deliberate: dict[str, list[str]] = {}
     for row in compare_runs(speed_results, backends):
         lines += [d for d in row.deliberate if d not in lines]  # per-backend overrides first: asked for
-        lines += [w for w in row.warnings if w not in lines]
+        for key, names in row.deliberate_by.items():
+            for name in names:
+                deliberate.setdefault(name, [])
+                if key.removeprefix("override.") not in deliberate[name]:
+                    deliberate[name].append(key.removeprefix("override."))
+        lines += [w for w in row.warnings if w not in lines and "(deliberate: " not in w]
+        fp32 = all(str(v).lower() in ("float32", "fp32") for k, vals in row.settings.items()
+                   if k in ("compute_dtype", "weight_dtype") for v in vals.values())
         for key, values in row.settings.items():  # what compare shows without warning, but quality depends on
-            if (key.startswith("knob.") or key in PRECISION_MECHANISMS) and len({repr(v) for v in values.values()}) > 1:
-                lines.append(f"{key} differs: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+            if not (key.startswith("knob.") or key in PRECISION_MECHANISMS) or len({repr(v) for v in values.values()}) < 2:
+                continue
+            if key in PRECISION_MECHANISMS and (fp32 or row.deliberate):  # plain fp32: both hold fp32; or asked for
+                continue
+            lines.append(f"{key} differs: " + ", ".join(f"{k}={v}" for k, v in values.items()))
     rows = compare_runs(seed_results, backends)  # one row per seed (its variant)
     for row in rows:  # a curve has no warm-up step, where the attention kernel is observed: the speed runs say
-        lines += [w for w in row.warnings if w not in lines and "batches" not in w and "attention_kernel" not in w]
+        lines += [w for w in row.warnings if w not in lines and "batches" not in w and "attention_kernel" not in w
+                  and "(deliberate: " not in w]
     same = [row for row in rows if row.data_line.startswith("Batches: identical")]
     if rows:
         lines.append(f"Batches: identical on both sides in {len(same)} of {len(rows)} seeds (micro-batch hashes)"
                      if len(same) == len(rows) else
                      "Batches: " + "; ".join(f"seed {row.variant.get('seed')}: {row.data_line}" for row in rows))
-    return lines
+    return lines, deliberate

@@ -291,9 +291,10 @@ def parity(recipe_path: str, backend_names: list[str], *, steps: int, overrides:
     return outcome
 
 
-def converge(recipe_path: str, backend_names: list[str], *, seeds: int, steps: int, eval_every: int,
+def converge(recipe_path: str, backend_names: list[str], *, seeds: int | str, steps: int, eval_every: int,
              overrides: list[str], interpreters: dict[str, str], eval_samples: int | None = None,
-             target: float | None = None, out_dir: Path | None = None, force: bool = False,
+             target: float | None = None, max_seeds: int | None = None, margin: float | str = 0.02,
+             direction: str = "two-sided", out_dir: Path | None = None, force: bool = False,
              progress: launcher.Progress | None = None, log: Log = silent) -> Outcome:
     """Speed at equal quality (:mod:`xfw.run.converge`): each side's speed run, then per seed one
     exported start and both sides' learning curves; converge.json/.md/.csv/.html/.png. Exit 0 when every
@@ -304,7 +305,8 @@ def converge(recipe_path: str, backend_names: list[str], *, seeds: int, steps: i
 
     try:
         chosen = cv.plan(recipe_path, overrides, backends=tuple(backend_names), seeds=seeds, steps=steps,
-                         eval_every=eval_every, eval_samples=eval_samples, target=target)
+                         eval_every=eval_every, eval_samples=eval_samples, target=target, margin=margin,
+                         direction=direction, max_seeds=max_seeds)
     except (cv.ConvergeError, ValueError) as err:  # RecipeError included: one line naming the file and key
         raise UsageError(str(err)) from None
     problems = [f"{recipe_path}: {p}" for p in knob_problems(chosen.recipe)]
@@ -315,7 +317,9 @@ def converge(recipe_path: str, backend_names: list[str], *, seeds: int, steps: i
     backends = prepare_backends(backend_names, interpreters, [chosen.recipe], log)
     out_dir = out_dir or Path("runs") / f"converge-{chosen.recipe.name}"
     with guarded(out_dir):
-        log(f"converge in {out_dir}: {len(chosen.seeds)} seeds x {steps} steps, eval every {eval_every} steps on "
+        log(f"converge in {out_dir}: {len(chosen.seeds)} seeds"
+            + (f" (then more, up to {chosen.max_seeds}, until decided)" if chosen.max_seeds else "")
+            + f" x {steps} steps, eval every {eval_every} steps on "
             f"{chosen.eval_samples} held-out samples")
         try:
             result = cv.run_converge(chosen, out_dir, backends, comparison=chosen.recipe.comparison, force=force,
