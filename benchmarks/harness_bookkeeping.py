@@ -26,8 +26,8 @@ from pathlib import Path
 
 from xfw.contract import harness
 from xfw.contract.records import RecordWriter, load_records
-from xfw.run.recipe import load_recipe
-from xfw.run.spec import resolve_spec
+from xfw.recipe import load_recipe
+from xfw.recipe.spec import resolve_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -257,8 +257,8 @@ def harness_alone(spec: dict, session, steps: int = 20000) -> dict:
 
 def measure_recipe(backend: str, recipe: str, pairs: int, leg_s: float) -> dict:
     from xfw.contract.synthetic import make_pool
-    from xfw.run.recipe import load_recipe
-    from xfw.run.spec import resolve_spec
+    from xfw.recipe import load_recipe
+    from xfw.recipe.spec import resolve_spec
 
     spec = resolve_spec(load_recipe(ROOT / recipe, []), backend=backend, run_id="overhead")
     if spec["precision"]["amp_level"] == "O2" or spec["derived"]["num_processes"] != 1:

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness_overhead as ho  # noqa: E402 - puts this checkout's xfw and adapters on the path
 
 from xfw.contract.synthetic import make_pool  # noqa: E402
-from xfw.run.recipe import load_recipe  # noqa: E402
-from xfw.run.spec import resolve_spec
+from xfw.recipe import load_recipe  # noqa: E402
+from xfw.recipe.spec import resolve_spec
 
 PAIRS = 600
 

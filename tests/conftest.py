@@ -81,8 +81,8 @@ def run_adapter(backend: str, tmp_path: Path, *, timeout_s: float = 300, edit_sp
     import json
     import subprocess
 
-    from xfw.run.recipe import recipe_from_dict
-    from xfw.run.spec import resolve_spec
+    from xfw.recipe import recipe_from_dict
+    from xfw.recipe.spec import resolve_spec
     from xfw.contract.records import load_records
 
     python = require_interpreter(backend)

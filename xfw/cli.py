@@ -45,7 +45,7 @@ def main() -> None:
 @click.option("--print-spec", is_flag=True, help="Print the resolved spec (every default filled in) as JSON.")
 def validate(recipes, overrides, print_spec) -> None:
     """Check recipes without launching anything."""
-    from xfw.run.schema import to_dict
+    from xfw.recipe.schema import to_dict
 
     try:
         loaded = workflow.load_all(list(recipes), list(overrides))

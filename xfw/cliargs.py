@@ -26,7 +26,7 @@ class _Lazy:
 
 workflow = _Lazy("xfw.workflow")
 launcher = _Lazy("xfw.run.launcher")
-overrides_of = _Lazy("xfw.run.overrides")
+overrides_of = _Lazy("xfw.recipe.overrides")
 LAYOUT_NAMES = ("contrast", "strategies", "ranks", "batch", "scaling", "cost")
 """``xfw.report.layouts.LAYOUTS``' names, written out here so the CLI loads without the report layer
 (tests/unit/test_cli.py holds them equal)."""

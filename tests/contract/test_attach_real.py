@@ -16,7 +16,7 @@ import yaml
 
 from xfw.contract.records import read_records
 from xfw.run import launcher
-from xfw.run.recipe import load_recipe
+from xfw.recipe import load_recipe
 from xfw.workflow import prepare_backends
 
 from conftest import ROOT, TINY_RECIPE, require_interpreter

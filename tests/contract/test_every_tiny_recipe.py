@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from xfw.run import launcher
-from xfw.run.recipe import load_recipe
+from xfw.recipe import load_recipe
 
 from conftest import ROOT, require_interpreter
 

@@ -177,8 +177,8 @@ def test_the_in_forward_loss_is_timed_on_a_lora_recipe_and_computes_the_same():
     from xfw.contract.explain import LOSS, Timeline
     from xfw.contract.synthetic import make_pool
     from xfw.report import explain as report
-    from xfw.run.recipe import load_recipe
-    from xfw.run.spec import resolve_spec
+    from xfw.recipe import load_recipe
+    from xfw.recipe.spec import resolve_spec
     from xfw_torch.explain import TorchHooks
     from xfw_torch.session import build_session
 
@@ -214,6 +214,8 @@ def _no_large_other(e, backend):
 def test_a_slowdown_planted_through_the_backends_env_is_explained_first(recomputed):
     """The explain process runs the measured run's program: the variable reached it (its ``ran_with`` and the
     section's listing), and the planted module is the first ranked row, its size within 25% of the plant."""
+    from xfw.report import explain as report
+
     result, after = recomputed
     ran = after["torch"]["ran_with"]
     assert ran["env"]["PYTHONPATH"].endswith("plant0") or "plant" in ran["env"]["PYTHONPATH"], ran
@@ -222,7 +224,9 @@ def test_a_slowdown_planted_through_the_backends_env_is_explained_first(recomput
     assert "PYTHONPATH=" in text.split("What each explain process ran")[1].split("**Coverage")[0]
     planted = 2 * PLANT_S  # two micro-batches a step
     table = [line.split(" | ") for line in text.split("| Module (canonical name) |")[1].split("\n\n")[0].splitlines()[2:]]
-    first = next(cells for cells in table if cells[5] == "1")
+    # the first row beyond its noise: ranked "1", or listed first unranked where the page says the explanation is
+    # unreliable (the plant on the faster side can leave the rows' sum off the measured gap; docs/explain.md)
+    first = next(cells for cells in table if cells[5] in ("1", report.UNRANKED))
     assert first[0] == "| model.multi_modal_projector", (first, table[:4])
     assert -float(first[3]) == pytest.approx(planted * 1e3, rel=0.25), first
 

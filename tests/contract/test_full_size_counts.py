@@ -15,8 +15,8 @@ import subprocess
 import pytest
 
 from xfw.contract import families
-from xfw.run.recipe import load_recipe
-from xfw.run.spec import resolve_spec
+from xfw.recipe import load_recipe
+from xfw.recipe.spec import resolve_spec
 
 from conftest import ROOT, require_interpreter
 

@@ -124,8 +124,8 @@ def test_describe_prints_json_with_versions_and_the_multi_process_launcher():
 FROZEN_CHECK = """
     import json, sys
     import numpy as np
-    from xfw.run.recipe import recipe_from_dict
-    from xfw.run.spec import resolve_spec
+    from xfw.recipe import recipe_from_dict
+    from xfw.recipe.spec import resolve_spec
     from xfw.contract.synthetic import make_pool
     from xfw_paddle.session import build_session
 
@@ -223,8 +223,8 @@ def test_paddle_llava_computes_transformers_logits_and_loss_from_the_same_weight
     with its weights (names mapped, Linear weights transposed) agree on one synthetic batch."""
     torch = pytest.importorskip("torch")  # in-process: the test interpreter is the torch environment
     pytest.importorskip("transformers")
-    from xfw.run.recipe import recipe_from_dict
-    from xfw.run.spec import resolve_spec
+    from xfw.recipe import recipe_from_dict
+    from xfw.recipe.spec import resolve_spec
     from xfw.contract.synthetic import make_pool
 
     preset, overrides = ARCH_VARIANTS[variant]

@@ -19,8 +19,8 @@ import yaml
 from xfw.contract import presets
 from xfw.contract.families import sd3 as core_sd3
 from xfw.contract.families import sd15 as core_sd15
-from xfw.run.recipe import recipe_from_dict
-from xfw.run.spec import resolve_spec
+from xfw.recipe import recipe_from_dict
+from xfw.recipe.spec import resolve_spec
 from xfw.contract.records import load_records, validate_record
 
 from conftest import ROOT, applied, kinds, losses, require_interpreter, run_adapter
@@ -203,8 +203,8 @@ def test_sd3_rejects_attention_it_cannot_run(tmp_path):
 RECOMPUTE = """
     import json, sys
     import paddle
-    from xfw.run.recipe import recipe_from_dict
-    from xfw.run.spec import resolve_spec
+    from xfw.recipe import recipe_from_dict
+    from xfw.recipe.spec import resolve_spec
     from xfw.contract.synthetic import make_pool
     from xfw_paddle.session import build_session
 

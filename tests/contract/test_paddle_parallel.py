@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from xfw.run import launcher
-from xfw.run.recipe import load_recipe
+from xfw.recipe import load_recipe
 
 from conftest import TINY_RECIPE, require_interpreter
 from test_torch_parallel import STEPS, mean_losses, run

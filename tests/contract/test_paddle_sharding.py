@@ -34,7 +34,7 @@ from conftest import ROOT, require_interpreter
 from xfw.contract.records import load_records
 from xfw.run import launcher
 from xfw.run.parity import export_initial_weights
-from xfw.run.recipe import load_recipe
+from xfw.recipe import load_recipe
 
 pytestmark = pytest.mark.contract
 

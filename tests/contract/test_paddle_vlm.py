@@ -21,8 +21,8 @@ ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 def counts(**sections) -> dict:
     """(the family's analytic counts for the recipe, its spec)."""
-    from xfw.run.recipe import recipe_from_dict
-    from xfw.run.spec import resolve_spec
+    from xfw.recipe import recipe_from_dict
+    from xfw.recipe.spec import resolve_spec
 
     spec = resolve_spec(recipe_from_dict({**TINY_RECIPE, **sections}), backend="paddle", run_id="t")
     return families.analytic_counts(spec["model"]["arch"], spec["stage"], spec["lora"]), spec

@@ -18,7 +18,7 @@ from conftest import ROOT, require_interpreter
 from xfw.run import parity
 from xfw.contract import weights
 from xfw.report.results import RunResult
-from xfw.run.recipe import load_recipe
+from xfw.recipe import load_recipe
 
 pytestmark = pytest.mark.contract
 

@@ -14,8 +14,8 @@ import pytest
 from conftest import ROOT, require_interpreter
 from xfw.run import parity
 from xfw.contract import weights
-from xfw.run.recipe import load_recipe
-from xfw.run.spec import resolve_spec
+from xfw.recipe import load_recipe
+from xfw.recipe.spec import resolve_spec
 
 pytestmark = pytest.mark.contract
 

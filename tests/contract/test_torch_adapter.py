@@ -133,8 +133,8 @@ def test_describe_prints_versions_and_the_multi_process_launcher():
 
 def test_frozen_parameters_get_no_gradient_and_do_not_change():
     torch = pytest.importorskip("torch")  # in-process: the test interpreter is the torch environment
-    from xfw.run.recipe import recipe_from_dict
-    from xfw.run.spec import resolve_spec
+    from xfw.recipe import recipe_from_dict
+    from xfw.recipe.spec import resolve_spec
     from xfw.contract.synthetic import make_pool
     from xfw_torch.session import build_session
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from xfw.contract import presets
-from xfw.run.recipe import recipe_from_dict
-from xfw.run.spec import resolve_spec
+from xfw.recipe import recipe_from_dict
+from xfw.recipe.spec import resolve_spec
 from xfw.contract.records import validate_record
 
 from conftest import ROOT, run_adapter

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from xfw.run import launcher
-from xfw.run.recipe import load_recipe
+from xfw.recipe import load_recipe
 from xfw.contract.records import load_records
 
 from conftest import TINY_RECIPE, require_interpreter

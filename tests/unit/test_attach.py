@@ -1,4 +1,4 @@
-"""Backends that run a command (xfw.run.command): recipe checks, the launcher's side, the log
+"""Backends that run a command (xfw.recipe.command): recipe checks, the launcher's side, the log
 fallback and the probe's framework-neutral half. Real frameworks under the probe are in
 tests/contract/test_attach_real.py; these need none.
 """
@@ -25,8 +25,8 @@ from xfw.report import contrast, layouts
 from xfw.report.compare import compare_runs
 from xfw.report.results import RunResult
 from xfw.run import launcher
-from xfw.run.recipe import RecipeError, load_recipe, recipe_from_dict
-from xfw.run.spec import resolve_spec
+from xfw.recipe import RecipeError, load_recipe, recipe_from_dict
+from xfw.recipe.spec import resolve_spec
 from xfw.workflow import UsageError, prepare_backends
 
 from conftest import ROOT, TINY_RECIPE
@@ -245,9 +245,9 @@ def test_records_the_probe_did_not_write_are_not_a_measurement(tmp_path):
 
 def test_a_probed_command_is_stopped_once_every_rank_ended(tmp_path, monkeypatch):
     """The probe's SystemExit caught by the script: xfw stops it after the grace period."""
-    from xfw.run import command
+    from xfw.run import attached
 
-    monkeypatch.setattr(command, "ENDED_GRACE_S", 0.5)
+    monkeypatch.setattr(attached, "ENDED_GRACE_S", 0.5)
     path = script(tmp_path, FORGER)  # stands in for a probe: it writes with this run's token
     result = run_command(tmp_path, {"command": [PY, str(path), "probe"]},
                          measure={"warmup_steps": 1, "steps": 3, "timeout_s": 60})

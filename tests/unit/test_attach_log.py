@@ -141,7 +141,7 @@ def test_the_live_record_tail_holds_no_more_than_a_record_of_a_file_without_newl
 
 
 def test_a_lora_recipe_of_commands_only_needs_no_lora_section(tmp_path):
-    from xfw.run.recipe import RecipeError, load_recipe
+    from xfw.recipe import RecipeError, load_recipe
 
     from test_attach import command_recipe
 

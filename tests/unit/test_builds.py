@@ -20,7 +20,7 @@ from xfw.report.ab import MIN_PAIRS, ab_test
 from xfw.run import bisect as bs
 from xfw.run import instances
 from xfw.run.jobs import ab_order
-from xfw.run.recipe import recipe_from_dict
+from xfw.recipe import recipe_from_dict
 
 
 # --- instances ----------------------------------------------------------------------------------

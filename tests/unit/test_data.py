@@ -13,8 +13,8 @@ from xfw.contract import batches, families
 from xfw.contract.records import validate_record
 from xfw.report.measure import summarize
 from xfw.run import data as real
-from xfw.run.recipe import RecipeError, load_recipe, recipe_from_dict
-from xfw.run.spec import resolve_spec
+from xfw.recipe import RecipeError, load_recipe, recipe_from_dict
+from xfw.recipe.spec import resolve_spec
 
 from conftest import TINY_RECIPE
 from realdata import llava_json_recipe, make_captions, make_llava_data, make_tokenizer, picture

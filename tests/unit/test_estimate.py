@@ -9,8 +9,8 @@ from click.testing import CliRunner
 from xfw import cli
 from xfw.contract.families.sd15 import activations as sd15
 from xfw.report import estimate as est
-from xfw.run.recipe import load_recipe
-from xfw.run.spec import resolve_spec
+from xfw.recipe import load_recipe
+from xfw.recipe.spec import resolve_spec
 from xfw.report.results import RunResult
 
 from conftest import ROOT

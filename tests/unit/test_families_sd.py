@@ -5,8 +5,8 @@ import pytest
 
 from xfw.contract import presets, synthetic
 from xfw.contract.families import sd3, sd15
-from xfw.run.recipe import load_recipe, recipe_from_dict
-from xfw.run.spec import resolve_spec
+from xfw.recipe import load_recipe, recipe_from_dict
+from xfw.recipe.spec import resolve_spec
 
 from conftest import ROOT, TINY_RECIPE
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from xfw.run import launcher
-from xfw.run.recipe import load_recipe
+from xfw.recipe import load_recipe
 from xfw.report.results import RunResult
 
 
@@ -66,7 +66,7 @@ def test_an_abort_after_all_records_were_written_is_still_a_success(write_recipe
 def test_a_launcher_that_does_not_exit_after_every_rank_ended_is_stopped_and_the_run_kept(
         write_recipe, tmp_path, fake_backend, monkeypatch):
     # torchrun's exit barrier waits up to 300 s for another node's agent: the measurement is complete.
-    monkeypatch.setattr(launcher.command, "ADAPTER_EXIT_GRACE_S", 1.0)
+    monkeypatch.setattr(launcher.attached, "ADAPTER_EXIT_GRACE_S", 1.0)
     result = launch_fake(write_recipe, tmp_path, fake_backend, "hang_after_end", timeout_s=60)
     assert result.status == "ok" and result.measurement.ips == pytest.approx(50.0)
     assert "had not exited 1 s after every rank's end record, so xfw stopped it" in result.reason

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from xfw.contract.batches import MicroBatches, PreparedData, modality_order
-from xfw.run.recipe import RecipeError, load_recipe
-from xfw.run.spec import resolve_spec
+from xfw.recipe import RecipeError, load_recipe
+from xfw.recipe.spec import resolve_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 

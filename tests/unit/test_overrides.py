@@ -1,4 +1,4 @@
-"""Per-backend overrides (``backends.<name>.override``, xfw.run.overrides): one deliberate difference
+"""Per-backend overrides (``backends.<name>.override``, xfw.recipe.overrides): one deliberate difference
 between the sides, validated like the key itself, run by that side alone, recorded in its spec.json and
 shown in every report. The runs here use the fake adapters (tests/fakes)."""
 
@@ -17,10 +17,10 @@ from xfw.report.compare import compare_runs
 from xfw.report.results import load_runs
 from xfw.report.table import to_csv, to_html
 from xfw.run import jobs
-from xfw.run.overrides import backend_overrides, backend_recipe, describe
+from xfw.recipe.overrides import backend_overrides, backend_recipe, describe
 from xfw.run.parity import recipe_fingerprint
-from xfw.run.recipe import RecipeError, load_recipe, recipe_from_dict
-from xfw.run.spec import resolve_spec
+from xfw.recipe import RecipeError, load_recipe, recipe_from_dict
+from xfw.recipe.spec import resolve_spec
 
 from conftest import ROOT, TINY_RECIPE
 

@@ -8,7 +8,7 @@ import numpy as np
 from xfw.contract import weights
 from xfw.report import parity
 from xfw.run import parity as run_parity
-from xfw.run.recipe import load_recipe
+from xfw.recipe import load_recipe
 
 
 def test_losses_within_tolerance_pass_and_the_first_step_has_the_tighter_one():

@@ -1,4 +1,4 @@
-"""The two comparisons (xfw.run.published, xfw.report.comparison): loading a published file, applying
+"""The two comparisons (xfw.recipe.published, xfw.report.comparison): loading a published file, applying
 it to a recipe (the user's --set wins), what spec.json says per backend, throughput as each script
 defined it, and which mechanism differences the report flags. No framework."""
 
@@ -11,9 +11,9 @@ import pytest
 from xfw.report import comparison
 from xfw.report.compare import Side
 from xfw.report.measure import script_throughput, summarize
-from xfw.run import published
-from xfw.run.recipe import RecipeError, load_recipe
-from xfw.run.spec import resolve_spec
+from xfw.recipe import published
+from xfw.recipe import RecipeError, load_recipe
+from xfw.recipe.spec import resolve_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from xfw.run.yamlfile import load_file
-from xfw.run.published import MECHANISMS
+from xfw.recipe.yamlfile import load_file
+from xfw.recipe.published import MECHANISMS
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

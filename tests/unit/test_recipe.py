@@ -3,8 +3,8 @@
 import pytest
 import yaml
 
-from xfw.run.recipe import RecipeError, load_recipe, recipe_from_dict
-from xfw.run.spec import resolve_spec
+from xfw.recipe import RecipeError, load_recipe, recipe_from_dict
+from xfw.recipe.spec import resolve_spec
 
 from conftest import ROOT, TINY_RECIPE
 

@@ -239,8 +239,8 @@ def test_20_a_symlink_out_of_the_image_root_is_followed_and_counted(tmp_path, ll
 
 
 def spec_of(tmp_path, paths, **data) -> dict:
-    from xfw.run.recipe import load_recipe
-    from xfw.run.spec import resolve_spec
+    from xfw.recipe import load_recipe
+    from xfw.recipe.spec import resolve_spec
 
     recipe = load_recipe(str(write_recipe(tmp_path / "rr.yaml", llava_json_recipe(paths, tmp_path / "cache", **data))))
     return resolve_spec(recipe, backend="x", run_id="r")

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from xfw import cli
 from xfw.contract import lifeline
 from xfw.contract.atomic import UnreadableFile, read_bounded, read_json_object
-from xfw.run import published as pub
-from xfw.run.recipe import RecipeError, load_recipe
+from xfw.recipe import published as pub
+from xfw.recipe import RecipeError, load_recipe
 
 from conftest import TINY_RECIPE
 
@@ -173,7 +173,7 @@ def test_23_sharding_segment_size_that_paddle_refuses_is_refused_by_validate(tmp
     ("backends.paddle={env: {FLAGS_x: '3'}}", ("paddle", "env", "FLAGS_x"), "3"),
 ])
 def test_24_a_set_in_any_form_is_never_overridden_by_a_published_value(tmp_path, assignment, path, expected):
-    from xfw.run.spec import resolve_spec
+    from xfw.recipe.spec import resolve_spec
 
     published = published_file(tmp_path, {"torch": [entry("tf32", True)], "paddle": [entry("env.FLAGS_x", "1")]})
     recipe = load_recipe(recipe_file(tmp_path, published), [assignment])
@@ -204,7 +204,7 @@ def test_24_the_mechanisms_table_lists_what_ran_not_the_replaced_published_value
         def __init__(self, sides):
             self.sides = sides
 
-    from xfw.run.spec import resolve_spec
+    from xfw.recipe.spec import resolve_spec
 
     published = published_file(tmp_path, {"torch": [entry("tf32", True), entry("env.FLAGS_y", "1")]})
     recipe = load_recipe(recipe_file(tmp_path, published), ["backends.torch.tf32=false"])

@@ -10,8 +10,8 @@ from xfw.report.compare import compare_runs
 from xfw.report.history import row_from_result
 from xfw.report.results import RunResult, load_runs
 from xfw.report.table import to_csv, to_html, to_markdown
-from xfw.run.recipe import load_recipe
-from xfw.run.spec import resolve_spec
+from xfw.recipe import load_recipe
+from xfw.recipe.spec import resolve_spec
 
 from conftest import ROOT
 

@@ -16,7 +16,7 @@ from xfw.report import explain as report
 from xfw.report import plot
 from xfw.report.compare import ComparisonRow, Side
 from xfw.report.table import Table
-from xfw.run import published
+from xfw.recipe import published
 
 NAMES = ("paddle", "torch")
 

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from xfw import cli
 from xfw.run import sweep
 from xfw.report.compare import compare_runs
-from xfw.run.recipe import RecipeError
+from xfw.recipe import RecipeError
 from xfw.report.results import load_runs
 
 

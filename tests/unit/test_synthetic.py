@@ -3,8 +3,8 @@
 import numpy as np
 
 from xfw.contract import synthetic
-from xfw.run.recipe import recipe_from_dict
-from xfw.run.spec import resolve_spec
+from xfw.recipe import recipe_from_dict
+from xfw.recipe.spec import resolve_spec
 
 from conftest import TINY_RECIPE
 

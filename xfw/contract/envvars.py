@@ -9,7 +9,7 @@ the result itself, so every report also names them in its warnings and beside th
     effect("NCCL_ALGO")        # -> None: listed as a setting only
 
 A thread variable that contradicts ``measure.cpu_threads`` is refused when the recipe loads
-(``xfw.run.recipe``): xfw sets those variables from ``measure.cpu_threads`` itself.
+(``xfw.recipe``): xfw sets those variables from ``measure.cpu_threads`` itself.
 """
 
 from __future__ import annotations

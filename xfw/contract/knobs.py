@@ -9,7 +9,7 @@ framework (``xfw validate``)::
 A list gives the values accepted; ``null`` leaves the value to the adapter's own check, except for
 the type the optional ``"types"`` mapping gives it (``"bool"``, ``"positive_int"``), which xfw checks
 too, so ``xfw validate`` refuses what the adapter would (``{"types": {"tf32": "bool"}}``). Keys every
-backend takes (``env``) and a command's keys (``command``, ``cwd``, ...: ``xfw.run.command``) are not
+backend takes (``env``) and a command's keys (``command``, ``cwd``, ...: ``xfw.recipe.command``) are not
 knobs and are not declared.
 """
 

@@ -1,12 +1,12 @@
 """One ``--set key.path=value`` applied to a recipe's plain data (before it is validated): the value
 parsed as YAML (a command's item or variable kept as typed text), a number in the path indexing a
 list, an instance's label (``backends.paddle@3.2.1``) keeping its dots. Used by
-:func:`xfw.run.recipe.load_recipe`, which turns a :class:`SetError` into its one-line RecipeError."""
+:func:`xfw.recipe.load_recipe`, which turns a :class:`SetError` into its one-line RecipeError."""
 
 from __future__ import annotations
 
-from xfw.run import command
-from xfw.run.yamlfile import YamlError, load_text
+from xfw.recipe import command
+from xfw.recipe.yamlfile import YamlError, load_text
 
 
 class SetError(ValueError):

@@ -1,12 +1,12 @@
 """A recipe's ``data`` section: what a run trains on (synthetic batches or real data prepared
-once by :mod:`xfw.run.data`), checked when the recipe is loaded (:mod:`xfw.run.schema`).
+once by :mod:`xfw.run.data`), checked when the recipe is loaded (:mod:`xfw.recipe.schema`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xfw.run.schema import FieldError, bounded
+from xfw.recipe.schema import FieldError, bounded
 
 DATA_KINDS = ("synthetic", "llava_json", "image_captions")
 TEMPLATES = ("auto", "vicuna_v1", "plain", "chatml", "tokenizer")

@@ -8,7 +8,7 @@ learning rate lowered, its precision changed), a backend may override any recipe
                        --set backends.torch.override.precision.amp_level=O2
     xfw sweep RECIPE --set backends.paddle.override.optimizer.lr=1e-3,1e-4
 
-Inside a :class:`~xfw.run.recipe.Recipe` an override is held in one canonical form, dotted keys
+Inside a :class:`~xfw.recipe.Recipe` an override is held in one canonical form, dotted keys
 and plain values, sorted: ``recipe.backends["paddle"]["override"] == {"optimizer.lr": 0.0001}``.
 It is validated like the key itself: the recipe with that backend's override applied passes every
 check the recipe does, and an error names the override's key
@@ -17,7 +17,7 @@ define the comparison itself (:data:`FIXED`) cannot be overridden, nor can a bac
 command (xfw cannot change its script's settings).
 
 Each backend runs its own effective recipe (:func:`backend_recipe`): ``spec.json`` is resolved from
-it (``xfw.run.spec.resolve_spec``) and records the override as ``overrides`` (``{"optimizer.lr":
+it (``xfw.recipe.spec.resolve_spec``) and records the override as ``overrides`` (``{"optimizer.lr":
 0.0001}``) beside ``overridden`` (the recipe's own values at those keys); the adapter never sees an
 ``override`` knob. Every report shows each override as a deliberate difference
 (``xfw.report.compare.deliberate_differences``), and ``xfw validate`` prints it (:func:`describe`).
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from xfw.report.compare import fmt_deliberate
-from xfw.run.recipe import Recipe, RecipeError
-from xfw.run.schema import FieldError, build, to_dict
+from xfw.recipe.sections import Recipe, RecipeError
+from xfw.recipe.schema import FieldError, build, to_dict
 
 OVERRIDE = "override"
 """The key under ``backends.<name>`` that holds that backend's overrides."""
@@ -207,7 +207,7 @@ def backend_recipe(recipe: Recipe, backend: str) -> Recipe:
     override (so applying it again changes nothing) and drops the other backends' (they are not part
     of this side's run). Without any override: ``recipe`` itself.
 
-    Give ``xfw.run.spec.resolve_spec`` (and a ``Job``) the recipe as loaded, not this: the spec records
+    Give ``xfw.recipe.spec.resolve_spec`` (and a ``Job``) the recipe as loaded, not this: the spec records
     the recipe's own values at the overridden keys (``overridden``), which this recipe no longer has."""
     return effective(recipe, backend, recipe.name)
 
@@ -260,9 +260,9 @@ def describe(recipe: Recipe) -> list[str]:
 
 def absolute_paths(data: Any, given: set[str], recipe_dir: Path) -> None:
     """An override's ``data.<path key>`` made absolute in place, as the recipe's own are
-    (``xfw.run.recipe``): from the current directory when a ``--set`` gave it, else from the recipe's
+    (``xfw.recipe``): from the current directory when a ``--set`` gave it, else from the recipe's
     directory. ``given``: the dotted keys the ``--set`` options named."""
-    from xfw.run.data.section import DATA_PATHS
+    from xfw.recipe.data_section import DATA_PATHS
 
     for name, knobs in _backend_items(data):
         override = knobs.get(OVERRIDE)

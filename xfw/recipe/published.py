@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from xfw.run.yamlfile import YamlError, load_file
+from xfw.recipe.yamlfile import YamlError, load_file
 from xfw.run import instances
 
 COMPARISONS = ("like-for-like", "published")
@@ -94,7 +94,7 @@ def _entry_problem(side: str, key: str, value, declared: dict | None) -> str | N
     """Why a published ``key: value`` for ``side`` cannot be set, or None: a published file sets only
     what a benchmark script's row can have, its side's declared knobs and variables."""
     from xfw.contract import knobs as declaration
-    from xfw.run.command import CommandError, check_env
+    from xfw.recipe.command import CommandError, check_env
 
     head = key.split(".")[0]
     if head == "env":

@@ -7,7 +7,7 @@ own ``__post_init__`` raises :class:`FieldError` with a key local to it::
 
     build(BatchSpec, {"global": 8, "micro": 0}, "batch")   # FieldError: batch.micro: 0 is outside [1, 1.04858e+06]
 
-Recipes (:mod:`xfw.run.recipe`) and suites are written in it.
+Recipes (:mod:`xfw.recipe`) and suites are written in it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The spec an adapter reads: a validated :class:`~xfw.run.recipe.Recipe` resolved into the
+"""The spec an adapter reads: a validated :class:`~xfw.recipe.Recipe` resolved into the
 JSON-ready ``spec.json``, with every default filled in, the preset expanded into the neutral
-architecture, real data prepared and the comparison (``xfw.run.published``) described per backend."""
+architecture, real data prepared and the comparison (``xfw.recipe.published``) described per backend."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 from xfw.contract import presets
 from xfw.contract import weights as neutral_weights
-from xfw.run import overrides as per_backend
-from xfw.run import published as published_settings
-from xfw.run.recipe import Recipe, RecipeError
-from xfw.run.schema import to_dict
+from xfw.recipe import overrides as per_backend
+from xfw.recipe import published as published_settings
+from xfw.recipe.sections import Recipe, RecipeError
+from xfw.recipe.schema import to_dict
 
 SPEC_SCHEMA = 1
 
@@ -51,7 +51,7 @@ def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
     data's prepared directory in ``data.prepared`` (prepared here if it was not yet).
 
     ``recipe`` is the recipe as loaded: the spec is resolved from ``backend``'s effective recipe
-    (its ``backends.<backend>.override`` applied: :func:`xfw.run.overrides.backend_recipe`), and records
+    (its ``backends.<backend>.override`` applied: :func:`xfw.recipe.overrides.backend_recipe`), and records
     that override as ``overrides`` (dotted keys, plain values) with the recipe's own values at those
     keys as ``overridden``; both are absent without one. No ``override`` reaches the adapter's knobs."""
     own = per_backend.backend_overrides(recipe).get(backend, {})

@@ -139,7 +139,7 @@ class ComparisonRow:
     data_line: str = ""
     """Whether both sides trained on identical batches (their micro-batch hashes); "" when unknown."""
     deliberate: list[str] = field(default_factory=list)
-    """One line per key a backend overrode (``backends.<name>.override``, xfw.run.overrides): a
+    """One line per key a backend overrode (``backends.<name>.override``, xfw.recipe.overrides): a
     deliberate difference, shown in every report (:func:`deliberate_differences`)."""
     deliberate_by: dict[str, list[str]] = field(default_factory=dict)
     """Settings key (``override.<key>``) -> the backends whose override set it."""
@@ -189,7 +189,7 @@ def _side(backend: str, runs: list[RunResult]) -> Side:
         side.mfu_peak, side.flops_per_sample = ok[0].mfu_peak, ok[0].flops_per_sample
         side.source = "command_log" if any(x.source == "command_log" for x in m) else "xfw"
         definition = side.setup.get("comparison", {}).get("throughput")
-        if definition:  # what this side's own benchmark script would have printed (xfw.run.published)
+        if definition:  # what this side's own benchmark script would have printed (xfw.recipe.published)
             side.script_ips = _median(script_throughput(x, definition) for x in m)
     return side
 

@@ -1,4 +1,4 @@
-"""Which comparison a row is, and the mechanisms under each side's settings (xfw.run.published).
+"""Which comparison a row is, and the mechanisms under each side's settings (xfw.recipe.published).
 
 Every compare report says, in its title and beside its table, whether it shows the
 **like-for-like** comparison (one algorithm on both sides: the framework comparison) or the
@@ -193,7 +193,7 @@ def _whole(value, low: int) -> bool:
 
 
 def block_problem(block) -> str | None:
-    """Why a spec.json's ``comparison`` block (:func:`xfw.run.published.described`) cannot be read:
+    """Why a spec.json's ``comparison`` block (:func:`xfw.recipe.published.described`) cannot be read:
     ``"comparison.<key>: why"``, or None. Checked when a run directory loads, so an edited block makes
     the run unreadable in one line instead of failing a report."""
     if not isinstance(block, dict):

@@ -208,12 +208,12 @@ THROUGHPUT_NOTES = {
 
 def script_throughput(m: Measurement, definition: dict) -> float | None:
     """Throughput as another benchmark script defined it, from the same records as xfw's window ips
-    (``definition``: a published file's ``throughput.<side>``, :mod:`xfw.run.published`). Per-step
+    (``definition``: a published file's ``throughput.<side>``, :mod:`xfw.recipe.published`). Per-step
     rates are rank 0's steps scaled to all ranks (every rank steps together)."""
     kind, ranks = definition.get("definition"), max(m.num_ranks, 1)
     skip, n = definition.get("skip_steps", 0), definition.get("n", 1)
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (skip, n)) or skip < 0 or n < 1:
-        return None  # not a definition (xfw.run.published refuses it; a hand-edited spec.json: unreadable)
+        return None  # not a definition (xfw.recipe.published refuses it; a hand-edited spec.json: unreadable)
     steps = [(s, t) for s, t in m.rank0_steps if t > 0]
     if kind == "window":
         return m.ips

@@ -213,9 +213,9 @@ def setup_from_spec(spec: dict) -> dict:
             # the result (xfw.contract.envvars).
             "env": {k: v for k, v in spec["backend_env"].items() if isinstance(k, str) and isinstance(v, str)}
             if isinstance(spec.get("backend_env"), dict) else {},
-            # Which comparison the run belongs to (xfw.run.published); runs from before there were two: like-for-like.
+            # Which comparison the run belongs to (xfw.recipe.published); runs from before there were two: like-for-like.
             "comparison": spec["comparison"] if isinstance(spec.get("comparison"), dict) else {"kind": "like-for-like"},
-            # This backend's deliberate difference (xfw.run.overrides) and the recipe's values it replaced; only with one.
+            # This backend's deliberate difference (xfw.recipe.overrides) and the recipe's values it replaced; only with one.
             **({"overrides": dict(spec["overrides"]), "overridden": dict(spec.get("overridden") or {})}
                if isinstance(spec.get("overrides"), dict) and spec["overrides"] else {})}
 

@@ -1,6 +1,6 @@
 """Running: recipes in, run directories out.
 
-* :mod:`~xfw.run.recipe`  recipes: load, override, validate, resolve to ``spec.json``
+* :mod:`~xfw.recipe`  recipes: load, override, validate, resolve to ``spec.json``
 * :mod:`~xfw.run.launcher`  one adapter process for one run, and side tasks (describe, export, probe)
 * :mod:`~xfw.run.jobs`  the one job runner: keep a settled run, else launch, record its variant
 * :mod:`~xfw.run.sweep`, :mod:`~xfw.run.maxbatch`, :mod:`~xfw.run.parity`  studies built on it

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from xfw.contract import families
 from xfw.contract.atomic import write_text_atomic
-from xfw.run.recipe import load_recipe
-from xfw.run.spec import resolve_spec
+from xfw.recipe import load_recipe
+from xfw.recipe.spec import resolve_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "flops.md"

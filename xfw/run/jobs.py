@@ -28,8 +28,8 @@ from xfw.contract.atomic import UnreadableFile, read_json_object
 from xfw.report.nodes import assemble_parts
 from xfw.report.results import RunResult
 from xfw.run import instances, launcher
-from xfw.run.overrides import backend_recipe
-from xfw.run.recipe import Recipe
+from xfw.recipe.overrides import backend_recipe
+from xfw.recipe import Recipe
 
 SETTLED = ("ok", "oom", "unsupported", "invalid", "timeout")
 """Statuses a resumed command keeps; ``crashed`` (or no summary at all) is run again."""
@@ -74,7 +74,7 @@ def jobs_for(recipe: Recipe, backends: list[str], root: Path, groups: tuple[str,
     """Every repeat of ``recipe`` on every backend, repeats outermost (so the sides alternate). A
     multi-node recipe's jobs are this node's parts (``node_rank``). Each job holds ``recipe`` as
     loaded; its backend's override (``backends.<name>.override``, which may change its repeats) is
-    applied where it runs (``launcher.spec_for`` and ``launcher.launch``: :mod:`xfw.run.overrides`)."""
+    applied where it runs (``launcher.spec_for`` and ``launcher.launch``: :mod:`xfw.recipe.overrides`)."""
     node = node_rank if recipe.parallel.nnodes > 1 else None
     repeats = {name: backend_recipe(instances.fold(recipe, name), name).measure.repeat for name in backends}
     return [Job(recipe=recipe, backend=name, run_dir=run_dir_for(root, groups, name, k, repeats[name], node),

@@ -32,10 +32,11 @@ from xfw.contract import env as host
 from xfw.contract import lifeline
 from xfw.contract import records as rec
 from xfw.report.measure import summarize
-from xfw.run import command, instances, logparse
-from xfw.run.recipe import Recipe
-from xfw.run.overrides import backend_recipe
-from xfw.run.spec import resolve_spec
+from xfw.recipe import command
+from xfw.run import attached, instances, logparse
+from xfw.recipe import Recipe
+from xfw.recipe.overrides import backend_recipe
+from xfw.recipe.spec import resolve_spec
 from xfw.report.results import RunResult, mfu_fields, setup_from_spec
 from xfw.contract.atomic import UnreadableFile, read_bounded, write_json_atomic
 
@@ -181,14 +182,14 @@ def build_command(backend: Backend, description: dict, recipe: Recipe, spec_path
 
 
 def invocation(backend: Backend, description: dict, recipe: Recipe, spec_path: Path, records_path: Path,
-               rendezvous: Rendezvous = Rendezvous()) -> command.Invocation:
-    """What a run starts: xfw's adapter, or the command the recipe gives this backend (xfw.run.command)."""
-    attached = command.command_of(recipe, backend.name)
-    if attached is not None:
-        return command.invocation(attached, spec_path, records_path)
+               rendezvous: Rendezvous = Rendezvous()) -> attached.Invocation:
+    """What a run starts: xfw's adapter, or the command the recipe gives this backend (xfw.recipe.command)."""
+    declared = command.command_of(recipe, backend.name)
+    if declared is not None:
+        return attached.invocation(declared, spec_path, records_path)
     env = dict(recipe.backends.get(backend.name, {}).get("env", {}))  # backends.NAME.env, for every rank
-    return command.Invocation(argv=build_command(backend, description, recipe, spec_path, records_path, rendezvous),
-                              facts=description, interpreter=backend.python, env=env)
+    return attached.Invocation(argv=build_command(backend, description, recipe, spec_path, records_path, rendezvous),
+                               facts=description, interpreter=backend.python, env=env)
 
 
 def _tail(path: Path, num_bytes: int = 8192) -> str:
@@ -334,7 +335,7 @@ def launch(recipe: Recipe, backend: Backend, run_dir: Path, *, description: dict
     exception: the other runs go on. Ctrl-C or SIGTERM stops the adapter, records the run as cut
     off and raises :class:`Interrupted`."""
     spec = spec_for(recipe, backend.name, run_dir)
-    recipe = backend_recipe(recipe, backend.name)  # this backend's own (its override applied: xfw.run.overrides)
+    recipe = backend_recipe(recipe, backend.name)  # this backend's own (its override applied: xfw.recipe.overrides)
     ranks = local_ranks(recipe, rendezvous)
     node = {} if recipe.parallel.nnodes == 1 else {"rank": rendezvous.node_rank, "count": recipe.parallel.nnodes,
                                                    "ranks": [ranks.start, ranks.stop - 1]}
@@ -375,7 +376,7 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     # a log has one line per step, not per rank; a node of a multi-node run runs its own ranks only
     num_processes = 1 if run.log else len(local_ranks(recipe, rendezvous))
     log_lines = logparse.LogCounter(run.log, run_dir / f"{run.log.stream}.log") if run.log else None
-    ended = command.ending(run, records_path, num_processes)  # stopped once every rank ended (and a grace)
+    ended = attached.ending(run, records_path, num_processes)  # stopped once every rank ended (and a grace)
     if progress:  # steps per rank: every rank takes the same steps
         progress.started(backend.name, recipe.name, needed)
 
@@ -417,7 +418,7 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     if progress:
         progress.update(backend.name, tail.poll())
     wall = time.monotonic() - t0
-    command.verified(run, records_path)  # records the probe did not write are not measurements
+    attached.verified(run, records_path)  # records the probe did not write are not measurements
     if run.log is not None:
         logparse.write_records(run.log, log_lines.path, records_path, spec, exit_code=proc.returncode,
                                stopped=stopped, counter=log_lines)
@@ -426,10 +427,10 @@ def _run(recipe: Recipe, backend: Backend, run_dir: Path, spec: dict, descriptio
     status, reason = classify(exit_code=proc.returncode, timed_out=timed_out, records=records,
                               num_processes=num_processes, stderr_tail=stderr_tail, timeout_s=timeout_s)
     if stopped and not run.attached and status == "ok":
-        reason = (f"finished; its launcher had not exited {command.ADAPTER_EXIT_GRACE_S:g} s after every rank's "
+        reason = (f"finished; its launcher had not exited {attached.ADAPTER_EXIT_GRACE_S:g} s after every rank's "
                   "end record, so xfw stopped it (records complete)")
     if run.attached:  # a command: its outcome said for a command
-        status, reason = command.refine(status, reason, exit_code=proc.returncode, records=records,
+        status, reason = attached.refine(status, reason, exit_code=proc.returncode, records=records,
                                         stderr_line=_last_line(stderr_tail), stopped=stopped)
     if interrupted:
         status, reason = "crashed", "interrupted (Ctrl-C or SIGTERM); the same command runs it again"

@@ -25,7 +25,7 @@ from xfw.report.contrast import fmt_memory_pair
 from xfw.report.table import Bullets, Page, Paragraph, Strong, Table
 from xfw.run import launcher
 from xfw.run.jobs import Job, run_jobs
-from xfw.run.recipe import Recipe, load_recipe
+from xfw.recipe import Recipe, load_recipe
 
 DEFAULT_MAX_MICRO = 4096
 """Where a doubling search gives up looking for an OOM."""

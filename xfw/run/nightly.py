@@ -50,7 +50,7 @@ from xfw.run.jobs import Backends, Job, JobError, jobs_for, run_jobs, with_sibli
 from xfw.report.results import RunResult
 from xfw.contract.atomic import read_json_object, write_json_atomic
 from xfw.run.converge import run_converge, speed_jobs_for
-from xfw.run.recipe import PLAIN_NAME_RULE, is_plain_name
+from xfw.recipe import PLAIN_NAME_RULE, is_plain_name
 from xfw.run.selfcheck import run_selfcheck
 from xfw.run.suite import Entry, Suite
 

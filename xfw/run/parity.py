@@ -30,10 +30,10 @@ from xfw.contract.harness import GRAD_NORM_KNOB
 from xfw.contract.module_outputs import read_probe
 from xfw.report.parity import PARITY_FILE, ParityReport, Probe, Tolerances, compare_losses
 from xfw.run import jobs, launcher
-from xfw.run.overrides import backend_overrides
-from xfw.run.recipe import Recipe, RecipeError, load_recipe
-from xfw.run.schema import to_dict
-from xfw.run.spec import resolve_spec
+from xfw.recipe.overrides import backend_overrides
+from xfw.recipe import Recipe, RecipeError, load_recipe
+from xfw.recipe.schema import to_dict
+from xfw.recipe.spec import resolve_spec
 
 # An interpreter's description does not change while this process lives; asking once per
 # backend saves a framework import (~2 s) per parity run after the first.

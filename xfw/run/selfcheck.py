@@ -28,7 +28,7 @@ from xfw.report.results import RunResult
 from xfw.run import launcher
 from xfw.run.jobs import Backends, Job, run_jobs
 from xfw.run.parity import export_initial_weights
-from xfw.run.recipe import load_recipe
+from xfw.recipe import load_recipe
 
 FAMILY_RECIPES = {"llava": "recipes/tiny/llava_sft.yaml", "qwen2vl": "recipes/tiny/qwen2vl_sft.yaml",
                   "sd15": "recipes/tiny/sd15_pretrain.yaml", "sd3": "recipes/tiny/sd3_dreambooth.yaml"}

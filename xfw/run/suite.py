@@ -32,11 +32,11 @@ from pathlib import Path
 
 from xfw.report.selfcheck import BY_NAME
 from xfw.report.verdicts import RegressionPolicy
-from xfw.run.command import command_of
+from xfw.recipe.command import command_of
 from xfw.run.converge import ConvergeError, Plan, plan
-from xfw.run.recipe import PLAIN_NAME_RULE, Recipe, RecipeError, is_plain_name, load_recipe
+from xfw.recipe import PLAIN_NAME_RULE, Recipe, RecipeError, is_plain_name, load_recipe
 from xfw.run.selfcheck import FAMILY_RECIPES
-from xfw.run.yamlfile import YamlError, load_file
+from xfw.recipe.yamlfile import YamlError, load_file
 
 
 class SuiteError(ValueError):

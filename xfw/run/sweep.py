@@ -27,8 +27,8 @@ from pathlib import Path
 from xfw.report.results import RunResult
 from xfw.run import launcher
 from xfw.run.jobs import Backends, Job, jobs_for, run_jobs
-from xfw.run.recipe import Recipe, RecipeError, load_recipe
-from xfw.run.yamlfile import YamlError, load_text
+from xfw.recipe import Recipe, RecipeError, load_recipe
+from xfw.recipe.yamlfile import YamlError, load_text
 
 _OPENERS, _CLOSERS = "[{(", "]})"
 MAX_LABEL_CHARS = 120  # file systems allow 255 bytes per name; leave room for humans too

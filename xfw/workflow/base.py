@@ -21,10 +21,11 @@ from xfw.report.plot import plot_comparison
 from xfw.report import breakdown
 from xfw.report.results import RunResult
 from xfw.report.table import Page
-from xfw.run import command, instances, jobs, launcher, lock
-from xfw.run.overrides import OVERRIDE
-from xfw.run.recipe import Recipe, RecipeError, load_recipe
-from xfw.run.spec import resolve_spec
+from xfw.recipe import command
+from xfw.run import instances, jobs, launcher, lock
+from xfw.recipe.overrides import OVERRIDE
+from xfw.recipe import Recipe, RecipeError, load_recipe
+from xfw.recipe.spec import resolve_spec
 
 
 Log = Callable[[str], None]
@@ -75,7 +76,7 @@ def knob_problems(recipe: Recipe, root: Path = launcher.PROJECT_ROOT) -> list[st
         found = sorted(root.glob(f"adapters/*/xfw_{adapter}/{knob_declaration.KNOBS_FILE}"))
         if "command" in knobs or not found:
             continue
-        knobs = {k: v for k, v in knobs.items() if k != OVERRIDE}  # not a knob: checked as the recipe (xfw.run.overrides)
+        knobs = {k: v for k, v in knobs.items() if k != OVERRIDE}  # not a knob: checked as the recipe (xfw.recipe.overrides)
         declared = knob_declaration.read_spec(found[0])
         problem = knob_declaration.check(name, knobs, declared["knobs"], declared["types"])
         if problem:
@@ -97,7 +98,7 @@ def data_summary(recipe: Recipe) -> str:
 def prepare_backends(names: list[str], interpreters: dict[str, str], recipes: list[Recipe] = (),
                      log: Log = silent) -> jobs.Backends:
     """Resolve and describe each backend (fails fast, before any launch). A backend that runs a
-    command in every one of ``recipes`` needs no interpreter and no description (xfw.run.command)."""
+    command in every one of ``recipes`` needs no interpreter and no description (xfw.recipe.command)."""
     if not names:
         raise UsageError("no backends given")
     stray = sorted(set(interpreters) - set(names))

@@ -24,7 +24,7 @@ def bisect(recipe_path: str, builds_path: str, *, good: str, bad: str, overrides
     from xfw.report.ab import MIN_PAIRS
     from xfw.report.bisect import bisect_page
     from xfw.run import bisect as bs
-    from xfw.run.recipe import load_recipe
+    from xfw.recipe import load_recipe
 
     try:
         builds = bs.read_builds(builds_path)

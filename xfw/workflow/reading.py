@@ -18,7 +18,7 @@ from xfw.report import estimate as est
 from xfw.report.results import RunResult, load_runs
 from xfw.report.table import Page
 from xfw.run import instances, jobs, launcher, lock
-from xfw.run.spec import resolve_spec
+from xfw.recipe.spec import resolve_spec
 from xfw.workflow.base import (Log, Outcome, UsageError, guarded, judge_runs, load_all, prepare_backends, silent,
                                read_parity_status, write_page, write_report)
 

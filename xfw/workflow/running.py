@@ -15,8 +15,8 @@ from xfw.report.results import RunResult
 from xfw.run import instances, jobs, launcher
 from xfw.run import maxbatch as mb
 from xfw.run import sweep as sw
-from xfw.run.overrides import backend_recipe
-from xfw.run.recipe import Recipe
+from xfw.recipe.overrides import backend_recipe
+from xfw.recipe import Recipe
 from xfw.workflow.base import (Log, Outcome, UsageError, check_node, guarded, interrupted, knob_problems, load_all,
                                one_node, prepare_backends, recipe_error, refuse_commands, refuse_foreign, silent,
                                write_page, write_report)
@@ -80,7 +80,7 @@ def launch_commands(recipes: list[Recipe], backends: jobs.Backends, out_dir: Pat
         if write:
             job.run_dir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(spec_path, launcher.spec_for(job.recipe, job.backend, job.run_dir))
-        recipe = backend_recipe(job.recipe, job.backend)  # its override applied (xfw.run.overrides)
+        recipe = backend_recipe(job.recipe, job.backend)  # its override applied (xfw.recipe.overrides)
         run = launcher.invocation(backend, description, recipe, spec_path, job.run_dir / "steps.jsonl", rendezvous)
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**launcher.run_env(recipe), **run.env}.items())
         inherited = {k: v for k, v in sorted(os.environ.items()) if k.startswith(INHERITED_PREFIXES)}

@@ -1,7 +1,7 @@
 """The probe: xfw's measurement inside a training command it did not write.
 
 A recipe may give a backend a command instead of one of xfw's models (``backends.<name>.command``,
-:mod:`xfw.run.command`). The launcher starts it with this package importable and these variables::
+:mod:`xfw.recipe.command`). The launcher starts it with this package importable and these variables::
 
     XFW_PROBE_SPEC=RUN/spec.json  XFW_PROBE_RECORDS=RUN/steps.jsonl
     XFW_PROBE_HOOKS=xfw_torch.probe,xfw_paddle.probe
@@ -33,7 +33,7 @@ ENV_TOKEN = "XFW_PROBE_TOKEN"
 STAMP = "xfw_probe"
 """Each record the probe writes carries the run's token (``ENV_TOKEN``, drawn afresh by the launcher
 for every run) under this key; the launcher keeps only stamped records and removes the stamp
-(:func:`xfw.run.command.verify_records`): lines anyone else writes into the records file are
+(:func:`xfw.run.attached.verify_records`): lines anyone else writes into the records file are
 told apart, and the run is ``invalid``."""
 SITE_DIR = Path(__file__).resolve().with_name("site")
 """Holds only ``sitecustomize.py``; the launcher puts it first on the command's PYTHONPATH."""
