@@ -27,7 +27,7 @@ import click
 from xfw import terminal
 from xfw.cliargs import (LAYOUT_NAMES, _backend_list, _backend_names, _fail, _finish, _interpreters, _log, _one_backend,
                          _pairs, _progress, _with_repeat, as_option, force_option, launcher, out_option, overrides_of,
-                         python_option, rendezvous_options, repeat_option, set_option, workflow)
+                         python_option, rendezvous_options, repeat_option, set_option, workflow, count_type, _instances)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -43,12 +43,16 @@ def main() -> None:
 @click.argument("recipes", nargs=-1, required=True, type=click.Path())
 @set_option
 @click.option("--print-spec", is_flag=True, help="Print the resolved spec (every default filled in) as JSON.")
-def validate(recipes, overrides, print_spec) -> None:
+@click.option("--prepare", is_flag=True, help="Also prepare each recipe's real data (the step every workflow "
+              "takes before it launches); without it, validate writes nothing and says whether the data is prepared.")
+def validate(recipes, overrides, print_spec, prepare) -> None:
     """Check recipes without launching anything."""
     from xfw.recipe.schema import to_dict
 
     try:
-        loaded = workflow.load_all(list(recipes), list(overrides))
+        loaded = workflow.load_all(list(recipes), list(overrides), prepare=prepare)
+        for recipe in loaded:  # a command checks its overrides' backends against --backends; here, the adapters
+            workflow.refuse_unknown_overrides(recipe)
     except workflow.UsageError as err:
         _fail(str(err))
     except KeyboardInterrupt:
@@ -138,9 +142,19 @@ def explain_command(recipe, backends, overrides, comparison, repeat, pythons, ou
     """Compare RECIPE, then explain the gap: each side profiles a few steps after its measured window
     (module hooks, the framework's profiler) and the report aligns them by canonical module name and
     by category, with a waterfall of the step-time difference (docs/explain.md)."""
-    if categories:
+    if categories:  # whatever else was given is checked as the command would (one line, exit 2), then the map
         from xfw.contract.explain import category_rules
 
+        _interpreters(pythons, backends)  # the list parsed, every instance's path checked
+        known = launcher.known_adapters()
+        unknown = [i.name for i in _instances(backends) if i.adapter not in known]
+        if unknown:
+            _fail(f"--backends {unknown[0]}: no adapter of that name (known: {', '.join(known)})")
+        if recipe is not None:
+            try:
+                workflow.load_all([recipe], _with_repeat(overrides, repeat, comparison))
+            except workflow.UsageError as err:
+                _fail(str(err))
         click.echo(category_rules())
         return
     if recipe is None:
@@ -179,7 +193,7 @@ def sweep(recipe, axes, backends, comparison, repeat, pythons, out_dir, force) -
 @click.option("--candidates", default=None, metavar="M1,M2,...",
               help="Micro-batches to try, largest first, stopping at the first that fits "
                    "(default: double from the recipe's micro-batch until out of memory).")
-@click.option("--max-micro", type=click.IntRange(min=1), default=4096, show_default=True,
+@click.option("--max-micro", type=count_type("max_micro"), default=4096, show_default=True,
               help="Largest micro-batch a doubling search tries.")
 @set_option
 @python_option
@@ -240,7 +254,7 @@ def assemble(node_dirs, out_dir, force) -> None:
 @click.argument("recipe", type=click.Path())
 @click.option("--backends", default="paddle,torch", show_default=True,
               help="REFERENCE,OTHER: the reference exports the starting weights both sides load.")
-@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Training steps to compare.")
+@click.option("--steps", type=count_type("steps"), default=10, show_default=True, help="Training steps to compare.")
 @set_option
 @python_option
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
@@ -312,7 +326,7 @@ def converge(recipe, backends, seeds, max_seeds, margin, direction, steps, eval_
                    "paddle@nightly-1102=/opt/nightly-1102/bin/python (# starts a comment).")
 @click.option("--good", required=True, metavar="NAME", help="A build without the change (ADAPTER@LABEL, a line of FILE).")
 @click.option("--bad", required=True, metavar="NAME", help="A later build with it (ADAPTER@LABEL, a line of FILE).")
-@click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True, metavar="N",
+@click.option("--repeat", type=count_type("repeat"), default=5, show_default=True, metavar="N",
               help="Pairs per A/B (each build against the good one, alternated A B B A).")
 @set_option
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
@@ -388,9 +402,13 @@ def selfcheck(backends, families, full, paths, comparison, pythons, out_dir) -> 
 @python_option
 @click.option("--remove", "remove", default=None, metavar="NAME",
               help="Delete the built environment of instance NAME (e.g. paddle@3.2.0) and say what it freed.")
-def env_command(backends, pythons, remove) -> None:
+@click.option("--clean", is_flag=True, help="Remove what builds killed midway left (their .NAME.building-PID "
+                                            "directories) and say what it freed.")
+def env_command(backends, pythons, remove, clean) -> None:
     """Show each backend's interpreter, whether its adapter imports, its versions and build, and the
     environments xfw has built for instances (docs/builds.md)."""
+    if clean:
+        _finish(lambda: workflow.clean_envs())
     if remove is not None:
         _finish(lambda: workflow.remove_env(remove))
     _finish(lambda: workflow.describe_backends(_backend_names(backends), _interpreters(pythons, backends), log=_log))

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from xfw import terminal
+from xfw.run.counts import COUNT_BOUNDS
 
 
 class _Lazy:
@@ -133,7 +134,13 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY.PATH
                           help="Override a recipe field (value parsed as YAML), e.g. --set batch.micro=2. Repeatable.")
 python_option = click.option("--python", "pythons", multiple=True, metavar="NAME=PATH",
                              help="Interpreter for a backend (default: .venv/NAME/bin/python). Repeatable.")
-repeat_option = click.option("--repeat", type=click.IntRange(min=1), default=None, metavar="K",
+def count_type(name: str) -> click.IntRange:
+    """A count option's type: an integer in [1, its documented bound] (``xfw.run.counts``), refused by
+    click in one line (exit 2) before any work."""
+    return click.IntRange(1, COUNT_BOUNDS[name])
+
+
+repeat_option = click.option("--repeat", type=count_type("repeat"), default=None, metavar="K",
                              help="Run each backend K times (same as --set measure.repeat=K); the report shows "
                                   "the median and the spread, and flags a contrast within the noise.")
 as_option = click.option(

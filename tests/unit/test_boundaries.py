@@ -100,7 +100,7 @@ def test_cli_commands_and_options_are_frozen():
         "compare": ["ab", "backends", "comparison", "contrast", "explain", "force", "master_addr", "master_port", "node_rank", "out_dir",
                     "overrides", "parity_dirs", "pythons", "recipes", "repeat"],
         "explain": ["backends", "categories", "comparison", "force", "out_dir", "overrides", "pythons", "recipe", "repeat"],
-        "env": ["backends", "pythons", "remove"],
+        "env": ["backends", "clean", "pythons", "remove"],
         "parity": ["backends", "force", "out_dir", "overrides", "pythons", "recipe", "steps", "weights"],
         "estimate": ["overrides", "recipe", "run_dir"],
         "maxbatch": ["backends", "candidates", "force", "max_micro", "out_dir", "overrides", "pythons", "recipe"],
@@ -111,7 +111,7 @@ def test_cli_commands_and_options_are_frozen():
         "run": ["backend", "comparison", "force", "master_addr", "master_port", "node_rank", "out_dir", "overrides",
                 "print_command", "pythons", "recipe", "repeat"],
         "sweep": ["axes", "backends", "comparison", "force", "out_dir", "pythons", "recipe", "repeat"],
-        "validate": ["overrides", "print_spec", "recipes"],
+        "validate": ["overrides", "prepare", "print_spec", "recipes"],
     }
 
 

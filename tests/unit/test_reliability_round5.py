@@ -154,3 +154,334 @@ def test_fuzz_29_any_edit_of_converge_json_renders_or_is_one_line(tmp_path_facto
         assert "\n" not in str(err) and "converge.json: " in str(err)
     except (TypeError, KeyError, ValueError):
         pass  # a fitting shape whose values from_dict still refuses: named in the report as above
+
+
+# --- 30: keys a command forces cannot be overridden per backend --------------------------------------
+
+def invoke(*args):
+    from click.testing import CliRunner
+
+    from xfw import cli
+
+    return CliRunner().invoke(cli.main, [str(a) for a in args])
+
+
+def one_line_error(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
+CONVERGE_RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "tiny" / "llava_json_sft.yaml")
+
+
+def converge_cli(*args):
+    return invoke("converge", CONVERGE_RECIPE, *args, "--python", "torch=/nonexistent/python",
+                  "--python", "paddle=/nonexistent/python")
+
+
+def test_30_every_key_converge_forces_is_refused_as_a_per_backend_override():
+    from types import SimpleNamespace
+
+    from xfw.recipe import RecipeError, load_recipe
+    from xfw.recipe.overrides import refuse_forced
+    from xfw.run.converge import Plan
+
+    forced = [*Plan.seed_overrides(SimpleNamespace(steps=40, eval_every=20, eval_samples=24, timeout_s=600.0), 0),
+              "model.weights=EXPORT"]  # as xfw converge declares it
+    for key, value in [("data.eval_samples", 100), ("model.weights", "random"), ("measure.eval_every", 5),
+                       ("measure.steps", 3), ("measure.seed", 7), ("data.seed", 7), ("measure.warmup_steps", 2)]:
+        recipe = load_recipe(CONVERGE_RECIPE, [f"backends.paddle.override.{key}={value}"])
+        with pytest.raises(RecipeError) as err:
+            refuse_forced(recipe, forced, "xfw converge")
+        assert f"backends.paddle.override.{key}: xfw converge sets {key} itself" in str(err.value)
+    refuse_forced(load_recipe(CONVERGE_RECIPE, ["backends.paddle.override.optimizer.lr=1.0e-4"]), forced, "x")
+
+
+def test_30_converge_refuses_a_forced_key_override_in_one_line_before_anything():
+    line = one_line_error(converge_cli("--seeds", "2", "--steps", "20", "--eval-every", "10",
+                                       "--set", "backends.torch.override.data.eval_samples=100"))
+    assert "backends.torch.override.data.eval_samples: xfw converge sets data.eval_samples itself" in line
+
+
+def test_30_parity_refuses_an_override_of_what_it_forces(tmp_path, write_recipe):
+    line = one_line_error(invoke("parity", write_recipe(), "--backends", "torch,paddle", "--out", tmp_path / "p",
+                                 "--set", "backends.torch.override.precision.dtype=bf16",
+                                 "--set", "backends.torch.override.precision.amp_level=O1"))
+    assert "backends.torch.override.precision." in line and "xfw parity sets precision." in line
+    assert not (tmp_path / "p").exists()
+
+
+# --- 31: a backend named in an override must be one the command runs --------------------------------
+
+def test_31_a_misspelt_or_absent_backend_in_an_override_is_refused(tmp_path, fake_backend, write_recipe):
+    TINY_RECIPE = write_recipe()
+    fakes = ["--python", f"fake={fake_backend['fake']}", "--python", f"fake2={fake_backend['fake2']}"]
+    for name in ("torhc", "fake3"):
+        line = one_line_error(invoke("compare", TINY_RECIPE, "--backends", "fake,fake2", "--out", tmp_path / name,
+                                     "--set", f"backends.{name}.override.optimizer.lr=0.5", *fakes))
+        assert f"backends.{name}.override: '{name}' is not a backend of this command (--backends fake,fake2)" in line
+        assert not (tmp_path / name).exists()
+    line = one_line_error(invoke("validate", TINY_RECIPE, "--set", "backends.torhc.override.optimizer.lr=0.5"))
+    assert "backends.torhc.override: 'torhc' is no backend xfw has" in line
+    # an adapter's override reaches its instances; an instance's own is fine too
+    result = invoke("validate", TINY_RECIPE, "--set", "backends.paddle@3.2.0.override.optimizer.lr=0.5")
+    assert result.exit_code == 0, result.output
+
+
+# --- 32: instance labels and versions over the documented length --------------------------------------
+
+@pytest.mark.parametrize("text", ["paddle@" + "x" * 120, "paddle@1." + "1." * 60 + "0",
+                                  "paddle@" + "n" * 95 + "=/usr/bin/python3"])
+def test_32_an_instance_name_over_the_length_is_one_line(text):
+    from xfw.recipe.names import MAX_NAME_CHARS
+    from xfw.run import instances
+
+    with pytest.raises(instances.InstanceError) as err:
+        instances.parse(text)
+    assert f"at most {MAX_NAME_CHARS}" in str(err.value) and "\n" not in str(err.value) and len(str(err.value)) < 300
+    line = one_line_error(invoke("compare", "x.yaml", "--backends", f"torch,{text}"))
+    assert f"at most {MAX_NAME_CHARS}" in line
+
+
+def test_32_a_long_wheel_version_is_one_line(tmp_path):
+    from xfw.run import instances
+
+    wheel = tmp_path / f"paddlepaddle-{'1.' * 60}0-cp312-cp312-linux_x86_64.whl"
+    wheel.write_bytes(b"")
+    with pytest.raises(instances.InstanceError, match="at most 100"):
+        instances.parse(f"paddle@{wheel}")
+
+
+# --- 33: every subprocess of a check or a build ends with it ----------------------------------------
+
+def _gone(pid: int, within_s: float) -> bool:
+    import os
+    import time
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie of an ended process counts as gone
+            if Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"):
+                return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+SPAWNER = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+           "open(sys.argv[1], 'w').write(str(p.pid)); time.sleep(300)")
+
+
+def test_33_a_check_that_times_out_is_ended_with_its_children(tmp_path):
+    import sys
+
+    from xfw.run.task import TaskTimeout, run_task
+
+    pid_file = tmp_path / "child"
+    with pytest.raises(TaskTimeout, match="took over 3 s"):
+        run_task([sys.executable, "-c", SPAWNER, str(pid_file)], timeout_s=3)
+    assert _gone(int(pid_file.read_text()), 5)
+
+
+def test_33_a_describe_check_past_its_time_leaves_nothing_running(tmp_path, monkeypatch):
+    import sys
+
+    from xfw.run import launcher
+
+    pid_file = tmp_path / "child"
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"{SPAWNER}\" {pid_file}\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(launcher, "DESCRIBE_TIMEOUT_S", 3)
+    with pytest.raises(launcher.BackendError, match="took over 3 s"):
+        launcher.describe_backend(launcher.Backend("torch", str(script)))
+    assert _gone(int(pid_file.read_text()), 5)
+
+
+def test_33_xfw_killed_during_a_build_step_leaves_nothing_running(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child"
+    xfw = subprocess.Popen([sys.executable, "-c", "import sys; from xfw.run.task import run_task; "
+                            f"run_task([sys.executable, '-c', {SPAWNER!r}, {str(pid_file)!r}], timeout_s=300)"],
+                           cwd=Path(__file__).resolve().parents[2])
+    deadline = time.monotonic() + 20
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(xfw.pid, signal.SIGKILL)
+    xfw.wait()
+    assert _gone(int(pid_file.read_text()), 5)
+
+
+def test_33_a_killed_builds_scratch_is_listed_cleaned_and_never_one_that_lives(tmp_path):
+    import os
+    import subprocess
+
+    from xfw.run import instances
+
+    builds = tmp_path / instances.BUILDS_DIR
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = builds / f".paddle@3.2.0{instances.SCRATCH_MARK}{dead.pid}"
+    living = builds / f".paddle@3.3.0{instances.SCRATCH_MARK}{os.getpid()}"
+    for d in (left, living):
+        (d / "lib").mkdir(parents=True)
+        (d / "lib" / "big").write_bytes(b"x" * 4096)
+    assert instances.abandoned_builds(tmp_path) == [left]
+    assert instances.built_envs(tmp_path) == []  # never taken for a built environment
+    lines = instances.clean_builds(tmp_path)
+    assert len(lines) == 1 and str(left) in lines[0] and not left.exists() and living.exists()
+    assert "nothing to clean" in instances.clean_builds(tmp_path)[0]
+
+
+# --- 34: a wheel must be the framework it stands for ---------------------------------------------------
+
+def make_wheel(folder: Path, file_dist: str, meta_name: str) -> Path:
+    import zipfile
+
+    path = folder / f"{file_dist}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{file_dist}-1.0.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {meta_name}\nVersion: 1.0\n")
+        z.writestr(f"{file_dist}-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\n")
+    return path
+
+
+def test_34_a_wheel_of_another_distribution_is_refused_naming_both(tmp_path):
+    from xfw.run import instances
+
+    assert instances.wheel_problem(str(make_wheel(tmp_path, "torch", "torch")), "torch") is None
+    assert instances.wheel_problem(str(make_wheel(tmp_path, "paddlepaddle_gpu", "paddlepaddle-gpu")),
+                                   "paddlepaddle") is None
+    problem = instances.wheel_problem(str(make_wheel(tmp_path, "tinything", "tinything")), "torch")
+    assert "the wheel of 'tinything', not of torch" in problem
+    problem = instances.wheel_problem(str(make_wheel(tmp_path, "torchvision", "torchvision")), "torch")
+    assert "not of torch" in problem  # a name that merely starts like it is not it
+    lying = make_wheel(tmp_path, "torch", "tinything")
+    assert "not of torch" in instances.wheel_problem(str(lying), "torch")
+    junk = tmp_path / "torch-1.0-py3-none-any.whl"
+    junk.write_bytes(b"not a zip")
+    assert "cannot be read as a wheel" in instances.wheel_problem(str(junk), "torch")
+
+
+def test_34_an_unrelated_wheel_never_starts_a_build(tmp_path):
+    from xfw.run import instances
+
+    (tmp_path / ".venv" / "torch" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "torch" / "bin" / "python").write_text("")
+    (tmp_path / "adapters" / "torch").mkdir(parents=True)
+    (tmp_path / "adapters" / "torch" / "requirements.txt").write_text("torch==2.13.0  # xfw: framework\n")
+    wheel = make_wheel(tmp_path, "tinything", "tinything")
+    with pytest.raises(instances.InstanceError, match="not of torch"):
+        instances.ensure_env(instances.parse(f"torch@mine={wheel}"), print, tmp_path)
+    assert not (tmp_path / instances.BUILDS_DIR).exists()
+
+
+# --- 35: settings checked before any launch (a converge rerun with other --steps) ----------------------
+
+def test_35_a_converge_rerun_of_other_settings_refuses_before_anything_launches(tmp_path):
+    from xfw.run import converge as cv
+    from xfw.workflow.running import converge_jobs
+
+    chosen = cv.plan(CONVERGE_RECIPE, [], backends=("paddle", "torch"), seeds=2, steps=20, eval_every=10)
+    out = tmp_path / "out"
+    for job in converge_jobs(chosen, out):  # an earlier converge's speed runs, of other settings
+        job.run_dir.mkdir(parents=True)
+        (job.run_dir / "spec.json").write_text(json.dumps({"name": "x", "measure": {"steps": 3}}))
+    # the interpreters do not exist: a check of them (or an export) first would say so instead
+    line = one_line_error(converge_cli("--seeds", "2", "--steps", "20", "--eval-every", "10", "--out", out))
+    assert "holds a run of other settings" in line
+    assert not (out / "seed-0").exists() and not any(out.rglob("model.safetensors"))
+
+
+# --- 36: every count option has a documented bound, checked before any work ------------------------
+
+@pytest.mark.parametrize("args", [["converge", CONVERGE_RECIPE, "--seeds", "100000"],
+                                  ["converge", CONVERGE_RECIPE, "--seeds", "1000000000"],
+                                  ["converge", CONVERGE_RECIPE, "--steps", "10000000000"],
+                                  ["compare", "x.yaml", "--repeat", "1000000000"],
+                                  ["parity", "x.yaml", "--steps", "10000000"],
+                                  ["maxbatch", "x.yaml", "--max-micro", "100000000000"]])
+def test_36_a_count_past_its_bound_is_one_line_at_once(args):
+    import time
+
+    started = time.monotonic()
+    result = invoke(*args)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "1000" in result.output.replace(",", "") or "range" in result.output
+    assert time.monotonic() - started < 5
+
+
+def test_36_a_suite_converge_entry_has_the_same_bounds():
+    from xfw.run.counts import COUNT_BOUNDS, count_problem
+    from xfw.run.converge import MAX_SEEDS
+
+    assert COUNT_BOUNDS["seeds"] == COUNT_BOUNDS["max_seeds"] == MAX_SEEDS  # one bound, two places that name it
+    assert count_problem("seeds", 10**9, "entries[0].converge.seeds") == \
+        f"entries[0].converge.seeds: must be an integer >= 1 and at most {MAX_SEEDS}, got 1,000,000,000"
+    assert count_problem("seeds", 0).startswith("--seeds: must be an integer >= 1")
+
+
+# --- 37: an uninstallable version names what was asked and what exists --------------------------------
+
+def test_37_pips_useful_line_is_shown_not_its_help_pointer():
+    from xfw.run.instances import _pip_error
+
+    versions = ", ".join(f"2.{i}.0" for i in range(20))
+    lines = ["Collecting torch==9.9.9\n",
+             f"ERROR: Could not find a version that satisfies the requirement torch==9.9.9 (from versions: {versions})\n",
+             "ERROR: No matching distribution found for torch==9.9.9\n"]
+    said = _pip_error(lines)
+    assert "torch==9.9.9" in said and "2.19.0" in said and "2.0.0" not in said and len(said) <= 400
+    conflict = ["ERROR: Cannot install torch==9.9.9 because these package versions have conflicting dependencies.\n",
+                "ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution\n"]
+    assert _pip_error(conflict).startswith("ERROR: Cannot install torch==9.9.9")
+
+
+# --- 38: explain --categories checks what else was given -------------------------------------------------
+
+def test_38_explain_categories_checks_the_recipe_and_backends(write_recipe):
+    TINY_RECIPE = write_recipe()
+    assert one_line_error(invoke("explain", "missing.yaml", "--categories"))
+    assert "no adapter of that name" in one_line_error(invoke("explain", "--categories", "--backends", "torhc,torch"))
+    assert one_line_error(invoke("explain", "--categories", "--backends", "torch,,torch"))
+    assert invoke("explain", TINY_RECIPE, "--categories").exit_code == 0
+    assert invoke("explain", "--categories").exit_code == 0
+
+
+# --- 39: a builds file's comment starts only at a line start or after whitespace ----------------------
+
+def test_39_a_hash_inside_an_interpreter_path_is_kept(tmp_path):
+    from xfw.run.bisect import read_builds, strip_comment
+
+    assert strip_comment("paddle@a=/opt/build#3/bin/python  # nightly 3") == "paddle@a=/opt/build#3/bin/python"
+    assert strip_comment("# all of it") == "" and strip_comment("paddle@3.2.0\t#x") == "paddle@3.2.0"
+    python = tmp_path / "build#3" / "python"
+    python.parent.mkdir()
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    builds = tmp_path / "builds.txt"
+    builds.write_text(f"# the builds\npaddle@old=/usr/bin/env # a comment\npaddle@new={python}\n")
+    found = read_builds(builds)
+    assert [b.python for b in found.builds] == ["/usr/bin/env", str(python)]
+
+
+@FUZZ
+@given(path=st.text(st.characters(blacklist_categories=("Cs", "Cc", "Zs", "Zl", "Zp")), min_size=1, max_size=30),
+       comment=st.text(max_size=20))
+def test_fuzz_39_a_path_without_whitespace_survives_any_comment(path, comment):
+    from xfw.run.bisect import strip_comment
+
+    comment = comment.replace("\n", " ").replace("\r", " ")
+    line = f"paddle@x=/{path}"
+    assert strip_comment(f"{line} #{comment}") == line.strip() and strip_comment(line) == line.strip()

@@ -276,3 +276,25 @@ def absolute_paths(data: Any, given: set[str], recipe_dir: Path) -> None:
                 section[key] = str(((Path.cwd() if from_cli else recipe_dir) / value).resolve())
             elif isinstance(value, str) and value:
                 section[key] = str(Path(value).expanduser())
+
+
+def forced_keys(forced: list[str]) -> list[str]:
+    """The recipe keys a command forces on both sides, from the ``KEY=VALUE`` overrides it applies
+    (its declaration: e.g. ``xfw.run.converge.Plan.forced``); a backend's own knob (``backends.*``) is
+    not a recipe key."""
+    keys = [item.partition("=")[0].strip() for item in forced]
+    return list(dict.fromkeys(k for k in keys if k and not k.startswith("backends.")))
+
+
+def refuse_forced(recipe: Recipe, forced: list[str], command: str) -> None:
+    """RecipeError (one line naming the override and why) when a backend's override touches a key
+    ``command`` forces on both sides (``forced``: its ``KEY=VALUE`` overrides): the command would set
+    it on one side while the other side's override won, and its report would claim both shared it."""
+    keys = forced_keys(forced)
+    for name, own in backend_overrides(recipe).items():
+        for key in own:
+            hit = next((k for k in keys if key == k or key.startswith(f"{k}.") or k.startswith(f"{key}.")), None)
+            if hit is not None:
+                raise RecipeError(f"{recipe.name}: {_prefix(name, key)}: {command} sets {hit} itself, the same on "
+                                  "both sides (that is what it compares); a per-backend value cannot apply here")
+

@@ -2,7 +2,8 @@
 
 ``xfw bisect RECIPE --builds FILE --good G --bad B``. FILE lists builds in order, one instance a line
 as ``--backends`` writes them (``paddle@3.2.0``, ``paddle@nightly-1102=/opt/nightly-1102/bin/python``;
-``#`` starts a comment). The decision rule, stated in every report:
+a ``#`` at the start of a line or after a space or tab starts a comment: ``#`` inside a path is the path's,
+``=/opt/build#3/bin/python``). The decision rule, stated in every report:
 
 1. A/B the bad build against the good one (``xfw.report.ab``: alternated pairs, paired t-test on log
    ratios, two-sided, alpha 0.05). No significant change: nothing to bisect, and the bisect says so.
@@ -22,6 +23,7 @@ decision as it is made, so a killed bisect resumes where it stopped.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -43,6 +45,16 @@ class BuildList:
         return [b.name for b in self.builds]
 
 
+_COMMENT = re.compile(r"(?:^|[ \t])#")
+
+
+def strip_comment(line: str) -> str:
+    """A builds-file line without its comment: from a ``#`` at the line's start or after a space or tab
+    (never one inside a path or label), stripped."""
+    found = _COMMENT.search(line)
+    return (line[:found.start()] if found else line).strip()
+
+
 def read_builds(path: str | Path) -> BuildList:
     """The build list FILE, checked: every line an instance, no name twice, one adapter."""
     from xfw.contract.atomic import UnreadableFile, read_bounded
@@ -56,7 +68,7 @@ def read_builds(path: str | Path) -> BuildList:
                           f"--builds {path}: not UTF-8 text") from None
     builds, seen = [], {}
     for number, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
+        line = strip_comment(line)
         if not line:
             continue
         try:

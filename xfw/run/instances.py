@@ -26,13 +26,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from xfw.contract.atomic import write_json_atomic
+from xfw.recipe.names import MAX_NAME_CHARS
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BUILDS_DIR = Path(".venv") / "builds"
@@ -101,7 +101,9 @@ def parse(text: str, *, flag: str = "--backends") -> Instance:
     if not eq and label.endswith(".whl"):  # paddle@/w/paddlepaddle-3.2.0-...whl: named by the wheel's version
         wheel = _wheel_path(label, text, flag)
         label = _WHEEL.fullmatch(wheel.name).group("version")
+        _check_length(head, label, text, flag)
         return Instance(name=f"{head}@{label}", adapter=head, label=label, wheel=str(wheel))
+    _check_length(head, label, text, flag)
     if not _LABEL.fullmatch(label):
         raise InstanceError(f"{flag} {text!r}: the label {label!r} after @ must be letters, digits and . _ + - "
                             "(a version such as 3.2.0, or a name such as nightly-1102=PATH)")
@@ -121,6 +123,16 @@ def parse(text: str, *, flag: str = "--backends") -> Instance:
         raise InstanceError(f"{flag} {text!r}: {label!r} is not a version; give the build as {name}=PATH "
                             "(a wheel file or an interpreter)")
     return Instance(name=name, adapter=head, label=label, version=label)
+
+
+def _check_length(head: str, label: str, text: str, flag: str) -> None:
+    """An instance's name names its run directories and its built environment: at most
+    :data:`~xfw.recipe.names.MAX_NAME_CHARS` characters, like a recipe's name."""
+    size = len(head) + 1 + len(label)
+    if size > MAX_NAME_CHARS:
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise InstanceError(f"{flag} {shown!r}: the name {head}@{label[:20]}... is {size} characters; at most "
+                            f"{MAX_NAME_CHARS} (it names directories): give a shorter label, e.g. {head}@mine=PATH")
 
 
 def _wheel_path(path: str, text: str, flag: str) -> Path:
@@ -205,6 +217,37 @@ def requirements_for(instance: Instance, root: Path = PROJECT_ROOT) -> tuple[str
     return "\n".join(lines) + "\n", package, lines[marked[0]]
 
 
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_problem(wheel: str, package: str) -> str | None:
+    """Why the wheel file cannot stand for the adapter's framework ``package`` (its pinned distribution,
+    ``torch``, ``paddlepaddle``), or None: the name in its own metadata (``*.dist-info/METADATA``,
+    ``Name:``) must be that distribution or a variant of it (``paddlepaddle-gpu``), and the file name
+    must say the same. A wheel of anything else would be measured as that framework."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            metadata = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+            if len(metadata) != 1:
+                return f"{wheel} holds {len(metadata)} .dist-info/METADATA files (a wheel has one); not a wheel"
+            with archive.open(metadata[0]) as f:
+                head = f.read(1 << 20).decode("utf-8", "replace")
+    except (OSError, zipfile.BadZipFile, ValueError) as err:
+        return f"{wheel} cannot be read as a wheel ({err})"
+    name = next((line.partition(":")[2].strip() for line in head.splitlines() if line.lower().startswith("name:")), "")
+    want = _normal(package)
+    if not name or not (_normal(name) == want or _normal(name).startswith(f"{want}-")):
+        return (f"{wheel} is the wheel of {name or 'no named distribution'!r}, not of {package} (the framework "
+                "this adapter pins); give a wheel of the framework")
+    file_dist = _WHEEL.fullmatch(Path(wheel).name)
+    if file_dist and _normal(file_dist.group("dist")) != _normal(name):
+        return f"{wheel}: the file name says {file_dist.group('dist')!r}, its metadata {name!r}"
+    return None
+
+
 def _sha256(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -220,9 +263,20 @@ def _want(instance: Instance, requirements: str) -> str:
 
 
 def _pip_error(lines: list[str]) -> str:
-    """pip's one line that says why (its ERROR line), not its log."""
+    """pip's one line that says why, not its log: of its ERROR lines, the one that names what exists
+    (``Could not find a version that satisfies the requirement torch==9.9.9 (from versions: ...)``, its
+    list cut to the newest), else the first that is not a pointer to pip's help (``ResolutionImpossible:
+    for help visit ...``)."""
     errors = [line.strip() for line in lines if line.startswith("ERROR:")]
-    return (errors[-1] if errors else (lines[-1].strip() if lines else "pip printed nothing"))[:300]
+    told = [e for e in errors if "for help visit" not in e and "ResolutionImpossible" not in e]
+    found = next((e for e in told if "(from versions:" in e), None)
+    if found:
+        head, _, versions = found.partition("(from versions:")
+        names = [v.strip() for v in versions.rstrip(")").split(",") if v.strip()]
+        shown = ", ".join(names[-12:]) if names else "none"
+        return f"{head.strip()} (versions that exist here: {'..., ' if len(names) > 12 else ''}{shown})"[:400]
+    return (told[0] if told else errors[-1] if errors else
+            (lines[-1].strip() if lines else "pip printed nothing"))[:300]
 
 
 def _framework_hash(report: Path, package: str) -> str | None:
@@ -248,6 +302,10 @@ def ensure_env(instance: Instance, log: Log, root: Path = PROJECT_ROOT) -> Path:
         raise InstanceError(f"{instance.name}: builds on the default environment .venv/{instance.adapter}, which "
                             "does not exist; run `make setup` first")
     requirements, package, line = requirements_for(instance, root)
+    if instance.wheel:
+        problem = wheel_problem(instance.wheel, package)
+        if problem:
+            raise InstanceError(f"{instance.name}: {problem}")
     want = _want(instance, requirements)
     target = env_dir(instance, root)
     old = read_build(target)
@@ -258,7 +316,10 @@ def ensure_env(instance: Instance, log: Log, root: Path = PROJECT_ROOT) -> Path:
     log(f"{instance.name}: building an environment from {instance.source} on .venv/{instance.adapter} "
         f"(once; later commands reuse it)")
     started = time.monotonic()
-    scratch = target.with_name(f".{target.name}.building-{os.getpid()}")
+    for stale in abandoned_builds(root):  # a build killed earlier (any instance) left its scratch directory
+        log(f"removing {stale.name}, left by a build that was killed ({fmt_size(size_on_disk(stale))})")
+        shutil.rmtree(stale, ignore_errors=True)
+    scratch = target.with_name(f".{target.name}{SCRATCH_MARK}{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
     try:
         _build(instance, base, requirements, scratch, log)
@@ -284,45 +345,97 @@ def ensure_env(instance: Instance, log: Log, root: Path = PROJECT_ROOT) -> Path:
     return target / "bin" / "python"
 
 
+def _step(instance: Instance, cmd: list[str], timeout_s: float, what: str, on_line=None) -> tuple[int, str]:
+    """One step of a build (xfw.run.task: its own process group, ended with xfw and with everything it
+    started); InstanceError in one line when it cannot start, runs past ``timeout_s`` or (without
+    ``on_line``) fails."""
+    try:
+        code, out, err = run_task(cmd, timeout_s=timeout_s, on_line=on_line)
+    except (OSError, TaskTimeout) as problem:
+        raise InstanceError(f"{instance.name}: {what}: {problem}") from None
+    if code != 0 and on_line is None:
+        last = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1][:300]
+        raise InstanceError(f"{instance.name}: {what} failed (exit {code}: {last})")
+    return code, out
+
+
 def _build(instance: Instance, base: Path, requirements: str, scratch: Path, log: Log) -> None:
-    subprocess.run([str(base), "-m", "venv", str(scratch)], check=True, capture_output=True, timeout=300,
-                   stdin=subprocess.DEVNULL)
-    site = subprocess.run([str(base), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True, timeout=60).stdout.strip()
-    own = subprocess.run([str(scratch / "bin" / "python"), "-c",
-                          "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    _step(instance, [str(base), "-m", "venv", str(scratch)], 300, "creating its virtual environment")
+    site = _step(instance, [str(base), "-c", purelib], 60, "reading the default environment's site-packages")[1].strip()
+    own = _step(instance, [str(scratch / "bin" / "python"), "-c", purelib], 60,
+                "reading its own site-packages")[1].strip()
     # Read after the environment's own site-packages: what pip installs here comes first.
     Path(own, "zz-xfw-base.pth").write_text(f"import site; site.addsitedir({site!r})\n", encoding="utf-8")
     (scratch / "xfw-requirements.txt").write_text(requirements, encoding="utf-8")
     cmd = [str(scratch / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off", "--disable-pip-version-check",
            "--report", str(scratch / "pip-report.json"), "-r", str(scratch / "xfw-requirements.txt")]
     lines: list[str] = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          stdin=subprocess.DEVNULL, errors="replace") as proc:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith(("Collecting", "Downloading", "Installing", "Successfully")) or \
-                    line.lstrip().startswith("Downloading"):
-                log(f"{instance.name}: {line.strip()[:160]}")
-        code = proc.wait(timeout=PIP_TIMEOUT_S)
+
+    def seen(line: str) -> None:
+        lines.append(line)
+        if line.startswith(("Collecting", "Downloading", "Installing", "Successfully")) or \
+                line.lstrip().startswith("Downloading"):
+            log(f"{instance.name}: {line.strip()[:160]}")
+
+    code, _ = _step(instance, cmd, PIP_TIMEOUT_S, "pip install", on_line=seen)
     if code != 0:
         raise InstanceError(f"{instance.name}: pip could not install {instance.source}: {_pip_error(lines)}")
 
 
 def _describe(python: Path, instance: Instance) -> dict:
     """The adapter's own description in the new environment; InstanceError if it cannot import."""
-    out = subprocess.run([str(python), "-m", f"xfw_{instance.adapter}", "--describe"], capture_output=True,
-                         text=True, timeout=300, stdin=subprocess.DEVNULL, check=False)
-    found = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not found:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    try:
+        code, stdout, stderr = run_task([str(python), "-m", f"xfw_{instance.adapter}", "--describe"], timeout_s=300)
+    except (OSError, TaskTimeout) as problem:
+        raise InstanceError(f"{instance.name}: installed, but its --describe check failed: {problem}") from None
+    found = [line for line in stdout.splitlines() if line.startswith("{")]
+    if code != 0 or not found:
+        last = (stderr.strip().splitlines() or ["no output"])[-1][:300]
         raise InstanceError(f"{instance.name}: installed, but xfw_{instance.adapter} does not import there ({last})")
     description = json.loads(found[-1])
     if instance.version and description.get("framework_version", "").split("+")[0] != instance.version.split("+")[0]:
         raise InstanceError(f"{instance.name}: asked for {instance.adapter} {instance.version}, the environment "
                             f"imports {description.get('framework_version')}")
     return description
+
+
+SCRATCH_MARK = ".building-"
+"""A build works in ``.NAME.building-PID`` beside its target and renames it into place when done."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def abandoned_builds(root: Path = PROJECT_ROOT) -> list[Path]:
+    """Scratch directories of builds whose process is gone (xfw killed mid-build: a real Paddle build
+    leaves hundreds of MiB): ``xfw env`` lists them, ``xfw env --clean`` and the next build remove them.
+    One whose process still runs (a build in another command) is never touched."""
+    folder = root / BUILDS_DIR
+    found = []
+    for d in sorted(folder.iterdir()) if folder.is_dir() else []:
+        head, mark, pid = d.name.rpartition(SCRATCH_MARK)
+        if mark and head.startswith(".") and pid.isdigit() and d.is_dir() and not d.is_symlink() \
+                and not _alive(int(pid)):
+            found.append(d)
+    return found
+
+
+def clean_builds(root: Path = PROJECT_ROOT) -> list[str]:
+    """Remove every abandoned build (``xfw env --clean``); one line each saying what was freed."""
+    lines = []
+    for d in abandoned_builds(root):
+        size = size_on_disk(d)
+        shutil.rmtree(d, ignore_errors=True)
+        lines.append(f"removed {d} ({fmt_size(size)}), left by a build that was killed")
+    return lines or [f"nothing to clean in {root / BUILDS_DIR}"]
 
 
 def built_envs(root: Path = PROJECT_ROOT) -> list[tuple[Path, dict | None]]:

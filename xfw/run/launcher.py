@@ -125,18 +125,21 @@ def adapter_task(backend: Backend, args: list[str], *, timeout_s: float, failed:
     """Run ``python -m xfw_NAME ARGS`` for a side task (describe, export weights, probe modules) and
     return its stdout (``env``: its whole environment, else this process's). If it fails:
     BackendError "backend 'NAME': <failed> (<its last stderr line>)"."""
+    from xfw.run.task import TaskTimeout, run_task
+
     cmd = [backend.python, "-m", backend.module, *args]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
-                             stdin=subprocess.DEVNULL, env=env)
-    except subprocess.TimeoutExpired:
-        raise BackendError(f"backend {backend.name!r}: `{shlex.join(cmd)}` took over {timeout_s:g} s") from None
+    try:  # in a process group of its own, ended with everything it started (xfw.run.task)
+        code, stdout, stderr = run_task(cmd, timeout_s=timeout_s, env=env)
+    except TaskTimeout:
+        raise BackendError(f"backend {backend.name!r}: `{shlex.join(cmd)}` took over {timeout_s:g} s (ended, with "
+                           "everything it started)") from None
     except OSError as err:
-        raise BackendError(f"backend {backend.name!r}: cannot start {backend.python} ({err.strerror})") from None
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BackendError(f"backend {backend.name!r}: cannot start {backend.python} "
+                           f"({getattr(err, 'strerror', None) or err})") from None
+    if code != 0:
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
         raise BackendError(f"backend {backend.name!r}: {failed} ({last})")
-    return out.stdout
+    return stdout
 
 
 def describe_backend(backend: Backend) -> dict:

@@ -33,6 +33,8 @@ from pathlib import Path
 from xfw.report.selfcheck import BY_NAME
 from xfw.report.verdicts import RegressionPolicy
 from xfw.recipe.command import command_of
+from xfw.recipe.overrides import refuse_forced
+from xfw.run.counts import count_problem
 from xfw.run.converge import ConvergeError, Plan, plan
 from xfw.recipe import PLAIN_NAME_RULE, Recipe, RecipeError, is_plain_name, load_recipe
 from xfw.run.selfcheck import FAMILY_RECIPES
@@ -115,8 +117,9 @@ def _converge_options(data, where: str) -> dict:
         value = values[key]
         if value is None and key == "eval_samples":
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SuiteError(f"{where}.converge.{key}: must be an integer >= 1, got {value!r}")
+        problem = count_problem(key, value, f"{where}.converge.{key}")  # the bound xfw converge's option has
+        if problem:
+            raise SuiteError(problem)
     if values["steps"] < values["eval_every"]:
         raise SuiteError(f"{where}.converge.steps: {values['steps']} is fewer than eval_every {values['eval_every']}: "
                          "no evaluation would happen during training")
@@ -161,9 +164,12 @@ def _converge_plan(data, where: str, recipe_path: str, overrides: tuple[str, ...
         raise SuiteError(f"{where}.converge: a converge entry runs on one node (the recipe has parallel.nnodes "
                          f"{recipe.parallel.nnodes})")
     try:
-        return plan(recipe_path, list(overrides), backends=tuple(backends), seeds=options["seeds"],
-                    steps=options["steps"], eval_every=options["eval_every"], eval_samples=options["eval_samples"],
-                    target=options["target"])
+        chosen = plan(recipe_path, list(overrides), backends=tuple(backends), seeds=options["seeds"],
+                      steps=options["steps"], eval_every=options["eval_every"], eval_samples=options["eval_samples"],
+                      target=options["target"])
+        forced = [*chosen.seed_overrides(chosen.seeds[0]), "model.weights=EXPORT"]  # as xfw converge
+        refuse_forced(chosen.recipe, forced, "a converge entry")
+        return chosen
     except (ConvergeError, RecipeError, ValueError) as err:
         raise SuiteError(f"{where}.converge: {err}") from None
 

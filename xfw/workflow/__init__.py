@@ -18,11 +18,14 @@ command runs under), :mod:`~xfw.workflow.running` (the commands that launch runs
 :mod:`~xfw.workflow.reading` (those that read runs or launch nothing).
 """
 
-from xfw.workflow.base import Outcome, UsageError, data_summary, load_all, prepare_backends, write_page, write_report
-from xfw.workflow.reading import assemble, describe_backends, estimate, remove_env, report, selfcheck
+from xfw.workflow.base import (Outcome, UsageError, data_summary, load_all, prepare_backends, refuse_unknown_overrides,
+                               write_page, write_report)
+from xfw.workflow.reading import (assemble, clean_envs, describe_backends, estimate, remove_env, report,
+                                  selfcheck)
 from xfw.workflow.builds import bisect
 from xfw.workflow.running import compare, converge, default_out_dir, launch_commands, maxbatch, nightly, parity, sweep
 
 __all__ = ["Outcome", "UsageError", "assemble", "bisect", "compare", "converge", "data_summary", "default_out_dir", "describe_backends",
-           "estimate", "launch_commands", "load_all", "maxbatch", "nightly", "parity", "prepare_backends", "remove_env", "report",
+           "clean_envs", "estimate", "launch_commands", "load_all", "maxbatch", "nightly", "parity", "prepare_backends", "remove_env", "report",
+           "refuse_unknown_overrides",
            "selfcheck", "sweep", "write_page", "write_report"]

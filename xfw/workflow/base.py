@@ -23,7 +23,7 @@ from xfw.report.results import RunResult
 from xfw.report.table import Page
 from xfw.recipe import command
 from xfw.run import instances, jobs, launcher, lock
-from xfw.recipe.overrides import OVERRIDE
+from xfw.recipe.overrides import OVERRIDE, backend_overrides
 from xfw.recipe import Recipe, RecipeError, load_recipe
 from xfw.recipe.spec import resolve_spec
 
@@ -47,8 +47,10 @@ def silent(_line: str) -> None:
     pass
 
 
-def load_all(paths: list[str], overrides: list[str]) -> list[Recipe]:
-    """Validate every recipe; raise one UsageError listing every problem."""
+def load_all(paths: list[str], overrides: list[str], *, prepare: bool = True) -> list[Recipe]:
+    """Validate every recipe; raise one UsageError listing every problem. Then, unless ``prepare`` is False
+    (``xfw validate`` without ``--prepare``), the workflow's data step: each recipe's real data prepared
+    (:func:`prepare_all`), before anything launches."""
     recipes, problems = [], []
     for path in paths:
         try:
@@ -63,7 +65,24 @@ def load_all(paths: list[str], overrides: list[str]) -> list[Recipe]:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise UsageError(f"two recipes are named {duplicates[0]!r}: run directories would collide")
+    if prepare:
+        prepare_all(paths, recipes)
     return recipes
+
+
+def prepare_all(paths: list[str], recipes: list[Recipe]) -> None:
+    """Each recipe's real data prepared, or found prepared (``xfw.run.data.prepare_data``, the one writer of the
+    data cache, saying on stderr what it prepares); UsageError listing every recipe whose data cannot be used."""
+    from xfw.run import data as real
+
+    problems = []
+    for path, recipe in zip(paths, recipes):
+        try:
+            real.prepare_data(recipe)
+        except real.DataError as err:
+            problems.append(f"{path}: {err}")
+    if problems:
+        raise UsageError("\n".join(problems))
 
 
 def knob_problems(recipe: Recipe, root: Path = launcher.PROJECT_ROOT) -> list[str]:
@@ -85,8 +104,16 @@ def knob_problems(recipe: Recipe, root: Path = launcher.PROJECT_ROOT) -> list[st
 
 
 def data_summary(recipe: Recipe) -> str:
-    """One line on a recipe's prepared real data (``xfw validate``): samples, lengths, where it is."""
-    data = resolve_spec(recipe, backend="validate", run_id="validate")["data"]
+    """One line on a recipe's real data (``xfw validate``): samples, lengths and where it is when prepared, else
+    that it is not (nothing is written here)."""
+    from xfw.contract import presets
+    from xfw.run import data as real
+
+    arch = presets.resolve_arch(recipe.model.preset, recipe.model.arch, recipe.data.image_size, recipe.data.seq_len)
+    found, directory = real.find_prepared(recipe, arch)
+    if found is None:
+        return f"data: not prepared (checked; xfw validate --prepare writes it to {directory})"
+    data = {"stats": found["stats"], "prepared": found["directory"]}
     stats = data["stats"]
     text = f"data: {stats['num_samples']} samples, {stats['num_images']} images"
     if stats.get("max_seq_len"):
@@ -101,6 +128,8 @@ def prepare_backends(names: list[str], interpreters: dict[str, str], recipes: li
     command in every one of ``recipes`` needs no interpreter and no description (xfw.recipe.command)."""
     if not names:
         raise UsageError("no backends given")
+    for recipe in recipes:
+        refuse_stray_overrides(recipe, names)
     stray = sorted(set(interpreters) - set(names))
     if stray:
         raise UsageError(f"--python {stray[0]}=...: {stray[0]!r} is not a backend of this command "
@@ -163,6 +192,27 @@ def build_facts(name: str, python: str, description: dict, record: dict | None) 
                                               if Path(python) == default else f"interpreter {python}")
     return {"framework_version": description.get("framework_version"), "commit": description.get("framework_commit"),
             "wheel_sha256": (record or {}).get("wheel_sha256"), "source": source}
+
+
+def refuse_stray_overrides(recipe: Recipe, backend_names: list[str]) -> None:
+    """A backend's override (``backends.<name>.override``) that this command would not apply is refused
+    in one line: a misspelt name, or a backend left out of ``--backends``, would be silently ignored. An
+    adapter's override reaches its instances (``backends.paddle.override`` for ``paddle@3.2.0``)."""
+    reached = set(backend_names) | {instances.adapter_of(b) for b in backend_names}
+    for name in backend_overrides(recipe):
+        if name not in reached:
+            raise UsageError(f"{recipe.name}: backends.{name}.{OVERRIDE}: {name!r} is not a backend of this command "
+                             f"(--backends {','.join(backend_names)}); the override would change nothing")
+
+
+def refuse_unknown_overrides(recipe: Recipe, root: Path = launcher.PROJECT_ROOT) -> None:
+    """``xfw validate`` (no backends given): an override of a backend that is no adapter xfw has (nor an
+    instance of one, nor a command) is refused in one line: misspelt, it would change nothing."""
+    known = launcher.known_adapters(root)
+    for name in backend_overrides(recipe):
+        if instances.adapter_of(name) not in known and "command" not in recipe.backends.get(name, {}):
+            raise UsageError(f"{recipe.name}: backends.{name}.{OVERRIDE}: {name!r} is no backend xfw has (adapters: "
+                             f"{', '.join(known)}); misspelt? the override would change nothing")
 
 
 def refuse_commands(recipe: Recipe, backend_names: list[str], why: str) -> None:

@@ -15,7 +15,8 @@ from xfw.contract.atomic import UnreadableFile, open_checked, read_bounded, read
 from xfw.report import compare as cmp
 from xfw.report import contrast, layouts, table
 from xfw.report import estimate as est
-from xfw.report.results import RunResult, load_runs
+from xfw.report.nodes import load_runs
+from xfw.report.results import RunResult
 from xfw.report.table import Page
 from xfw.run import instances, jobs, launcher, lock
 from xfw.recipe.spec import resolve_spec
@@ -264,7 +265,15 @@ def describe_backends(backend_names: list[str], interpreters: dict[str, str], lo
             lines.append(f"  {directory.name}: {record.get('adapter')} {record.get('framework_version')} from "
                          f"{record.get('source')}, {instances.fmt_size(int(record.get('size_bytes') or 0))}, built "
                          f"{record.get('built_at')}" + (f", wheel sha256 {sha[:12]}" if sha else ""))
+    for directory in instances.abandoned_builds():
+        lines.append(f"abandoned build {directory.name}: {instances.fmt_size(instances.size_on_disk(directory))}, "
+                     "left by a build that was killed (`xfw env --clean` removes it; so does the next build)")
     return Outcome(text="\n".join(lines), exit_code=code)
+
+
+def clean_envs() -> Outcome:
+    """``xfw env --clean``: remove what killed builds left (their scratch directories)."""
+    return Outcome(text="\n".join(instances.clean_builds()))
 
 
 def remove_env(name: str) -> Outcome:

@@ -15,7 +15,7 @@ from xfw.report.results import RunResult
 from xfw.run import instances, jobs, launcher
 from xfw.run import maxbatch as mb
 from xfw.run import sweep as sw
-from xfw.recipe.overrides import backend_recipe
+from xfw.recipe.overrides import backend_recipe, refuse_forced
 from xfw.recipe import Recipe
 from xfw.workflow.base import (Log, Outcome, UsageError, check_node, guarded, interrupted, knob_problems, load_all,
                                one_node, prepare_backends, recipe_error, refuse_commands, refuse_foreign, silent,
@@ -268,6 +268,7 @@ def parity(recipe_path: str, backend_names: list[str], *, steps: int, overrides:
     (recipe,) = load_all([recipe_path], overrides)
     refuse_commands(recipe, backend_names, "parity starts both sides from one exported model, which only "
                      "xfw's own adapters do")
+    recipe_error(refuse_forced, recipe, par.forced_overrides(steps, "EXPORT"), "xfw parity")
     for name, directory in (weights or {}).items():
         if name not in backend_names:
             raise UsageError(f"--weights {name}={directory}: {name!r} is not one of the compared backends "
@@ -291,6 +292,25 @@ def parity(recipe_path: str, backend_names: list[str], *, steps: int, overrides:
     return outcome
 
 
+def converge_jobs(chosen, out_dir: Path) -> list[jobs.Job]:
+    """The runs a converge into ``out_dir`` would make that an earlier one there already holds: its speed
+    runs, and each seed's curves whose exported start exists (a curve's spec names its start), so that
+    ``jobs.check_jobs`` refuses other settings (another --steps) before anything launches."""
+    from xfw.recipe import load_recipe
+    from xfw.run import converge as cv
+
+    todo = cv.speed_jobs_for(chosen, out_dir)
+    for seed in chosen.seeds:
+        weights = (out_dir / f"seed-{seed}" / "weights").resolve()
+        held = [name for name in chosen.backends if (out_dir / f"seed-{seed}" / name / "spec.json").exists()]
+        if not held or not (weights / "model.safetensors").is_file():
+            continue
+        recipe = load_recipe(chosen.recipe_path, [*chosen.overrides, *chosen.seed_overrides(seed),
+                                                  f"model.weights={weights}"])
+        todo += [jobs.Job(recipe=recipe, backend=name, run_dir=out_dir / f"seed-{seed}" / name) for name in held]
+    return todo
+
+
 def converge(recipe_path: str, backend_names: list[str], *, seeds: int | str, steps: int, eval_every: int,
              overrides: list[str], interpreters: dict[str, str], eval_samples: int | None = None,
              target: float | None = None, max_seeds: int | None = None, margin: float | str = 0.02,
@@ -307,6 +327,8 @@ def converge(recipe_path: str, backend_names: list[str], *, seeds: int | str, st
         chosen = cv.plan(recipe_path, overrides, backends=tuple(backend_names), seeds=seeds, steps=steps,
                          eval_every=eval_every, eval_samples=eval_samples, target=target, margin=margin,
                          direction=direction, max_seeds=max_seeds)
+        forced = [*chosen.seed_overrides(chosen.seeds[0]), "model.weights=EXPORT"]  # what converge forces
+        refuse_forced(chosen.recipe, forced, "xfw converge")
     except (cv.ConvergeError, ValueError) as err:  # RecipeError included: one line naming the file and key
         raise UsageError(str(err)) from None
     problems = [f"{recipe_path}: {p}" for p in knob_problems(chosen.recipe)]
@@ -314,8 +336,12 @@ def converge(recipe_path: str, backend_names: list[str], *, seeds: int | str, st
         raise UsageError("\n".join(problems))
     refuse_commands(chosen.recipe, backend_names, "converge starts both sides from one exported model, which only "
                     "xfw's own adapters do")
-    backends = prepare_backends(backend_names, interpreters, [chosen.recipe], log)
     out_dir = out_dir or Path("runs") / f"converge-{chosen.recipe.name}"
+    try:  # every run directory of other settings refused before any launch (an export, a describe included)
+        jobs.check_jobs(converge_jobs(chosen, out_dir), force=force)
+    except jobs.JobError as err:
+        raise UsageError(str(err)) from None
+    backends = prepare_backends(backend_names, interpreters, [chosen.recipe], log)
     with guarded(out_dir):
         log(f"converge in {out_dir}: {len(chosen.seeds)} seeds"
             + (f" (then more, up to {chosen.max_seeds}, until decided)" if chosen.max_seeds else "")
