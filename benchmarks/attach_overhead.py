@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from xfw import workflow  # noqa: E402 - after the path above, so a checkout runs it as is
 from xfw.contract.env import host_env  # noqa: E402
 from xfw.report.measure import spread  # noqa: E402
-from xfw.report.results import load_runs  # noqa: E402
+from xfw.report.nodes import load_runs  # noqa: E402
 
 FRAMEWORKS = ("torch", "paddle")
 KINDS = ("", "_trainer", "_loop", "_loop_log")

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from xfw.report.results import load_runs
+from xfw.report.nodes import load_runs
 
 from conftest import ROOT, require_interpreter
 

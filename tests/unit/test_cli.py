@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from conftest import ROOT
 from xfw import cli
-from xfw.report.results import load_runs
+from xfw.report.nodes import load_runs
 
 
 def invoke(*args):

@@ -90,8 +90,9 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, llava_data)
 
 def test_text_that_tokenizes_to_the_image_id_is_refused(tmp_path, llava_data):
     sections = llava_json_recipe(llava_data, tmp_path / "cache")
-    with pytest.raises(RecipeError, match="its text tokenizes to the model's image token ids"):
-        load_recipe(write(tmp_path, {**sections, "model": {"preset": "tiny-llava", "arch": {"image_token_id": 5}}}))
+    recipe = load_recipe(write(tmp_path, {**sections, "model": {"preset": "tiny-llava", "arch": {"image_token_id": 5}}}))
+    with pytest.raises(real.DataError, match="its text tokenizes to the model's image token ids"):
+        real.prepare_data(recipe, log=lambda line: None)  # found while tokenizing: the preparation step refuses it
 
 
 def test_the_cache_is_reused_unchanged_and_rebuilt_when_data_tokenizer_or_settings_change(tmp_path, llava_data):
@@ -302,7 +303,7 @@ def test_validate_prepares_real_data_and_says_what_it_holds(tmp_path, llava_data
     from xfw import cli
 
     recipe = write(tmp_path, llava_json_recipe(llava_data, tmp_path / "cache"))
-    result = CliRunner().invoke(cli.main, ["validate", str(recipe)])
+    result = CliRunner().invoke(cli.main, ["validate", "--prepare", str(recipe)])
     assert result.exit_code == 0, result.output
     assert "  data: 4 samples, 3 images, sequence length mean 54.0 / max 59 (0 cut at data.seq_len), " \
            f"template vicuna_v1; prepared in {tmp_path / 'cache'}" in result.output

@@ -265,7 +265,7 @@ def _spec():
 
 
 def test_every_step_record_carries_parts_that_sum_to_its_time(tmp_path, monkeypatch):
-    monkeypatch.setattr(harness, "_Steps", lambda spec, session: type("S", (), {
+    monkeypatch.setattr(harness, "Steps", lambda spec, session: type("S", (), {
         "next": lambda self, step: ([{}], [(4, 4, 4, "h")])})())
     writer = records.RecordWriter(tmp_path / "steps.jsonl", 0)
     session = SplitSession()

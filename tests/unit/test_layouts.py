@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from xfw import cli
 from xfw.report import layouts
 from xfw.report.compare import Side
-from xfw.report.results import load_runs
+from xfw.report.nodes import load_runs
 
 # The header rows of the seeds, copied verbatim (shared/seeds/000, 001, 004).
 # The seeds' headers as CPU runs show them: processes and memory, never GPUs and VRAM.

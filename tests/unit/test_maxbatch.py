@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from xfw import cli
 from xfw.run import launcher, maxbatch
-from xfw.report.results import load_runs
+from xfw.report.nodes import load_runs
 
 
 def invoke(*args):

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from xfw import cli
 from xfw.report import contrast
 from xfw.report.compare import compare_runs
-from xfw.report.results import load_runs
+from xfw.report.nodes import load_runs
 from xfw.report.table import to_csv, to_html
 from xfw.run import jobs
 from xfw.recipe.overrides import backend_overrides, backend_recipe, describe

@@ -8,7 +8,8 @@ from xfw.contract.records import RecordWriter
 from xfw.report import contrast
 from xfw.report.compare import compare_runs
 from xfw.report.history import row_from_result
-from xfw.report.results import RunResult, load_runs
+from xfw.report.nodes import load_runs
+from xfw.report.results import RunResult
 from xfw.report.table import to_csv, to_html, to_markdown
 from xfw.recipe import load_recipe
 from xfw.recipe.spec import resolve_spec

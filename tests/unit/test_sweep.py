@@ -9,7 +9,7 @@ from xfw import cli
 from xfw.run import sweep
 from xfw.report.compare import compare_runs
 from xfw.recipe import RecipeError
-from xfw.report.results import load_runs
+from xfw.report.nodes import load_runs
 
 
 def invoke(*args):

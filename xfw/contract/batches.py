@@ -273,12 +273,3 @@ class EvalBatches:
                                              np.random.default_rng([EVAL_DRAW_SEED, int(i)])) for i in self.chunks[k]]
         batch = collate(self.arch, samples)
         return batch, describe(batch)
-
-
-def first_batch(spec: dict) -> dict[str, np.ndarray]:
-    """Rank 0's first micro-batch, synthetic or prepared (what the module probe runs on)."""
-    if spec["data"]["kind"] == "synthetic":
-        from xfw.contract.synthetic import make_pool
-
-        return make_pool(spec, 0)[0]
-    return MicroBatches(spec, 0)[0][0]

@@ -21,7 +21,7 @@ from typing import Callable
 
 from xfw.contract import batches
 from xfw.contract import records as rec
-from xfw.contract.harness import InvalidSpec, Session, Unsupported, _parts, _step, close_window
+from xfw.contract.stepping import InvalidSpec, Session, Unsupported, close_window, step_parts, train_one_step
 
 
 BLOWUP = 10.0
@@ -88,7 +88,7 @@ def train_with_evals(spec: dict, writer: rec.RecordWriter, session: Session, dat
     window_s, first = 0.0, None
     for step in range(total):
         start = session.timestamp()
-        loss, marks = _step(session, data, step, described)
+        loss, marks = train_one_step(session, data, step, described)
         end = session.timestamp()
         session.synchronize()  # SYNC: every step (a learning curve)
         if grad_norms is not None:
@@ -96,7 +96,8 @@ def train_with_evals(spec: dict, writer: rec.RecordWriter, session: Session, dat
         time_s = session.elapsed_s(start, end)
         window_s += time_s if step >= warmup else 0.0
         value = session.loss_value(session.loss_token(loss))
-        write_step(step, "warmup" if step < warmup else "measure", time_s, value, _parts(session, start, marks, end))
+        write_step(step, "warmup" if step < warmup else "measure", time_s, value,
+                   step_parts(session, start, marks, end))
         first = value if first is None else first
         if diverged(value, first):  # ends the curve: the seed diverged on this side (module docstring)
             eval_at(step + 1)

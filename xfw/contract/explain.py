@@ -243,16 +243,16 @@ def run_explain(spec: dict, session: Any, hooks: Hooks, path: str, *, steps: int
     batches in the run's order; ``path`` and its sibling ``trace.json`` written. One process."""
     from pathlib import Path
 
-    from xfw.contract.harness import _Steps
+    from xfw.contract.stepping import Steps
 
     refuse_many(spec)
-    state: dict = {"data": _Steps(spec, session), "step": 0, "hashes": []}
+    state: dict = {"data": Steps(spec, session), "step": 0, "hashes": []}
 
     def one(timeline: Timeline | None = None) -> None:
         try:
             micro_batches, described = state["data"].next(state["step"])
         except StopIteration:  # prepared data ran out: start over, as a new epoch would
-            state["data"], state["step"] = _Steps(spec, session), 0
+            state["data"], state["step"] = Steps(spec, session), 0
             micro_batches, described = state["data"].next(0)
         if state["step"] == 0 and not state["hashes"]:
             state["hashes"] = [d[3] for d in described]

@@ -24,11 +24,13 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Callable, Protocol
+from typing import Callable
 
-from xfw.contract import batches, lifeline
+from xfw.contract import lifeline
 from xfw.contract import records as rec
-from xfw.contract import rss, synthetic
+from xfw.contract import rss
+from xfw.contract.stepping import (  # noqa: F401 - Unsupported, InvalidSpec: adapters import them here
+    BREAKDOWN, InvalidSpec, Session, Steps, Unsupported, close_window, step_parts, train_one_step)
 
 EXIT_OK, EXIT_INVALID, EXIT_UNSUPPORTED, EXIT_OOM = 0, 2, 3, 4
 DRAIN_INTERVAL_S = 1.0
@@ -36,52 +38,6 @@ GRAD_NORM_KNOB = "grad_norm"
 """A backend knob every adapter accepts (``backends.<name>.grad_norm: true``): record each step's
 global gradient norm (``grad_norm_l2``). Parity turns it on; reading the norm is a host sync
 every step, so a measured run for throughput must never set it."""
-
-
-class Unsupported(Exception):
-    """This backend cannot run this spec here (a GPU-only feature on CPU, a missing family)."""
-
-
-class InvalidSpec(Exception):
-    """A backend knob or setting this adapter rejects."""
-
-
-class Session(Protocol):
-    """What an adapter provides. Timestamps and loss tokens are opaque to the core."""
-
-    rank: int
-    num_ranks: int
-
-    def to_device(self, batch: dict) -> Any: ...
-    # Optional: ``batches(dataset)`` -> iterator of (device batch, description as numpy): the
-    # adapter's own DataLoader over a MicroBatches data set (prepared data; ``loader_settings``).
-    def train_step(self, micro_batches: list) -> Any:
-        """One optimizer step over the micro-batches (gradient accumulation); returns the
-        loss as a framework scalar, still on the device."""
-    # Optional, the step's split points (the step breakdown, :data:`BREAKDOWN`): ``forward_backward
-    # (micro_batches) -> loss`` (every micro-batch's forward and backward, gradients reduced) and
-    # ``optimizer_step()`` (clipping, the update, zeroing): ``train_step`` is the two in turn.
-    def loss_token(self, loss: Any) -> Any:
-        """Start an asynchronous device-to-host copy of the loss; no host sync."""
-    def loss_value(self, token: Any) -> float:
-        """The loss as a float; called only once the step's end timestamp is done."""
-    def timestamp(self) -> Any:
-        """Record a point in the device's stream of work (a CUDA event; a clock on CPU)."""
-    def is_done(self, stamp: Any) -> bool:
-        """Whether the device has passed the timestamp; never blocks."""
-    def elapsed_s(self, start: Any, end: Any) -> float: ...
-    def synchronize(self) -> None: ...
-    def memory_peaks(self) -> tuple[int | None, int | None]:
-        """(max allocated, max reserved) in bytes so far; None where the source has none."""
-    def is_oom(self, error: BaseException) -> bool: ...
-    def applied(self) -> dict:
-        """The settings actually applied (the ``applied`` record's fields)."""
-    # Optional, for ``measure.eval_every`` (xfw converge): ``eval_loss(batch) -> float``, the loss of one
-    # device micro-batch without gradients, computed as training computes it (same precision), a host sync.
-    def grad_norm(self) -> float:
-        """Only when :func:`wants_grad_norm`: the last ``train_step``'s global L2 norm over every
-        trainable parameter's gradient (accumulated over its micro-batches, unscaled, before the
-        optimizer step), summed in float64. A host sync."""
 
 
 def wants_grad_norm(spec: dict, *, across_ranks: bool = False) -> bool:
@@ -116,68 +72,13 @@ def loader_settings(spec: dict) -> tuple[int, int]:
     return out[0], out[1]
 
 
-BREAKDOWN = ("data_wait_s", "fwd_bwd_s", "optimizer_s")
-"""A step's parts, between the timestamps the harness places (no host sync added): waiting on the
-data (its micro-batches fetched and on the device), forward + backward (communication that
-overlaps backward included), the optimizer step (clipping included). They sum to ``step_time_s``."""
-
-
-def _step(session: Session, data: "_Steps", step: int, described: list) -> tuple[Any, list]:
-    """One step with the breakdown's split points: (loss, the timestamps after its data and, when the
-    session has the split, after forward + backward); the caller's end timestamp closes the last part."""
-    micro_batches, metas = data.next(step)
-    described.append(metas)
-    marks = [session.timestamp()]
-    if not hasattr(session, "forward_backward"):
-        return session.train_step(micro_batches), marks
-    loss = session.forward_backward(micro_batches)
-    marks.append(session.timestamp())
-    session.optimizer_step()
-    return loss, marks
-
-
-def _parts(session: Session, start: Any, marks: list, end: Any) -> dict:
-    points = [start, *marks, end]
-    return {key: session.elapsed_s(a, b) for key, a, b in zip(BREAKDOWN, points, points[1:])} if len(marks) == 2 \
-        else {BREAKDOWN[0]: session.elapsed_s(start, marks[0])}
-
-
-class _Steps:
-    """The micro-batches of each optimizer step, with their descriptions (``xfw.contract.batches``).
-
-    Synthetic data: a pool made and converted before anything is timed, cycled. Prepared data: the
-    adapter's own DataLoader over :class:`~xfw.contract.batches.MicroBatches` (``Session.batches``),
-    consumed inside the timed loop as real training consumes it; an adapter without one converts
-    each batch where it is read."""
-
-    def __init__(self, spec: dict, session: Session):
-        self.accum = spec["derived"]["grad_accum_steps"]
-        if spec["data"]["kind"] == "synthetic":
-            pool_np = synthetic.make_pool(spec, session.rank)
-            metas = [batches.unpack(batches.describe(b)) for b in pool_np]
-            pool = [session.to_device(b) for b in pool_np]  # converted before anything is timed
-            # Each pool slot's micro-batches and descriptions, ready to hand out as they are.
-            self.slots = [(pool[k:k + self.accum], metas[k:k + self.accum]) for k in range(0, len(pool), self.accum)]
-            self.stream = None
-        else:
-            dataset = batches.MicroBatches(spec, session.rank)
-            iterate = getattr(session, "batches", None)
-            self.stream = iter(iterate(dataset) if iterate else ((session.to_device(b), m) for b, m in dataset))
-
-    def next(self, step: int) -> tuple[list, list[tuple[int, int, int, str]]]:
-        if self.stream is None:
-            return self.slots[step % len(self.slots)]
-        items = [next(self.stream) for _ in range(self.accum)]
-        return [b for b, _ in items], [batches.unpack(m) for _, m in items]
-
-
 def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None:
     # The model is built: the process's resident memory counts from here, the same way for every
     # backend (xfw.contract.rss), beside the framework's own figure (memory_peaks).
     rss_after_build, rss_since_build = rss.reset_peak()
     warmup, steps = spec["measure"]["warmup_steps"], spec["measure"]["steps"]
     samples = spec["batch"]["micro"] * spec["derived"]["grad_accum_steps"]
-    data = _Steps(spec, session)
+    data = Steps(spec, session)
     with_grad_norm = wants_grad_norm(spec, across_ranks=getattr(session, "GRAD_NORM_ACROSS_RANKS", False))
     grad_norms: list[float] = []  # index: step; filled only when asked (parity)
     described: list[list[tuple[int, int, int, str]]] = []  # index: step; each micro-batch's description
@@ -202,13 +103,13 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
     # Warm-up: synchronised every step (it is excluded, so the syncs cost nothing we report).
     for step in range(warmup):
         t0, start = time.perf_counter(), session.timestamp()
-        loss, marks = _step(session, data, step, described)
+        loss, marks = train_one_step(session, data, step, described)
         end = session.timestamp()
         session.synchronize()  # SYNC: warm-up only
         if with_grad_norm:
             grad_norms.append(session.grad_norm())
         write_step(step, "warmup", time.perf_counter() - t0, session.loss_value(session.loss_token(loss)),
-                   _parts(session, start, marks, end))
+                   step_parts(session, start, marks, end))
 
     # Measured window. Sync once before and once after; inside, only timestamps and
     # asynchronous loss copies, drained as the device passes them (for live progress).
@@ -219,7 +120,7 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
     t_start = t_drain = time.perf_counter()
     stamps, tokens_pending, marks, written = [session.timestamp()], [], [], 0
     for i in range(steps):
-        loss, step_marks = _step(session, data, warmup + i, described)
+        loss, step_marks = train_one_step(session, data, warmup + i, described)
         marks.append(step_marks)
         tokens_pending.append(session.loss_token(loss))
         stamps.append(session.timestamp())
@@ -231,34 +132,14 @@ def run_training(spec: dict, writer: rec.RecordWriter, session: Session) -> None
         while written <= i and session.is_done(stamps[written + 1]):
             write_step(warmup + written, "measure", session.elapsed_s(stamps[written], stamps[written + 1]),
                        session.loss_value(tokens_pending[written]),
-                       _parts(session, stamps[written], marks[written], stamps[written + 1]))
+                       step_parts(session, stamps[written], marks[written], stamps[written + 1]))
             written += 1
     session.synchronize()  # SYNC: window end
     window_s = time.perf_counter() - t_start
     for j in range(written, steps):
         write_step(warmup + j, "measure", session.elapsed_s(stamps[j], stamps[j + 1]),
-                   session.loss_value(tokens_pending[j]), _parts(session, stamps[j], marks[j], stamps[j + 1]))
+                   session.loss_value(tokens_pending[j]), step_parts(session, stamps[j], marks[j], stamps[j + 1]))
     close_window(writer, session, spec, described, window_s)
-
-
-def close_window(writer: rec.RecordWriter, session: Session, spec: dict, described: list, window_s: float) -> None:
-    """The ``window`` record (the measured steps' samples, trained and padded tokens) and ``applied``."""
-    warmup, steps = spec["measure"]["warmup_steps"], spec["measure"]["steps"]
-    samples = spec["batch"]["micro"] * spec["derived"]["grad_accum_steps"] * steps
-    measured = described[warmup:]
-    writer.write("window", window_time_s=window_s, num_steps=steps, samples=samples,
-                 tokens=sum(m[0] for metas in measured for m in metas),
-                 padded_tokens=sum(m[1] for metas in measured for m in metas))
-    writer.write("applied", **applied_record(session, spec))
-
-
-def applied_record(session: Session, spec: dict) -> dict:
-    """The session's ``applied`` fields, plus the variables the recipe set for this backend
-    (``backends.NAME.env``) as this process saw them."""
-    applied = session.applied()
-    if spec.get("backend_env"):
-        applied["env"] = {name: os.environ.get(name) for name in spec["backend_env"]}
-    return applied
 
 
 def _export(export_weights: Callable[[dict, str], None] | None, spec: dict, directory: str) -> int:

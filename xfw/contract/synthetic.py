@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xfw.contract.batches import token_counts
+from xfw.contract.batches import MicroBatches, token_counts
 from xfw.contract.families import collate, family_module, fixed_tokens, with_seq_len
 from xfw.contract.families.llava import IGNORE_INDEX  # noqa: F401 - re-exported for adapters and tests
 
@@ -72,3 +72,10 @@ def num_tokens(batch: dict[str, np.ndarray]) -> int:
     """Sequence positions the language model trains on (image tokens included, padding not); 0 if
     none. Only batches with LM labels count: SD1.5's input_ids are CLIP prompt ids, not trained tokens."""
     return token_counts(batch)[0]
+
+
+def first_batch(spec: dict) -> dict[str, np.ndarray]:
+    """Rank 0's first micro-batch, synthetic or prepared (what the module probe runs on)."""
+    if spec["data"]["kind"] == "synthetic":
+        return make_pool(spec, 0)[0]
+    return MicroBatches(spec, 0)[0][0]

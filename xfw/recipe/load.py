@@ -5,7 +5,7 @@ the file is read (:mod:`xfw.recipe.yamlfile`, bounded, strict), each ``--set`` a
 (:mod:`xfw.recipe.assign`), paths made absolute, the published row applied (:mod:`xfw.recipe.published`), each
 backend's override put in its canonical form (:mod:`xfw.recipe.overrides`), the sections built and checked
 (:mod:`xfw.recipe.sections`), attached commands checked (:mod:`xfw.recipe.command`), and the data section checked
-(:func:`check_data`).
+against its files without writing anything (:func:`check_data`; ``xfw.run.data.prepare_data`` prepares it).
 Every error is one line naming the file and the dotted key::
 
     recipes/tiny/llava_sft.yaml: batch.global: 6 is not divisible by micro (4) x processes (1)
@@ -80,8 +80,8 @@ def _apply_published(data: dict, overrides, recipe_dir: Path, source: str) -> No
 
 
 def check_data(recipe: Recipe, arch: dict, source: str) -> None:
-    """What the data section asks of the architecture, and real data prepared (``xfw.run.data``):
-    every problem a one-line RecipeError naming the file and the key or sample."""
+    """What the data section asks of the architecture, and real data checked without writing anything
+    (``xfw.run.data.check``): every problem a one-line RecipeError naming the file and the key or sample."""
     from xfw.contract import families
 
     try:
@@ -99,14 +99,15 @@ def check_data(recipe: Recipe, arch: dict, source: str) -> None:
         from xfw.run import data as real
 
         try:
-            real.check_split(recipe, real.prepare(recipe, arch))
+            real.check(recipe, arch)  # reads the data, writes nothing: preparing it is real.prepare_data's
         except real.DataError as err:
             raise RecipeError(f"{source}: {err}") from None
 
 
 def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
-    """Read, override and validate one recipe file; real data is prepared (or found prepared) here,
-    so bad data is refused before anything launches. Raises RecipeError with a one-line message."""
+    """Read, override and validate one recipe file; real data is checked (its files read, nothing written:
+    ``xfw.run.data.prepare_data`` is the step that prepares it), so bad data is refused before anything
+    launches. Raises RecipeError with a one-line message."""
     source = str(path)
     try:
         data = load_file(path, "recipe")
@@ -149,7 +150,7 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
 
 def _check_effective(recipe: Recipe, source: str) -> None:
     """A backend's effective recipe through the checks beyond the schema: checkpoint directory,
-    architecture, real data (that backend's own, prepared here)."""
+    architecture, real data (that backend's own, checked here)."""
     _check_weights_dir(recipe.model.weights, source)
     try:
         arch = presets.resolve_arch(recipe.model.preset, recipe.model.arch, recipe.data.image_size, recipe.data.seq_len)

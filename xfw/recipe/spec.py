@@ -48,7 +48,8 @@ def longest_sample(recipe: Recipe, arch: dict, prepared: dict | None) -> int | N
 
 def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
     """The fully resolved spec.json an adapter reads: every default filled, preset expanded, real
-    data's prepared directory in ``data.prepared`` (prepared here if it was not yet).
+    data's prepared directory in ``data.prepared`` (through ``xfw.run.data.prepare_data``: found prepared, or
+    prepared now for a recipe derived after the workflow's own step).
 
     ``recipe`` is the recipe as loaded: the spec is resolved from ``backend``'s effective recipe
     (its ``backends.<backend>.override`` applied: :func:`xfw.recipe.overrides.backend_recipe`), and records
@@ -70,8 +71,8 @@ def resolve_spec(recipe: Recipe, *, backend: str, run_id: str) -> dict:
     if recipe.data.kind != "synthetic":
         from xfw.run import data as real
 
-        try:
-            prepared = real.prepare(recipe, arch)
+        try:  # a lookup once the workflow's prepare_data ran; a recipe derived since (a sweep point) is prepared here
+            prepared = real.prepare_data(recipe)
         except real.DataError as err:
             raise RecipeError(f"{recipe.name}: {err}") from None
         spec["data"]["prepared"] = prepared["directory"]

@@ -23,7 +23,7 @@ from xfw.report.trust import short_windows
 from xfw.report.converge import CONVERGE_FILE, ConvergeReport
 from xfw.report.history import NIGHTS_DIR, History, night_order
 from xfw.report.plot import backend_color, plot_comparison
-from xfw.report.results import load_runs
+from xfw.report.nodes import load_runs
 from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Table, to_html, to_markdown
 from xfw.report.readback import CONVERGE, read_checked
 from xfw.report.verdicts import Verdict, load_verdicts, memory_of, memory_source_of, read_night_verdicts

@@ -18,12 +18,13 @@ that is ok only when every node's part is ok and every rank measured its window:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from xfw.contract import records as rec
 from xfw.contract.atomic import UnreadableFile, read_json_object
 from xfw.report.measure import summarize
-from xfw.report.results import RunResult, mfu_fields
+from xfw.report.results import RunResult, distinguish_configurations, find_run_dirs, mfu_fields
 
 
 def _key(r: RunResult) -> str:
@@ -85,3 +86,9 @@ def assemble_parts(parts: list[RunResult]) -> RunResult:
         run_dir=str(Path(first.run_dir).parent), variant=dict(first.variant), setup=dict(first.setup),
         node={"count": count, "parts": [p.run_dir for p in parts]},
     )
+
+
+def load_runs(paths: list[str | os.PathLike]) -> list[RunResult]:
+    """Every run at or below ``paths``; the parts of a multi-node run (wherever each node wrote its
+    own) assembled into one run (:func:`assemble`)."""
+    return distinguish_configurations(assemble([RunResult.load(d) for d in find_run_dirs(paths)]))

@@ -249,14 +249,6 @@ def find_run_dirs(paths: list[str | os.PathLike]) -> list[Path]:
     return found
 
 
-def load_runs(paths: list[str | os.PathLike]) -> list[RunResult]:
-    """Every run at or below ``paths``; the parts of a multi-node run (wherever each node wrote its
-    own) assembled into one run (:func:`xfw.report.nodes.assemble`)."""
-    from xfw.report.nodes import assemble
-
-    return distinguish_configurations(assemble([RunResult.load(d) for d in find_run_dirs(paths)]))
-
-
 # The settings that make two runs of one recipe different configurations (not repeats), and the
 # names they are shown under (the recipe's own dotted keys where there is one).
 _SETUP_LABELS = {"num_processes": "parallel.processes", "sharding": "parallel.sharding",

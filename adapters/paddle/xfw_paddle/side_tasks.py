@@ -69,7 +69,7 @@ def probe_modules(spec: dict, path: str) -> None:
     """``--probe-modules FILE``: as the PyTorch adapter's (outputs in the same layout: a Linear's
     output is [..., out] on both sides), with each layer named by the canonical name of the module
     its parameters map to (the family's ``canonical_names``)."""
-    from xfw.contract.batches import first_batch
+    from xfw.contract.synthetic import first_batch
     from xfw.contract.module_outputs import write_probe
 
     check_spec(spec)

@@ -69,7 +69,7 @@ def probe_modules(spec: dict, path: str) -> None:
     batch (synthetic or prepared); the output of every module that owns a parameter, in call order
     (first call only), under its canonical name (this model's own), written by
     ``xfw.contract.module_outputs``."""
-    from xfw.contract.batches import first_batch
+    from xfw.contract.synthetic import first_batch
     from xfw.contract.module_outputs import write_probe
 
     model = start_model(spec, torch.device("cpu"), _attn(spec))

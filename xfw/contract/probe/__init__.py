@@ -26,15 +26,7 @@ import json
 import os
 from pathlib import Path
 
-ENV_SPEC = "XFW_PROBE_SPEC"
-ENV_RECORDS = "XFW_PROBE_RECORDS"
-ENV_HOOKS = "XFW_PROBE_HOOKS"
-ENV_TOKEN = "XFW_PROBE_TOKEN"
-STAMP = "xfw_probe"
-"""Each record the probe writes carries the run's token (``ENV_TOKEN``, drawn afresh by the launcher
-for every run) under this key; the launcher keeps only stamped records and removes the stamp
-(:func:`xfw.run.attached.verify_records`): lines anyone else writes into the records file are
-told apart, and the run is ``invalid``."""
+from xfw.contract.probe.variables import ENV_HOOKS, ENV_RECORDS, ENV_SPEC, ENV_TOKEN, STAMP  # noqa: F401
 SITE_DIR = Path(__file__).resolve().with_name("site")
 """Holds only ``sitecustomize.py``; the launcher puts it first on the command's PYTHONPATH."""
 

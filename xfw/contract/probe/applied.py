@@ -8,20 +8,16 @@ adapters fill, so the settings diff, the params column and the memory source rea
 Where a field comes from, in order: what the objects show (the model's parameters and dtype, the
 autocast state at its forward, its wrappers, the optimizer), then a Trainer's arguments (for what
 objects do not show: recompute, the sharding stage, micro-batch and accumulation), then what the
-DataLoader's batches showed, then the recipe. ``notes`` says which.
+DataLoader's batches showed, then the recipe. ``notes`` says which. Given the running probe
+(:class:`~xfw.contract.probe.core.Probe`, which calls :func:`applied_record` when it finishes).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from xfw.contract.probe.core import Probe
-
 BOUNDARIES = {"trainer": "trainer callback", "optimizer": "optimizer step"}
 
 
-def _precision(probe: "Probe", facts: dict) -> tuple[str, str, str, list[str]]:
+def _precision(probe, facts: dict) -> tuple[str, str, str, list[str]]:
     """(weight dtype, compute dtype, AMP level, notes): the autocast state seen at the model's forward."""
     weight, amp, notes = facts["weight_dtype"], probe.amp, []
     if amp is not None and amp.get("enabled"):
@@ -41,7 +37,7 @@ def _precision(probe: "Probe", facts: dict) -> tuple[str, str, str, list[str]]:
 SOURCES = {"forward": "the inputs that reached the model's forward", "loader": "the DataLoader's batches"}
 
 
-def _batch(probe: "Probe") -> tuple[int, int, str]:
+def _batch(probe) -> tuple[int, int, str]:
     """(micro-batch, accumulation, where they come from)."""
     trainer, spec = probe.trainer or {}, probe.spec
     if trainer.get("micro_batch") and trainer.get("grad_accum_steps"):
@@ -52,7 +48,7 @@ def _batch(probe: "Probe") -> tuple[int, int, str]:
     return spec["batch"]["micro"], spec["derived"]["grad_accum_steps"], "the recipe"
 
 
-def count_params(probe: "Probe") -> tuple[int, int, dict[str, dict]]:
+def count_params(probe) -> tuple[int, int, dict[str, dict]]:
     """(total, trainable, breakdown) over every module that took part before the first step, each
     parameter once: the breakdown names each module with what it added (largest first), so a user
     sees what was counted. Without a module seen, the optimizer's parameters."""
@@ -76,7 +72,7 @@ def count_params(probe: "Probe") -> tuple[int, int, dict[str, dict]]:
     return total, trainable, breakdown
 
 
-def applied_record(probe: "Probe") -> dict:
+def applied_record(probe) -> dict:
     fw, trainer = probe.owner, probe.trainer or {}
     facts = fw.facts(probe.model, probe.wrapper, probe.optimizer)
     total, trainable, breakdown = count_params(probe)

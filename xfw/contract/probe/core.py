@@ -45,6 +45,7 @@ import traceback
 from typing import Any, Callable, Protocol
 
 from xfw.contract.probe import imports, observe
+from xfw.contract.probe.variables import STAMP
 from xfw.contract.probe.window import Device, Window
 from xfw.contract.records import RECORD_SCHEMA, RecordWriter, validate_record
 
@@ -98,8 +99,6 @@ class StampedWriter(RecordWriter):
         self.token = token
 
     def write(self, kind: str, **fields: Any) -> None:
-        from xfw.contract.probe import STAMP
-
         record = {"schema": RECORD_SCHEMA, "kind": kind, "rank": self.rank, **fields}
         problems = validate_record(record)
         assert not problems, f"the probe wrote an invalid record: {problems}"

@@ -28,18 +28,16 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from xfw.contract.batches import INDEX_FILE
 from xfw.run.data.cache import discard, read_stats, verify
+from xfw.run.data.files import DataError, file_digest, image_path, is_text, leaves_root  # noqa: F401
 
 PREP_VERSION = 1
 """Bump when a change to this package changes what a preparation writes."""
 ENV_CACHE = "XFW_CACHE_DIR"
-
-
-class DataError(ValueError):
-    """Data a run cannot use; ``str()`` is one line starting with the recipe key (``data.path: ...``)."""
 
 
 def cache_root(data) -> Path:
@@ -49,58 +47,6 @@ def cache_root(data) -> Path:
     if os.environ.get(ENV_CACHE):
         return Path(os.environ[ENV_CACHE])
     return Path.home() / ".cache" / "xfw" / "data"
-
-
-def image_path(root: Path, name: str) -> Path:
-    """The image ``name`` names under ``root``. A name is a relative path inside the root: an absolute
-    path, a ``..`` component, a NUL or a lone surrogate is refused (ValueError saying which), so a data
-    file cannot make xfw read files elsewhere by naming them. A symbolic link inside the root is
-    followed wherever it leads (the root's owner made it; data sets often link their image folders in):
-    :func:`leaves_root` counts those, and the count is in the preparation's statistics."""
-    if not is_text(name) or "\x00" in name:
-        raise ValueError("is not a file name")
-    pure = Path(name)
-    if pure.is_absolute() or name.startswith("~"):
-        raise ValueError("is an absolute path; image paths are relative to the image root")
-    if ".." in pure.parts:
-        raise ValueError("holds '..'; image paths must stay inside the image root")
-    return root / pure
-
-
-def leaves_root(root: Path, path: Path) -> bool:
-    """Whether ``path`` (under ``root``) resolves, through symbolic links, to a file outside it."""
-    try:
-        return not path.resolve().is_relative_to(root.resolve())
-    except (OSError, RuntimeError):  # a symlink loop
-        return True
-
-
-def is_text(value) -> bool:
-    """A str that is text: encodable as UTF-8 (no lone surrogate such as ``"\\ud800"``, which JSON
-    allows and no tokenizer or file system takes)."""
-    if not isinstance(value, str):
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-_DIGESTS: dict[tuple, str] = {}
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a file's content, remembered per (path, size, mtime) for this process."""
-    stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime_ns)
-    if key not in _DIGESTS:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        _DIGESTS[key] = digest.hexdigest()
-    return _DIGESTS[key]
 
 
 def settings_key(recipe, arch: dict) -> dict:
@@ -119,21 +65,85 @@ def settings_key(recipe, arch: dict) -> dict:
 
 
 _PREPARED: dict[str, dict] = {}
+_SPLITS: set[tuple[str, int]] = set()
 
 
-def prepare(recipe, arch: dict) -> dict:
-    """The recipe's data prepared (or found prepared): ``{"directory": str, "stats": dict}``.
-    Raises DataError for data the run cannot use."""
+def _builder(recipe):
+    """The data kind's builder, once the section's paths are plain text and its file exists."""
     from xfw.run.data import captions, conversations
 
     data = recipe.data
-    builder = {"llava_json": conversations, "image_captions": captions}[data.kind]
     for key in ("path", "image_root", "tokenizer", "cache"):
         if "\x00" in (getattr(data, key) or ""):
             raise DataError(f"data.{key}: {getattr(data, key)!r} holds a NUL character")
+    if not Path(data.path).is_file():
+        raise DataError(f"data.path: {data.path}: no such file")
+    return {"llava_json": conversations, "image_captions": captions}[data.kind]
+
+
+def check(recipe, arch: dict) -> int:
+    """The recipe's data checked without writing anything (what loading a recipe does): its paths exist, its file
+    holds samples the kind can read (every check that needs no preprocessing: the data kind's ``plan``), and the
+    split is possible (``data.eval_samples`` leaves samples to train on). Returns the number of samples; raises
+    DataError. Preparing it is :func:`prepare_data`'s."""
+    plan = _builder(recipe).plan(recipe, arch)
+    total = len(getattr(plan, "records", None) or getattr(plan, "lines", None) or [])
+    wanted = recipe.data.eval_samples
+    if wanted and total and wanted >= total:
+        raise DataError(f"data.eval_samples: {wanted} held out of a data set of {total} samples leaves none to "
+                        f"train on (hold out fewer than {total})")
+    return total
+
+
+def prepare_data(recipe, *, log=None) -> dict | None:
+    """The one step that writes prepared data: the recipe's real data (and that of each backend whose override
+    changes its model or data) prepared, or found prepared, then its eval split checked against the prepared
+    samples (:func:`check_split`). Each workflow calls it once, before anything launches; ``log`` (default: stderr)
+    hears one line before a preparation starts and one when it ends. Returns the recipe's ``{"directory", "stats",
+    "fingerprint"}`` (None for synthetic data); raises DataError naming the key."""
+    from xfw.contract import presets
+    from xfw.recipe import overrides as per_backend
+
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    own = [per_backend.effective(recipe, name, recipe.name) for name, keys in per_backend.backend_overrides(recipe).items()
+           if any(key.split(".")[0] in ("model", "data") for key in keys)]
+    first = None
+    for each in [recipe, *own]:
+        if each.data.kind == "synthetic":
+            continue
+        arch = presets.resolve_arch(each.model.preset, each.model.arch, each.data.image_size, each.data.seq_len)
+        prepared = prepare(each, arch, log=say)
+        if (prepared["directory"], each.data.eval_samples) not in _SPLITS:  # reads every sample: once per process
+            check_split(each, prepared)
+            _SPLITS.add((prepared["directory"], each.data.eval_samples))
+        first = prepared if first is None else first
+    return first
+
+
+def _locate(builder, recipe, arch: dict):
+    """(the data kind's plan, the preparation's key, its directory): reads the data, writes nothing."""
+    plan = builder.plan(recipe, arch)  # reads the data file, checks what needs no preprocessing
+    key_source = {"settings": settings_key(recipe, arch), "files": plan.fingerprints}
+    key = hashlib.sha256(json.dumps(key_source, sort_keys=True).encode()).hexdigest()[:24]
+    return plan, key, cache_root(recipe.data) / f"{recipe.data.kind}-{key}"
+
+
+def find_prepared(recipe, arch: dict) -> tuple[dict | None, str]:
+    """Whether the recipe's data is prepared, without writing anything (``xfw validate``): (``{"directory",
+    "stats", "fingerprint"}`` when an intact preparation is there, else None; the directory it has or would have)."""
+    plan, key, directory = _locate(_builder(recipe), recipe, arch)
+    index = read_stats(directory)
+    if index is None or verify(directory, index):
+        return None, str(directory)
+    return {"directory": str(directory), "stats": index["stats"], "fingerprint": key}, str(directory)
+
+
+def prepare(recipe, arch: dict, *, log=None) -> dict:
+    """The recipe's data prepared (or found prepared): ``{"directory": str, "stats": dict}``.
+    Raises DataError for data the run cannot use. Called through :func:`prepare_data`, the step a workflow takes."""
+    data = recipe.data
+    builder = _builder(recipe)
     path = Path(data.path)
-    if not path.is_file():
-        raise DataError(f"data.path: {path}: no such file")
     # Within one command (one process) a preparation is looked up once; images are not stat'ed again.
     watched = [path] + ([Path(data.tokenizer) / n for n in ("tokenizer.json", "tokenizer_config.json")]
                         if data.tokenizer else [])
@@ -142,10 +152,7 @@ def prepare(recipe, arch: dict) -> dict:
                       sort_keys=True, default=str)
     if memo in _PREPARED:
         return _PREPARED[memo]
-    plan = builder.plan(recipe, arch)  # reads the data file, checks what needs no preprocessing
-    key_source = {"settings": settings_key(recipe, arch), "files": plan.fingerprints}
-    key = hashlib.sha256(json.dumps(key_source, sort_keys=True).encode()).hexdigest()[:24]
-    directory = cache_root(data) / f"{data.kind}-{key}"
+    plan, key, directory = _locate(builder, recipe, arch)
     index = read_stats(directory)
     damage = verify(directory, index) if index is not None else \
         f"{INDEX_FILE} is missing or unreadable" if directory.exists() else None
@@ -161,11 +168,16 @@ def prepare(recipe, arch: dict) -> dict:
                             f"({err.strerror or err}); remove it, or choose another data.cache") from None
         index = None
     if index is None:
+        started = time.monotonic()
+        if log is not None:
+            log(f"data: preparing {data.kind} from {path} into {directory} ...")
         try:
             index = builder.build(plan, directory)
         except OSError as err:
             raise DataError(f"data.cache: cannot write the prepared data to {directory.parent} "
                             f"({err.strerror or err})") from None
+        if log is not None:
+            log(f"data: {index['stats']['num_samples']} samples prepared in {time.monotonic() - started:.1f} s")
     result = {"directory": str(directory), "stats": index["stats"], "fingerprint": key}
     _PREPARED[memo] = result
     return result

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xfw.run.data import DataError, file_digest, image_path, is_text, leaves_root
+from xfw.run.data.files import DataError, file_digest, image_path, is_text, leaves_root
 from xfw.run.data import images as img
 from xfw.run.data.cache import CacheWriter
 from xfw.run.data.conversations import load_tokenizer

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from xfw.contract.families import llava as llava_facts
-from xfw.run.data import DataError, file_digest, image_path, is_text, leaves_root
+from xfw.run.data.files import DataError, file_digest, image_path, is_text, leaves_root
 from xfw.run.data import images as img
 from xfw.run.data import text as txt
 from xfw.run.data.cache import CacheWriter

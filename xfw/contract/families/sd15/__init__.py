@@ -24,6 +24,7 @@ import numpy as np
 
 from xfw.contract.families.sd15.activations import activation_bytes, activation_note  # noqa: F401 - facts
 from xfw.contract.families.sd15.flops import flop_ledger  # noqa: F401 - facts
+from xfw.contract.families.sd15.latents import latent_shape, vae_scale_factor  # noqa: F401 - shared with SD3
 from xfw.contract.families.sd15.params import count_params, count_vae, lora_linears  # noqa: F401 - facts
 from xfw.contract.families import ArchError
 
@@ -40,16 +41,6 @@ LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")  # the attention linears (pa
 
 
 # -- shared with SD3: the VAE that turns pixels into latents ----------------------------------
-def vae_scale_factor(vae: dict) -> int:
-    """Pixels per latent side: one 2x downsample between consecutive encoder blocks."""
-    return 2 ** (len(vae["block_out_channels"]) - 1)
-
-
-def latent_shape(arch: dict, micro: int) -> tuple[int, int, int, int]:
-    side = arch["data"]["image_size"] // vae_scale_factor(arch["vae"])
-    return micro, arch["vae"]["latent_channels"], side, side
-
-
 def check_vae(arch: dict) -> None:
     vae, image_size = arch["vae"], arch["data"]["image_size"]
     channels = vae["block_out_channels"]

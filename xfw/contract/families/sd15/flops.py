@@ -158,7 +158,7 @@ class _UNetWalk:
 def flop_ledger(arch: dict, trained: tuple[str, ...], lora: dict | None, recompute: bool) -> list[Matmul]:
     """Every product of one sample's step: VAE encoder and text encoder forward, the UNet trained
     (stage pretrain) or adapted (stage lora: only the adapters on its attention linears train)."""
-    from xfw.contract.families.sd15 import latent_shape
+    from xfw.contract.families.sd15.latents import latent_shape
 
     walk = _UNetWalk(arch, "unet" in trained, lora, recompute)
     unet = walk.walk(latent_shape(arch, 1)[-1])
