@@ -230,7 +230,8 @@ def check(family: str, load: str, side: str, work: Path, args: argparse.Namespac
     planted = planted_per_step(log, [d / "explain.json" for d in sides[side]], args.warmup)
     with open(out / "explain.csv", encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
-    first = next((r for r in rows if r.get("rank") == "1"), None)
+    # under an unreliable verdict the first row beyond its noise is listed unranked (report.UNRANKED), not "1"
+    first = next((r for r in rows if r.get("rank") in ("1", "beyond its noise, not ranked (unreliable)")), None)
     mine = next((r for r in rows if r.get("module") == row), None)
     md = (out / "explain.md").read_text()
     kept = args.out / f"{family}-{load}-{side}"
@@ -238,7 +239,7 @@ def check(family: str, load: str, side: str, work: Path, args: argparse.Namespac
     for name_ in ("explain.md", "explain.csv"):
         (kept / name_).write_text((out / name_).read_text())
     reliable = "**The explanation is unreliable here**" not in md
-    why = md.split("**The explanation is unreliable here**, because ")[1].split(". The rows are shown")[0] \
+    why = md.split("**The explanation is unreliable here**, because ")[1].split(". The rows are listed")[0] \
         if not reliable else ""
     cats = categories(sides)
     more = {c: cats[side].get(c, 0.0) - cats[other].get(c, 0.0) for c in cats[side]}
