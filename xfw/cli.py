@@ -27,7 +27,8 @@ import click
 from xfw import terminal
 from xfw.cliargs import (LAYOUT_NAMES, _backend_list, _backend_names, _fail, _finish, _interpreters, _log, _one_backend,
                          _pairs, _progress, _with_repeat, as_option, force_option, launcher, out_option, overrides_of,
-                         python_option, rendezvous_options, repeat_option, set_option, workflow, count_type, _instances)
+                         python_option, rendezvous_options, repeat_option, set_option, workflow, count_type, _instances,
+                         executor_options)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -114,6 +115,7 @@ def run(recipe, backend, overrides, comparison, repeat, pythons, out_dir, node_r
               help="A/B the contrast's two backends: run them alternately (A B B A ...) --repeat N times and give "
                    "their ratio with a 95% interval, the smallest change N pairs could detect and a verdict "
                    "(paired t-test on log ratios; docs/builds.md).")
+@executor_options
 def compare(recipes, backends, overrides, comparison, repeat, pythons, out_dir, node_rank, master_addr, master_port,
             parity_dirs, force, explain, contrast, ab) -> None:
     """Run recipes on several backends, one at a time, and print the contrast table. The settings
@@ -178,6 +180,7 @@ def explain_command(recipe, backends, overrides, comparison, repeat, pythons, ou
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Sweep directory (default: runs/sweep-<recipe>); the same --out resumes, skipping finished runs.")
 @force_option
+@executor_options
 def sweep(recipe, axes, backends, comparison, repeat, pythons, out_dir, force) -> None:
     """Run a recipe at every combination of --set values, one run at a time; resumable (both comparisons
     at once: --set comparison=like-for-like,published)."""
@@ -201,6 +204,7 @@ def sweep(recipe, axes, backends, comparison, repeat, pythons, out_dir, force) -
               help="Directory for the probes' run directories (default: runs/maxbatch-<recipe>); the same --out "
                    "resumes, keeping settled probes.")
 @force_option
+@executor_options
 def maxbatch(recipe, backends, candidates, max_micro, overrides, pythons, out_dir, force) -> None:
     """Find the largest micro-batch that fits, per backend; each probe a separate process."""
     _finish(lambda: workflow.maxbatch(
@@ -304,6 +308,7 @@ def parity(recipe, backends, steps, overrides, pythons, out_dir, weights, force)
               help="Directory for every run, the starts and converge.* (default: runs/converge-<recipe>); the same "
                    "--out resumes a killed converge.")
 @force_option
+@executor_options
 def converge(recipe, backends, seeds, max_seeds, margin, direction, steps, eval_every, eval_samples, target,
              overrides, comparison, pythons, out_dir, force) -> None:
     """Speed at equal quality: both sides train the recipe as it says (its precision and parallel settings)
@@ -332,6 +337,7 @@ def converge(recipe, backends, seeds, max_seeds, margin, direction, steps, eval_
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Directory for every A/B and bisect.* (default: runs/bisect-<recipe>); the same --out resumes.")
 @force_option
+@executor_options
 def bisect(recipe, builds_path, good, bad, repeat, overrides, out_dir, force) -> None:
     """Find the first build with a change: A/B the bad build against the good one, then the build halfway
     between the last without the change and the first with it, until they meet (at most ceil(log2 n) + 1
@@ -353,6 +359,7 @@ def bisect(recipe, builds_path, good, bad, repeat, overrides, out_dir, force) ->
               help="Run only these of the suite's backends (e.g. torch on a node without a Paddle GPU build).")
 @click.option("--report-only", is_flag=True, help="Run nothing: rewrite the night's report from what is recorded.")
 @rendezvous_options
+@executor_options
 def nightly(suite, history_dir, night, overrides, comparison, only_backends, pythons, report_only, node_rank,
             master_addr, master_port) -> None:
     """Run a suite, add it to the history, flag regressions against earlier nights, write report.html.
@@ -380,6 +387,7 @@ def nightly(suite, history_dir, night, overrides, comparison, only_backends, pyt
 @python_option
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Where the runs and selfcheck.json go (default: runs/selfcheck, where compare looks).")
+@executor_options
 def selfcheck(backends, families, full, paths, comparison, pythons, out_dir) -> None:
     """The first command on a new machine: check every settings path the seed rows use, on every
     backend, and say which work here; compare warns about runs through unchecked paths. The default

@@ -115,9 +115,12 @@ def _log(line: str) -> None:
 
 def _finish(call) -> None:
     """Run one workflow call; print its outcome (report on stdout, files and notes on stderr); exit."""
+    from xfw.run import jobs, slurm  # the executor (--executor, executor_options) its jobs run through
+
     try:
-        outcome = call()
-    except workflow.UsageError as err:
+        with jobs.executing(_executor()):
+            outcome = call()
+    except (workflow.UsageError, slurm.SlurmError) as err:
         _fail(str(err))
     except KeyboardInterrupt:
         terminal.exit_interrupted()
@@ -153,6 +156,52 @@ force_option = click.option("--force", is_flag=True,
                                  "instead of refusing.")
 out_option = click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
                           help="Directory for run directories and the report (default: runs/<time>-<recipe>).")
+
+
+def _executor():
+    """The --executor of this command (executor_options), or None (here, one run at a time)."""
+    ctx = click.get_current_context(silent=True)
+    chosen = (ctx.meta if ctx else {}).get("xfw.executor", {})
+    if chosen.get("executor", "local") == "local":
+        return None
+    from xfw.run import slurm
+
+    return slurm.SlurmExecutor(slurm.SlurmOptions(
+        partition=chosen.get("partition"), account=chosen.get("account"), qos=chosen.get("qos"),
+        time_min=chosen.get("time_min"), gpus_per_node=chosen.get("gpus_per_node"),
+        cpus_per_task=chosen.get("cpus_per_task"), exclusive=chosen.get("exclusive", True),
+        sbatch_args=tuple(chosen.get("sbatch_args", ())), max_queued=chosen.get("max_queued") or 64))
+
+
+def executor_options(fn):
+    """Where the runs go (docs/slurm.md): --executor local|slurm and Slurm's options. They land in the
+    click context (not the command's arguments); _finish runs the workflow through that executor."""
+    def keep(key):
+        def callback(ctx, param, value):
+            if value is not None and value != ():
+                ctx.meta.setdefault("xfw.executor", {})[key] = value
+            return value
+        return callback
+    options = [
+        ("--executor", dict(type=click.Choice(["local", "slurm"]), default="local", show_default=True,
+                            help="Where the runs go: here one at a time, or each run a Slurm job (docs/slurm.md).")),
+        ("--partition", dict(default=None, metavar="NAME", help="Slurm partition (default: the cluster's default).")),
+        ("--account", dict(default=None, metavar="NAME", help="Slurm account to charge.")),
+        ("--qos", dict(default=None, metavar="NAME", help="Slurm quality of service.")),
+        ("--time", dict(type=click.IntRange(1), default=None, metavar="MIN",
+                        help="Slurm time limit per job in minutes (default: the recipe's measure.timeout_s + 2 min).")),
+        ("--gpus-per-node", dict(type=click.IntRange(1), default=None, metavar="N", help="GPUs per node (Slurm).")),
+        ("--cpus-per-task", dict(type=click.IntRange(1), default=None, metavar="N", help="CPUs per job (Slurm).")),
+        ("--exclusive/--shared", dict(default=None,
+                                      help="Whole nodes per job (default: exclusive: a shared node is no measurement).")),
+        ("--sbatch-arg", dict(multiple=True, metavar="ARG", help="Extra sbatch argument, e.g. --sbatch-arg=--constraint=h800. Repeatable.")),
+        ("--max-queued", dict(type=click.IntRange(1), default=None, metavar="N", help="Jobs in the queue at once (default 64).")),
+    ]
+    keys = ["executor", "partition", "account", "qos", "time_min", "gpus_per_node", "cpus_per_task", "exclusive",
+            "sbatch_args", "max_queued"]
+    for (flag, kwargs), key in zip(reversed(options), reversed(keys)):
+        fn = click.option(flag, key, expose_value=False, callback=keep(key), **kwargs)(fn)
+    return fn
 
 
 def rendezvous_options(fn):

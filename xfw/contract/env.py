@@ -79,4 +79,8 @@ def host_env() -> dict:
         "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "xfw_version": xfw.__version__,
         "xfw_git_sha": git_sha(),
+        **({"slurm": {"job_id": os.environ["SLURM_JOB_ID"], "node": os.environ.get("SLURMD_NODENAME", ""),
+                      "partition": os.environ.get("SLURM_JOB_PARTITION", ""),
+                      "cluster": os.environ.get("SLURM_CLUSTER_NAME", "")}}
+           if "SLURM_JOB_ID" in os.environ else {}),  # a run under Slurm (xfw.run.slurm): which job, which node
     }

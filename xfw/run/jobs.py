@@ -18,10 +18,12 @@ an earlier command is still alive (an orphan of a killed xfw, ended by its lifel
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator, Protocol
 
 from xfw.contract.atomic import UnreadableFile, read_json_object
 
@@ -120,7 +122,7 @@ def _old_spec(run_dir: Path) -> dict:
         return {"unreadable": True}
 
 
-def check_jobs(jobs: list[Job], *, force: bool) -> None:
+def check_jobs(jobs: list[Job], *, force: bool, adapters: bool = True) -> None:
     """Refuse (JobError) before anything launches: a job whose directory holds a run of another spec
     (unless ``force``), or one where an earlier command's adapter still runs after ORPHAN_WAIT_S."""
     different = [job.run_dir for job in jobs
@@ -131,7 +133,7 @@ def check_jobs(jobs: list[Job], *, force: bool) -> None:
         raise JobError(f"{different[0]}{more} holds a run of other settings; choose another --out, or pass "
                        "--force to replace it")
     deadline = time.monotonic() + ORPHAN_WAIT_S
-    for job in jobs:
+    for job in jobs if adapters else ():
         while (adapter := launcher.running_adapter(job.run_dir)) is not None:
             if time.monotonic() > deadline:
                 raise JobError(f"{job.run_dir}: an adapter of an earlier command is still running there "
@@ -166,6 +168,60 @@ def settled_result(run_dir: Path, spec: dict) -> RunResult | None:
     return result if result.status in SETTLED else None
 
 
+class Executor(Protocol):
+    """Where jobs run when not here, one at a time (the default): :class:`xfw.run.slurm.SlurmExecutor`.
+    ``run`` runs every job it is given (none is settled yet) and returns their results in job order,
+    calling ``on_result`` as each ends; Ctrl-C or SIGTERM cancels its own jobs and re-raises."""
+
+    name: str
+
+    def run(self, jobs: list[Job], backends: Backends, *, rendezvous: launcher.Rendezvous,
+            log: Callable[[str], None], on_result: Callable[[Job, RunResult], None] | None
+            ) -> list[RunResult]: ...
+
+
+_EXECUTOR: contextvars.ContextVar[Executor | None] = contextvars.ContextVar("xfw_executor", default=None)
+
+
+@contextlib.contextmanager
+def executing(executor: Executor | None) -> Iterator[None]:
+    """Every :func:`run_jobs` inside runs its jobs through ``executor`` (None: here, one at a time).
+    The CLI sets it from ``--executor``, so no workflow knows where its jobs run."""
+    token = _EXECUTOR.set(executor)
+    try:
+        yield
+    finally:
+        _EXECUTOR.reset(token)
+
+
+def _run_elsewhere(executor: Executor, jobs: list[Job], backends: Backends, *, resume: bool,
+                   rendezvous: launcher.Rendezvous, log: Callable[[str], None],
+                   on_result: Callable[[Job, RunResult], None] | None) -> tuple[list[RunResult], int]:
+    """:func:`run_jobs` through an executor: settled runs kept (``resume``), the rest handed over."""
+    kept: dict[int, RunResult] = {}
+    for i, job in enumerate(jobs):
+        result = settled_result(job.run_dir, launcher.spec_for(job.recipe, job.backend, job.run_dir)) if resume else None
+        if result is not None:
+            kept[i] = result
+            log(f"{job.name}: {result.status}, kept from an earlier run")
+            if on_result is not None:
+                on_result(job, result)
+    todo = [i for i in range(len(jobs)) if i not in kept]
+    finished: dict[int, RunResult] = {}
+
+    def ended(job: Job, result: RunResult) -> None:
+        finished[jobs.index(job)] = result
+        if on_result is not None:
+            on_result(job, result)
+
+    try:
+        executor.run([jobs[i] for i in todo], backends, rendezvous=rendezvous, log=log, on_result=ended)
+    except KeyboardInterrupt:
+        raise JobsInterrupted([r for i, r in sorted({**kept, **finished}.items())]) from None
+    every = {**kept, **finished}
+    return [every[i] for i in range(len(jobs))], len(kept)
+
+
 def run_jobs(jobs: list[Job], backends: Backends, *, resume: bool, force: bool = False,
              progress: launcher.Progress | None = None, rendezvous: launcher.Rendezvous = launcher.Rendezvous(),
              log: Callable[[str], None] = print,
@@ -173,8 +229,13 @@ def run_jobs(jobs: list[Job], backends: Backends, *, resume: bool, force: bool =
     """Check the jobs (:func:`check_jobs`), then run them one at a time (never side by side: they
     would share the machine); returns every result in job order and how many were kept from an
     earlier attempt. ``on_result`` is called after each job (the nightly history is written there,
-    so a kill loses nothing finished). Ctrl-C or SIGTERM raises :class:`JobsInterrupted`."""
-    check_jobs(jobs, force=force)
+    so a kill loses nothing finished). Ctrl-C or SIGTERM raises :class:`JobsInterrupted`. Inside
+    :func:`executing` the jobs run through that executor instead (a Slurm cluster)."""
+    executor = _EXECUTOR.get()
+    check_jobs(jobs, force=force, adapters=executor is None)
+    if executor is not None:
+        return _run_elsewhere(executor, jobs, backends, resume=resume, rendezvous=rendezvous, log=log,
+                              on_result=on_result)
     results, kept = [], 0
     for i, job in enumerate(jobs, 1):
         where = f"[{i}/{len(jobs)}] {job.name}" if len(jobs) > 1 else job.name

@@ -1,0 +1,238 @@
+"""The Slurm executor: each job of :func:`xfw.run.jobs.run_jobs` becomes one ``sbatch`` job that runs
+``python -m xfw.run.slurm_job PAYLOAD`` from the same (shared) checkout and writes the ordinary run
+directory; xfw watches the queue with ``squeue``/``scontrol``, never pickles anything, and keeps no
+cluster configuration (the Slurm client commands find theirs, ``SLURM_CONF`` included). docs/slurm.md.
+
+In the run directory: ``slurm-job.json`` (the payload: the recipe as plain data, the backend, its
+interpreter), ``slurm-job.sh`` (the batch script), ``slurm.json`` (job id, submit time, Slurm's final
+state and reason) and ``slurm-<id>.out``. The same command run again attaches to a job still queued or
+running (its id in ``slurm.json``) and resubmits only a job that failed or was lost. A job Slurm ends
+(cancelled, past its time limit, its node failed) is recorded with Slurm's own state and reason, never
+as a finished run. Ctrl-C / SIGTERM cancels xfw's own jobs (``scancel``) and keeps what finished.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from xfw.contract.atomic import UnreadableFile, read_json_object, write_json_atomic
+from xfw.recipe.schema import to_dict
+from xfw.report.measure import summarize
+from xfw.report.results import RunResult
+from xfw.run import launcher
+
+POLL_S = 1.0
+START_MARGIN_S = 120
+"""Added to a recipe's ``measure.timeout_s`` for the default time limit: the job's own start-up."""
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
+ENDED_AS = {"CANCELLED": ("crashed", "cut off"), "TIMEOUT": ("timeout", "timeout"),
+            "NODE_FAIL": ("crashed", "node failed"), "PREEMPTED": ("crashed", "cut off (preempted)"),
+            "BOOT_FAIL": ("crashed", "node failed"), "OUT_OF_MEMORY": ("oom", "out of memory"),
+            "DEADLINE": ("timeout", "timeout"), "FAILED": ("crashed", "job failed")}
+"""Slurm's final job state -> (run status, what xfw calls it) for a job that did not complete."""
+
+
+class SlurmError(ValueError):
+    """Bad Slurm input found before anything was submitted; one line naming the option."""
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_min: int | None = None
+    """``--time`` in minutes; None: the recipe's measure.timeout_s plus START_MARGIN_S."""
+    gpus_per_node: int | None = None
+    cpus_per_task: int | None = None
+    exclusive: bool = True
+    sbatch_args: tuple[str, ...] = ()
+    max_queued: int = 64
+
+
+def _cmd(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def check_cluster(options: SlurmOptions) -> dict:
+    """The partition's facts (nodes); SlurmError when there is no Slurm here or no such partition."""
+    if shutil.which("sbatch") is None or shutil.which("squeue") is None:
+        raise SlurmError("--executor slurm: no sbatch/squeue on this machine (install Slurm's client commands "
+                         "or run with --executor local)")
+    name = options.partition
+    argv = ["scontrol", "show", "partition", "-o"] + ([name] if name else [])
+    done = _cmd(argv)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("PartitionName=")]
+    if name is None:  # the cluster's default partition
+        lines = [line for line in lines if "Default=YES" in line] or lines[:1]
+    if done.returncode != 0 or not lines:
+        known = " ".join(sorted(p.split("=", 1)[1] for p in _cmd(["sinfo", "-h", "-o", "%R"]).stdout.split() if p))
+        raise SlurmError(f"--partition: no partition {name!r} on this cluster (it has: {known or 'none'})"
+                         if name else f"--executor slurm: the cluster answered no partition ({done.stderr.strip()})")
+    fields = dict(item.split("=", 1) for item in lines[0].split() if "=" in item)
+    return {"name": fields.get("PartitionName"), "nodes": int(fields.get("TotalNodes", "1"))}
+
+
+def check_jobs(options: SlurmOptions, partition: dict, recipes: list) -> None:
+    """Refuse before any submission: a time limit below a recipe's own timeout, more nodes than the
+    partition has."""
+    for recipe in recipes:
+        if options.time_min is not None and options.time_min * 60 < recipe.measure.timeout_s:
+            raise SlurmError(f"--time: {options.time_min} min is below recipe {recipe.name}'s measure.timeout_s "
+                             f"({recipe.measure.timeout_s:g} s); give at least {math.ceil(recipe.measure.timeout_s / 60)}")
+        if recipe.parallel.nnodes > partition["nodes"]:
+            raise SlurmError(f"--partition: {partition['name']} has {partition['nodes']} node(s); recipe "
+                             f"{recipe.name} asks parallel.nnodes={recipe.parallel.nnodes}")
+
+
+def sbatch_argv(options: SlurmOptions, recipe, label: str, run_dir: Path) -> list[str]:
+    """The sbatch command line of one job (pure: unit-tested)."""
+    minutes = options.time_min or math.ceil((recipe.measure.timeout_s + START_MARGIN_S) / 60)
+    argv = ["sbatch", "--parsable", f"--job-name=xfw:{label}"[:120], f"--time={minutes}",
+            f"--nodes={recipe.parallel.nnodes}", "--ntasks-per-node=1", f"--output={run_dir}/slurm-%j.out",
+            f"--chdir={launcher.PROJECT_ROOT}"]
+    argv += [f"--{key}={value}" for key, value in (("partition", options.partition), ("account", options.account),
+                                                   ("qos", options.qos), ("gpus-per-node", options.gpus_per_node),
+                                                   ("cpus-per-task", options.cpus_per_task)) if value]
+    argv += ["--exclusive"] if options.exclusive else []
+    return argv + list(options.sbatch_args) + [str(run_dir / "slurm-job.sh")]
+
+
+def _queue(job_ids: list[str]) -> dict[str, tuple[str, str, str]]:
+    """Job id -> (state, reason, node list) of the given jobs still known to squeue."""
+    if not job_ids:
+        return {}
+    done = _cmd(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%r|%N"])
+    found = {}
+    for line in done.stdout.splitlines():
+        job_id, state, reason, nodes = (line.split("|") + ["", "", ""])[:4]
+        found[job_id.strip()] = (state.strip(), reason.strip(), nodes.strip())
+    return found
+
+
+def final_state(job_id: str) -> tuple[str, str]:
+    """(JobState, Reason) of an ended job from ``scontrol show job`` ('' when Slurm forgot it)."""
+    done = _cmd(["scontrol", "show", "job", "-o", job_id])
+    fields = dict(item.split("=", 1) for item in done.stdout.split() if "=" in item)
+    return fields.get("JobState", ""), fields.get("Reason", "")
+
+
+def recorded_job(run_dir: Path) -> dict:
+    try:
+        return read_json_object(run_dir / "slurm.json")
+    except UnreadableFile:
+        return {}
+
+
+class SlurmExecutor:
+    """Runs :class:`xfw.run.jobs.Job` s as Slurm jobs; the :class:`xfw.run.jobs.Executor` interface."""
+
+    name = "slurm"
+
+    def __init__(self, options: SlurmOptions):
+        self.options = options
+        self.partition = check_cluster(options)
+
+    def run(self, jobs: list, backends: dict, *, rendezvous, log: Callable[[str], None],
+            on_result: Callable | None) -> list[RunResult]:
+        check_jobs(self.options, self.partition, [job.recipe for job in jobs])
+        live = _queue([recorded_job(job.run_dir).get("job_id", "") for job in jobs
+                       if recorded_job(job.run_dir).get("job_id")])
+        waiting, queued, results = list(range(len(jobs))), {}, {}
+        seen: dict[str, str] = {}
+        try:
+            while waiting or queued:
+                while waiting and len(queued) < self.options.max_queued:
+                    i = waiting.pop(0)
+                    job = jobs[i]
+                    old = recorded_job(job.run_dir).get("job_id")
+                    if old and old in live and live[old][0] in ACTIVE:
+                        log(f"{job.name}: attached to Slurm job {old} ({live[old][0].lower()})")
+                        queued[old] = i
+                    else:
+                        queued[self._submit(job, backends, rendezvous)] = i
+                states = _queue(list(queued))
+                for job_id, i in list(queued.items()):
+                    state, reason, nodes = states.get(job_id, ("", "", ""))
+                    said = f"{state.lower()} ({reason})" if state == "PENDING" else \
+                        f"running on {nodes}" if state == "RUNNING" else state.lower()
+                    if state in ACTIVE:
+                        if seen.get(job_id) != said:
+                            log(f"{jobs[i].name}: Slurm job {job_id} {said}")
+                            seen[job_id] = said
+                        continue
+                    del queued[job_id]
+                    results[i] = self._ended(jobs[i], job_id, log)
+                    if on_result is not None:
+                        on_result(jobs[i], results[i])
+                if queued:
+                    time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            cancel = list(queued)
+            if cancel:
+                _cmd(["scancel", *cancel])
+                log(f"interrupted: cancelled Slurm job(s) {' '.join(cancel)}; finished runs are kept")
+            raise
+        return [results[i] for i in range(len(jobs))]
+
+    def _submit(self, job, backends: dict, rendezvous) -> str:
+        backend, description = backends[job.backend]
+        run_dir = job.run_dir.resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").unlink(missing_ok=True)  # a resubmitted job's old outcome is not its own
+        write_json_atomic(run_dir / "slurm-job.json", {
+            "recipe": to_dict(job.recipe), "backend": backend.name, "python": backend.python,
+            "description": description, "run_dir": str(run_dir), "repeat_index": job.repeat_index,
+            "variant": job.variant, "checkout": str(launcher.PROJECT_ROOT),
+            "rendezvous": {"master_port": rendezvous.master_port}})
+        script = run_dir / "slurm-job.sh"
+        script.write_text("#!/bin/sh\n# written by xfw (xfw/run/slurm.py): one run, as an ordinary run directory\n"
+                          f"exec {shlex.quote(sys.executable)} -m xfw.run.slurm_job "
+                          f"{shlex.quote(str(run_dir / 'slurm-job.json'))}\n")
+        argv = sbatch_argv(self.options, job.recipe, job.name, run_dir)
+        done = _cmd(argv, timeout=60)
+        if done.returncode != 0:
+            raise SlurmError(f"sbatch refused {job.name}: {done.stderr.strip().splitlines()[-1:] or ['no reason']}")
+        job_id = done.stdout.strip().split(";")[0]
+        write_json_atomic(run_dir / "slurm.json", {"job_id": job_id, "submitted_unix": time.time(),
+                                                   "sbatch": argv})
+        return job_id
+
+    def _ended(self, job, job_id: str, log: Callable[[str], None]) -> RunResult:
+        """The run of an ended job: its own summary when Slurm says it completed, else recorded with
+        Slurm's state and reason (the summary's measurements kept)."""
+        run_dir = job.run_dir.resolve()
+        state, reason = final_state(job_id)
+        record = {**recorded_job(run_dir), "state": state, "reason": reason}
+        write_json_atomic(run_dir / "slurm.json", record)
+        try:
+            result = RunResult.load(run_dir)
+        except (UnreadableFile, OSError, KeyError, ValueError):
+            result = None
+        if state in ("COMPLETED", "") and result is not None:
+            log(f"{job.name}: Slurm job {job_id} done: {result.status}")
+            return result
+        status, called = ENDED_AS.get(state, ("crashed", "lost"))
+        out = run_dir / f"slurm-{job_id}.out"
+        last = out.read_text(errors="replace").strip().splitlines()[-1:] if out.exists() else []
+        why = f"{called}: Slurm job {job_id} {state or 'left the queue without a result'}" + \
+              (f" ({reason})" if reason and reason != "None" else "") + (f"; {last[0]}" if last else "")
+        base = dict(backend=job.backend, recipe=job.recipe.name, preset=job.recipe.model.preset,
+                    stage=job.recipe.stage, repeat_index=job.repeat_index, run_dir=str(run_dir),
+                    variant=dict(job.variant))
+        if result is None:
+            result = RunResult(**base, status=status, reason=why, measurement=summarize([]))
+        else:
+            result.status, result.reason = status, why
+        result.save(run_dir)
+        log(f"{job.name}: {why}")
+        return result

@@ -1,0 +1,51 @@
+"""What one Slurm job runs (``python -m xfw.run.slurm_job PAYLOAD``, written by :mod:`xfw.run.slurm`):
+one run of one backend, as :func:`xfw.run.launcher.launch` runs it locally, into the ordinary run
+directory. A path the job cannot reach (the checkout, the out directory, the backend's interpreter)
+ends it at once with one line naming the path (exit 3), which xfw reports as the run's reason.
+SIGTERM (scancel, the time limit) is Ctrl-C: the adapter is stopped and the run recorded as cut off."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str]) -> int:
+    payload_path = Path(argv[0])
+    try:
+        payload = json.loads(payload_path.read_text())
+    except (OSError, ValueError, IndexError) as err:
+        print(f"xfw slurm job: cannot read its payload {payload_path}: {err}", flush=True)
+        return 3
+    for what, path in (("checkout", payload["checkout"]), ("out directory", payload["run_dir"]),
+                       ("interpreter", payload["python"])):
+        if not os.path.exists(path):
+            print(f"xfw slurm job on {os.uname().nodename}: cannot reach the {what} {path}", flush=True)
+            return 3
+    signal.signal(signal.SIGTERM, _interrupt)
+    from xfw.recipe.load import recipe_from_dict
+    from xfw.run import launcher
+
+    recipe = recipe_from_dict(payload["recipe"], str(payload_path))
+    backend = launcher.Backend(payload["backend"], payload["python"])
+    rendezvous = launcher.Rendezvous(master_port=payload["rendezvous"].get("master_port"))
+    try:
+        result = launcher.launch(recipe, backend, Path(payload["run_dir"]), description=payload["description"],
+                                 repeat_index=payload["repeat_index"], rendezvous=rendezvous,
+                                 variant=payload["variant"])
+    except launcher.Interrupted as stop:
+        print(f"xfw slurm job: cut off ({stop.result.reason})", flush=True)
+        return 130
+    print(f"xfw slurm job: {result.status} {result.reason}".rstrip(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
