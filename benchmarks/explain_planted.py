@@ -230,8 +230,7 @@ def check(family: str, load: str, side: str, work: Path, args: argparse.Namespac
     planted = planted_per_step(log, [d / "explain.json" for d in sides[side]], args.warmup)
     with open(out / "explain.csv", encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
-    # under an unreliable verdict the first row beyond its noise is listed unranked (report.UNRANKED), not "1"
-    first = next((r for r in rows if r.get("rank") in ("1", "beyond its noise, not ranked (unreliable)")), None)
+    first = next((r for r in rows if r.get("rank") == "1"), None)  # none under an unreliable verdict: nothing ranked
     mine = next((r for r in rows if r.get("module") == row), None)
     md = (out / "explain.md").read_text()
     kept = args.out / f"{family}-{load}-{side}"
