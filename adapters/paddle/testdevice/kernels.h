@@ -79,7 +79,33 @@ struct Broadcast {
   }
 };
 
+// Coverage log (docs/testdevice.md, "Which kernels the models reach"): with XFW_TESTCPU_KERNEL_LOG=<file>
+// in the environment, the first call of each kernel function per dtype in a process appends
+// "<function> <dtype>" to that file (tests/contract/test_testdevice_coverage.py maps functions to
+// registered names). Unset, each kernel pays one test of a static flag.
+void LogHit(const char* function, const char* dtype);
+template <typename T> inline const char* DtypeName() { return "other"; }
+template <> inline const char* DtypeName<float>() { return "float32"; }
+template <> inline const char* DtypeName<double>() { return "float64"; }
+template <> inline const char* DtypeName<bfloat16>() { return "bfloat16"; }
+template <> inline const char* DtypeName<float16>() { return "float16"; }
+template <> inline const char* DtypeName<int64_t>() { return "int64"; }
+template <> inline const char* DtypeName<int32_t>() { return "int32"; }
+template <> inline const char* DtypeName<int16_t>() { return "int16"; }
+template <> inline const char* DtypeName<int8_t>() { return "int8"; }
+template <> inline const char* DtypeName<uint8_t>() { return "uint8"; }
+template <> inline const char* DtypeName<bool>() { return "bool"; }
+
 }  // namespace xfw_testcpu
+
+#define XFW_HIT()                                                              \
+  do {                                                                         \
+    static bool xfw_hit_logged = false;                                        \
+    if (!xfw_hit_logged) {                                                     \
+      xfw_hit_logged = true;                                                   \
+      ::xfw_testcpu::LogHit(__func__, ::xfw_testcpu::DtypeName<T>());          \
+    }                                                                          \
+  } while (0)
 
 #define XFW_FLOATS float, double, phi::dtype::float16, phi::dtype::bfloat16
 #define XFW_NUMBERS XFW_FLOATS, int32_t, int64_t

@@ -1,4 +1,8 @@
 // Shared helpers of the test device's kernels (kernels.h).
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
 #include "kernels.h"
 
 namespace xfw_testcpu {
@@ -23,6 +27,17 @@ void StoreF32(const phi::Context& ctx, phi::DenseTensor* t, const float* v, int6
     case PD_DataType::BFLOAT16: { auto p = ctx.Alloc<bfloat16>(t); for (int64_t i = 0; i < n; ++i) p[i] = St<bfloat16>(v[i]); break; }
     case PD_DataType::FLOAT16: { auto p = ctx.Alloc<float16>(t); for (int64_t i = 0; i < n; ++i) p[i] = St<float16>(v[i]); break; }
     default: PD_CHECK(false, "xfw testcpu: a floating tensor was expected (dtype %d)", int(t->dtype()));
+  }
+}
+
+void LogHit(const char* function, const char* dtype) {
+  static const char* path = std::getenv("XFW_TESTCPU_KERNEL_LOG");
+  if (!path || !*path) return;
+  static std::mutex lock;
+  std::lock_guard<std::mutex> hold(lock);
+  if (FILE* f = std::fopen(path, "a")) {  // one short line per append: ranks sharing the file do not interleave
+    std::fprintf(f, "%s %s\n", function, dtype);
+    std::fclose(f);
   }
 }
 

@@ -93,7 +93,7 @@ void Each(const ConvShape& s, F f) {
 template <typename T>
 void Conv2dKernel(const phi::Context& ctx, const phi::DenseTensor& input, const phi::DenseTensor& filter,
                   const std::vector<int>& strides, const std::vector<int>& paddings, const std::string& algo,
-                  const std::vector<int>& dilations, int groups, const std::string& layout, phi::DenseTensor* out) {
+                  const std::vector<int>& dilations, int groups, const std::string& layout, phi::DenseTensor* out) { XFW_HIT();
   ConvShape s = Shape(input.dims(), filter.dims(), strides, paddings, algo, dilations, groups, layout);
   std::vector<float> in = ToF32(input), w = ToF32(filter), o(s.n * s.oc * s.od * s.oh * s.ow, 0.f);
   Each(s, [&](int64_t oi, int64_t ii, int64_t wi) { o[oi] += in[ii] * w[wi]; });
@@ -106,7 +106,7 @@ template <typename T>
 void Conv2dGradKernel(const phi::Context& ctx, const phi::DenseTensor& input, const phi::DenseTensor& filter,
                       const phi::DenseTensor& dout, const std::vector<int>& strides, const std::vector<int>& paddings,
                       const std::string& algo, const std::vector<int>& dilations, int groups, const std::string& layout,
-                      phi::DenseTensor* din, phi::DenseTensor* dfilter) {
+                      phi::DenseTensor* din, phi::DenseTensor* dfilter) { XFW_HIT();
   ConvShape s = Shape(input.dims(), filter.dims(), strides, paddings, algo, dilations, groups, layout);
   std::vector<float> in = ToF32(input), w = ToF32(filter), g = ToF32(dout);
   std::vector<float> gi(din ? in.size() : 0, 0.f), gw(dfilter ? w.size() : 0, 0.f);
@@ -121,7 +121,7 @@ void Conv2dGradKernel(const phi::Context& ctx, const phi::DenseTensor& input, co
 template <typename T>
 void Conv3dKernel(const phi::Context& ctx, const phi::DenseTensor& input, const phi::DenseTensor& filter,
                   const std::vector<int>& strides, const std::vector<int>& paddings, const std::string& algo, int groups,
-                  const std::vector<int>& dilations, const std::string& layout, phi::DenseTensor* out) {
+                  const std::vector<int>& dilations, const std::string& layout, phi::DenseTensor* out) { XFW_HIT();
   Conv2dKernel<T>(ctx, input, filter, strides, paddings, algo, dilations, groups, layout, out);
 }
 
@@ -129,7 +129,7 @@ template <typename T>
 void Conv3dGradKernel(const phi::Context& ctx, const phi::DenseTensor& input, const phi::DenseTensor& filter,
                       const phi::DenseTensor& dout, const std::vector<int>& strides, const std::vector<int>& paddings,
                       const std::string& algo, int groups, const std::vector<int>& dilations, const std::string& layout,
-                      phi::DenseTensor* din, phi::DenseTensor* dfilter) {
+                      phi::DenseTensor* din, phi::DenseTensor* dfilter) { XFW_HIT();
   Conv2dGradKernel<T>(ctx, input, filter, dout, strides, paddings, algo, dilations, groups, layout, din, dfilter);
 }
 

@@ -2,13 +2,15 @@
 // full_, assign/copy, cast, add_/subtract_/multiply_/divide_, adamw_/adam_) plus the elementwise family
 // they belong to. Without a native kernel Paddle runs its CPU kernel on a copy and the view never sees
 // the result: the run trains, and is wrong. tests/contract/test_testdevice.py checks each on a view.
+#include <tuple>
+
 #include "kernels.h"
 
 namespace xfw_testcpu {
 
 template <typename T>
 void FullKernel(const phi::Context& ctx, const phi::IntArray& shape, const phi::Scalar& val, PD_DataType,
-                phi::DenseTensor* out) {
+                phi::DenseTensor* out) { XFW_HIT();
   out->Resize(shape.GetData());
   T* p = ctx.Alloc<T>(out);
   T v = St<T>(val.to<double>());
@@ -17,7 +19,7 @@ void FullKernel(const phi::Context& ctx, const phi::IntArray& shape, const phi::
 
 template <typename T>
 void FullLikeKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::Scalar& val, PD_DataType,
-                    phi::DenseTensor* out) {
+                    phi::DenseTensor* out) { XFW_HIT();
   out->Resize(x.dims());
   T* p = ctx.Alloc<T>(out);
   T v = St<T>(val.to<double>());
@@ -25,14 +27,14 @@ void FullLikeKernel(const phi::Context& ctx, const phi::DenseTensor& x, const ph
 }
 
 template <typename T>
-void FillKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::Scalar& val, phi::DenseTensor* out) {
+void FillKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::Scalar& val, phi::DenseTensor* out) { XFW_HIT();
   T* p = ctx.Alloc<T>(out);
   T v = St<T>(val.to<double>());
   for (int64_t i = 0, n = out->numel(); i < n; ++i) p[i] = v;
 }
 
 template <typename T>
-void AssignKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) {
+void AssignKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) { XFW_HIT();
   out->Resize(x.dims());
   T* p = ctx.Alloc<T>(out);
   const T* s = x.data<T>();
@@ -47,7 +49,7 @@ void CastTo(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor
 }
 
 template <typename T>
-void CastKernel(const phi::Context& ctx, const phi::DenseTensor& x, PD_DataType dtype, phi::DenseTensor* out) {
+void CastKernel(const phi::Context& ctx, const phi::DenseTensor& x, PD_DataType dtype, phi::DenseTensor* out) { XFW_HIT();
   out->Resize(x.dims());
   switch (dtype) {
     case PD_DataType::FLOAT32: return CastTo<T, float>(ctx, x, out);
@@ -66,7 +68,7 @@ void CastKernel(const phi::Context& ctx, const phi::DenseTensor& x, PD_DataType 
 
 template <typename T>
 void ScaleKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::Scalar& scale,
-                 const phi::Scalar& bias, bool bias_after_scale, phi::DenseTensor* out) {
+                 const phi::Scalar& bias, bool bias_after_scale, phi::DenseTensor* out) { XFW_HIT();
   out->Resize(x.dims());
   using A = C<T>;
   A s = static_cast<A>(scale.to<double>()), b = static_cast<A>(bias.to<double>());
@@ -79,7 +81,7 @@ void ScaleKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::
 }
 
 template <typename T>
-void DivScaleKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::Scalar& scale, phi::DenseTensor* out) {
+void DivScaleKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::Scalar& scale, phi::DenseTensor* out) { XFW_HIT();
   out->Resize(x.dims());
   using A = C<T>;
   A s = static_cast<A>(scale.to<double>());
@@ -101,7 +103,7 @@ void Binary(const phi::Context& ctx, const phi::DenseTensor& x, const phi::Dense
 #define XFW_BINARY(Name, expr)                                                                        \
   template <typename T>                                                                               \
   void Name##Kernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& y,    \
-                    phi::DenseTensor* out) {                                                          \
+                    phi::DenseTensor* out) { XFW_HIT();                                               \
     Binary<T>(ctx, x, y, out, [](C<T> a, C<T> b) { return expr; });                                   \
   }
 XFW_BINARY(Add, a + b)
@@ -111,58 +113,70 @@ XFW_BINARY(Divide, a / b)
 XFW_BINARY(Maximum, a > b ? a : b)
 XFW_BINARY(Minimum, a < b ? a : b)
 
-// d(out)/d(x) reduced over x's broadcast dimensions: acc[ix] += g(dout, x, y).
+// d(out)/d(x) reduced over x's broadcast dimensions: acc[ix] += g(dout, x, y), in fp32 (fp64 for double).
 template <typename T, typename G>
-void ReduceGrad(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& y,
-                const phi::DenseTensor& dout, bool for_x, phi::DenseTensor* d, G g, bool reads_inputs = false) {
+std::vector<C<T>> GradAcc(const phi::DenseTensor& x, const phi::DenseTensor& y, const phi::DenseTensor& dout,
+                          bool for_x, const phi::DenseTensor* d, G g, bool reads_inputs) {
   // add_grad/subtract_grad get x and y without their buffers (Paddle's no_need_buffer): only shapes.
-  if (!d) return;
+  if (!d) return {};
   Broadcast b(x.dims(), y.dims());
   const T* px = reads_inputs ? x.data<T>() : nullptr;
   const T* py = reads_inputs ? y.data<T>() : nullptr;
   static const T zero{};
   const T* pg = dout.data<T>();
-  const phi::DenseTensor& self = for_x ? x : y;
-  std::vector<C<T>> acc(self.numel(), 0);
+  std::vector<C<T>> acc((for_x ? x : y).numel(), 0);
   b.Each([&](int64_t i, int64_t ix, int64_t iy) {
     acc[for_x ? ix : iy] += g(Ld(pg[i]), Ld(px ? px[ix] : zero), Ld(py ? py[iy] : zero));
   });
-  d->Resize(self.dims());
-  T* p = ctx.Alloc<T>(d);
-  for (size_t i = 0; i < acc.size(); ++i) p[i] = St<T>(acc[i]);
+  return acc;
+}
+
+// Both gradients are accumulated before either is stored: Paddle may hand out dx in dout's own memory
+// (add_grad's and subtract_grad's inplace out_grad -> x_grad), so storing dx first would change the dout
+// that dy is still to read (a broadcast x, the smaller one, overwrote dout's first elements).
+template <typename T, typename GX, typename GY>
+void BinaryGrad(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& y,
+                const phi::DenseTensor& dout, phi::DenseTensor* dx, phi::DenseTensor* dy, GX gx, GY gy,
+                bool reads_inputs = false) {
+  std::vector<C<T>> ax = GradAcc<T>(x, y, dout, true, dx, gx, reads_inputs);
+  std::vector<C<T>> ay = GradAcc<T>(x, y, dout, false, dy, gy, reads_inputs);
+  for (auto [d, self, acc] : {std::make_tuple(dx, &x, &ax), std::make_tuple(dy, &y, &ay)}) {
+    if (!d) continue;
+    d->Resize(self->dims());
+    T* p = ctx.Alloc<T>(d);
+    for (size_t i = 0; i < acc->size(); ++i) p[i] = St<T>((*acc)[i]);
+  }
 }
 
 template <typename T>
 void AddGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& y,
-                   const phi::DenseTensor& dout, int, phi::DenseTensor* dx, phi::DenseTensor* dy) {
-  ReduceGrad<T>(ctx, x, y, dout, true, dx, [](C<T> g, C<T>, C<T>) { return g; });
-  ReduceGrad<T>(ctx, x, y, dout, false, dy, [](C<T> g, C<T>, C<T>) { return g; });
+                   const phi::DenseTensor& dout, int, phi::DenseTensor* dx, phi::DenseTensor* dy) { XFW_HIT();
+  BinaryGrad<T>(ctx, x, y, dout, dx, dy, [](C<T> g, C<T>, C<T>) { return g; }, [](C<T> g, C<T>, C<T>) { return g; });
 }
 
 template <typename T>
 void SubtractGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& y,
-                        const phi::DenseTensor& dout, int, phi::DenseTensor* dx, phi::DenseTensor* dy) {
-  ReduceGrad<T>(ctx, x, y, dout, true, dx, [](C<T> g, C<T>, C<T>) { return g; });
-  ReduceGrad<T>(ctx, x, y, dout, false, dy, [](C<T> g, C<T>, C<T>) { return -g; });
+                        const phi::DenseTensor& dout, int, phi::DenseTensor* dx, phi::DenseTensor* dy) { XFW_HIT();
+  BinaryGrad<T>(ctx, x, y, dout, dx, dy, [](C<T> g, C<T>, C<T>) { return g; }, [](C<T> g, C<T>, C<T>) { return -g; });
 }
 
 template <typename T>
 void MultiplyGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& y,
-                        const phi::DenseTensor& dout, int, phi::DenseTensor* dx, phi::DenseTensor* dy) {
-  ReduceGrad<T>(ctx, x, y, dout, true, dx, [](C<T> g, C<T>, C<T> b) { return g * b; }, true);
-  ReduceGrad<T>(ctx, x, y, dout, false, dy, [](C<T> g, C<T> a, C<T>) { return g * a; }, true);
+                        const phi::DenseTensor& dout, int, phi::DenseTensor* dx, phi::DenseTensor* dy) { XFW_HIT();
+  BinaryGrad<T>(ctx, x, y, dout, dx, dy, [](C<T> g, C<T>, C<T> b) { return g * b; },
+                [](C<T> g, C<T> a, C<T>) { return g * a; }, true);
 }
 
 template <typename T>
 void DivideGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& y,
                       const phi::DenseTensor&, const phi::DenseTensor& dout, int, phi::DenseTensor* dx,
-                      phi::DenseTensor* dy) {
-  ReduceGrad<T>(ctx, x, y, dout, true, dx, [](C<T> g, C<T>, C<T> b) { return g / b; }, true);
-  ReduceGrad<T>(ctx, x, y, dout, false, dy, [](C<T> g, C<T> a, C<T> b) { return -g * a / (b * b); }, true);
+                      phi::DenseTensor* dy) { XFW_HIT();
+  BinaryGrad<T>(ctx, x, y, dout, dx, dy, [](C<T> g, C<T>, C<T> b) { return g / b; },
+                [](C<T> g, C<T> a, C<T> b) { return -g * a / (b * b); }, true);
 }
 
 template <typename T>
-void AddNKernel(const phi::Context& ctx, const std::vector<const phi::DenseTensor*>& xs, phi::DenseTensor* out) {
+void AddNKernel(const phi::Context& ctx, const std::vector<const phi::DenseTensor*>& xs, phi::DenseTensor* out) { XFW_HIT();
   PD_CHECK(!xs.empty(), "xfw testcpu: add_n of nothing");
   int64_t n = xs[0]->numel();
   std::vector<C<T>> acc(n, 0);
@@ -237,7 +251,7 @@ void AdamwKernel(const phi::Context& ctx, const phi::DenseTensor& param, const p
                  bool with_decay, bool, int64_t, bool multi_precision, bool use_global_beta_pow, bool amsgrad,
                  phi::DenseTensor* param_out, phi::DenseTensor* m1_out, phi::DenseTensor* m2_out,
                  phi::DenseTensor* m2max_out, phi::DenseTensor* b1p_out, phi::DenseTensor* b2p_out,
-                 phi::DenseTensor* master_out) {
+                 phi::DenseTensor* master_out) { XFW_HIT();
   // lr_ratio scales the learning rate before both its uses (decay and step), as Paddle's kernel does.
   float lr_eff = ToF32(lr)[0] * lr_ratio;
   AdamCommon<T>(ctx, param, grad, lr_eff, m1, m2, m2max, b1p, b2p, master, skip, beta1.to<double>(),
@@ -255,7 +269,7 @@ void AdamKernel(const phi::Context& ctx, const phi::DenseTensor& param, const ph
                 const phi::Scalar& beta2, const phi::Scalar& epsilon, bool, int64_t, bool multi_precision,
                 bool use_global_beta_pow, bool amsgrad, phi::DenseTensor* param_out, phi::DenseTensor* m1_out,
                 phi::DenseTensor* m2_out, phi::DenseTensor* m2max_out, phi::DenseTensor* b1p_out,
-                phi::DenseTensor* b2p_out, phi::DenseTensor* master_out) {
+                phi::DenseTensor* b2p_out, phi::DenseTensor* master_out) { XFW_HIT();
   AdamCommon<T>(ctx, param, grad, ToF32(lr)[0], m1, m2, m2max, b1p, b2p, master, skip, beta1.to<double>(),
                 beta2.to<double>(), epsilon.to<double>(), 0.f, multi_precision, use_global_beta_pow, amsgrad,
                 param_out, m1_out, m2_out, m2max_out, b1p_out, b2p_out, master_out);

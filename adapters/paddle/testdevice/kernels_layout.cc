@@ -25,7 +25,7 @@ inline Dims Dense(const Dims& dims) {
 }  // namespace
 
 template <typename T>
-void ContiguousKernel(const phi::Context& ctx, const phi::DenseTensor& input, phi::DenseTensor* out) {
+void ContiguousKernel(const phi::Context& ctx, const phi::DenseTensor& input, phi::DenseTensor* out) { XFW_HIT();
   Dims dims = input.dims(), strides = input.strides();
   if (strides.size() != dims.size()) strides = Dense(dims);
   const T* src = input.data<T>();
@@ -38,7 +38,7 @@ void ContiguousKernel(const phi::Context& ctx, const phi::DenseTensor& input, ph
 
 template <typename T>
 void StridedCopyKernel(const phi::Context& ctx, const phi::DenseTensor& input, const std::vector<int64_t>& dims,
-                       const std::vector<int64_t>& out_strides, int64_t offset, phi::DenseTensor* out) {
+                       const std::vector<int64_t>& out_strides, int64_t offset, phi::DenseTensor* out) { XFW_HIT();
   Dims in_dims = input.dims(), in_strides = input.strides();
   if (in_strides.size() != in_dims.size()) in_strides = Dense(in_dims);
   PD_CHECK(Numel(in_dims) == Numel(dims), "xfw testcpu strided_copy: %d elements into %d",

@@ -13,7 +13,7 @@ void Unary(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor*
   out->Resize(x.dims());
   const T* px = x.data<T>();
   T* p = ctx.Alloc<T>(out);
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] = St<T>(f(static_cast<float>(Ld(px[i]))));
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] = St<T>(f(Ld(px[i])));  // fp32, or fp64 for double
 }
 
 // grad(x or out, dout) -> dx
@@ -24,7 +24,7 @@ void UnaryGrad(const phi::Context& ctx, const phi::DenseTensor& a, const phi::De
   const T* pg = dout.data<T>();
   T* p = ctx.Alloc<T>(dx);
   for (int64_t i = 0, n = dout.numel(); i < n; ++i)
-    p[i] = St<T>(f(static_cast<float>(Ld(pa[i])), static_cast<float>(Ld(pg[i]))));
+    p[i] = St<T>(f(Ld(pa[i]), Ld(pg[i])));
 }
 
 inline float GeluExact(float x) { return 0.5f * x * (1.f + std::erf(x * float(M_SQRT1_2))); }
@@ -42,87 +42,87 @@ inline float GeluGrad(float x, bool approximate) {
 inline float Sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 
 template <typename T>
-void GeluKernel(const phi::Context& ctx, const phi::DenseTensor& x, bool approximate, phi::DenseTensor* out) {
+void GeluKernel(const phi::Context& ctx, const phi::DenseTensor& x, bool approximate, phi::DenseTensor* out) { XFW_HIT();
   Unary<T>(ctx, x, out, [&](float v) { return approximate ? GeluTanh(v) : GeluExact(v); });
 }
 template <typename T>
 void GeluGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& dout, bool approximate,
-                    phi::DenseTensor* dx) {
+                    phi::DenseTensor* dx) { XFW_HIT();
   UnaryGrad<T>(ctx, x, dout, dx, [&](float v, float g) { return g * GeluGrad(v, approximate); });
 }
 template <typename T>
-void SiluKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) {
+void SiluKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) { XFW_HIT();
   Unary<T>(ctx, x, out, [](float v) { return v * Sigmoid(v); });
 }
 template <typename T>
 void SiluGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor&, const phi::DenseTensor& dout,
-                    phi::DenseTensor* dx) {
+                    phi::DenseTensor* dx) { XFW_HIT();
   UnaryGrad<T>(ctx, x, dout, dx, [](float v, float g) { float s = Sigmoid(v); return g * s * (1.f + v * (1.f - s)); });
 }
 template <typename T>
-void ReluKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) {
-  Unary<T>(ctx, x, out, [](float v) { return v > 0.f ? v : 0.f; });
+void ReluKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) { XFW_HIT();
+  Unary<T>(ctx, x, out, [](auto v) { return v > 0.f ? v : 0.f; });
 }
 template <typename T>
-void ReluGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, phi::DenseTensor* dx) {
-  UnaryGrad<T>(ctx, out, dout, dx, [](float o, float g) { return o > 0.f ? g : 0.f; });
+void ReluGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, phi::DenseTensor* dx) { XFW_HIT();
+  UnaryGrad<T>(ctx, out, dout, dx, [](auto o, auto g) { return o > 0.f ? g : 0.f; });
 }
 template <typename T>
-void TanhKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) {
-  Unary<T>(ctx, x, out, [](float v) { return std::tanh(v); });
+void TanhKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) { XFW_HIT();
+  Unary<T>(ctx, x, out, [](auto v) { return std::tanh(v); });
 }
 template <typename T>
-void TanhGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, phi::DenseTensor* dx) {
-  UnaryGrad<T>(ctx, out, dout, dx, [](float o, float g) { return g * (1.f - o * o); });
+void TanhGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, phi::DenseTensor* dx) { XFW_HIT();
+  UnaryGrad<T>(ctx, out, dout, dx, [](auto o, auto g) { return g * (1.f - o * o); });
 }
 template <typename T>
-void SigmoidKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) {
+void SigmoidKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) { XFW_HIT();
   Unary<T>(ctx, x, out, [](float v) { return Sigmoid(v); });
 }
 template <typename T>
-void SigmoidGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, phi::DenseTensor* dx) {
-  UnaryGrad<T>(ctx, out, dout, dx, [](float o, float g) { return g * o * (1.f - o); });
+void SigmoidGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, phi::DenseTensor* dx) { XFW_HIT();
+  UnaryGrad<T>(ctx, out, dout, dx, [](auto o, auto g) { return g * o * (1.f - o); });
 }
 template <typename T>
-void ExpKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) {
-  Unary<T>(ctx, x, out, [](float v) { return std::exp(v); });
+void ExpKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) { XFW_HIT();
+  Unary<T>(ctx, x, out, [](auto v) { return std::exp(v); });
 }
 template <typename T>
-void ExpGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, phi::DenseTensor* dx) {
-  UnaryGrad<T>(ctx, out, dout, dx, [](float o, float g) { return g * o; });
+void ExpGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, phi::DenseTensor* dx) { XFW_HIT();
+  UnaryGrad<T>(ctx, out, dout, dx, [](auto o, auto g) { return g * o; });
 }
 template <typename T>
-void SqrtGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, phi::DenseTensor* dx) {
-  UnaryGrad<T>(ctx, out, dout, dx, [](float o, float g) { return 0.5f * g / o; });
+void SqrtGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, phi::DenseTensor* dx) { XFW_HIT();
+  UnaryGrad<T>(ctx, out, dout, dx, [](auto o, auto g) { return 0.5f * g / o; });
 }
 template <typename T>
-void SqrtKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) {
-  Unary<T>(ctx, x, out, [](float v) { return std::sqrt(v); });
+void SqrtKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) { XFW_HIT();
+  Unary<T>(ctx, x, out, [](auto v) { return std::sqrt(v); });
 }
 template <typename T>
-void RsqrtKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) {
-  Unary<T>(ctx, x, out, [](float v) { return 1.f / std::sqrt(v); });
+void RsqrtKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) { XFW_HIT();
+  Unary<T>(ctx, x, out, [](auto v) { return 1.f / std::sqrt(v); });
 }
 template <typename T>
-void RsqrtGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, phi::DenseTensor* dx) {
-  UnaryGrad<T>(ctx, out, dout, dx, [](float o, float g) { return -0.5f * g * o * o * o; });
+void RsqrtGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, phi::DenseTensor* dx) { XFW_HIT();
+  UnaryGrad<T>(ctx, out, dout, dx, [](auto o, auto g) { return -0.5f * g * o * o * o; });
 }
 template <typename T>
-void SquareKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) {
-  Unary<T>(ctx, x, out, [](float v) { return v * v; });
+void SquareKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) { XFW_HIT();
+  Unary<T>(ctx, x, out, [](auto v) { return v * v; });
 }
 template <typename T>
-void SquareGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& dout, phi::DenseTensor* dx) {
-  UnaryGrad<T>(ctx, x, dout, dx, [](float v, float g) { return 2.f * v * g; });
+void SquareGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& dout, phi::DenseTensor* dx) { XFW_HIT();
+  UnaryGrad<T>(ctx, x, dout, dx, [](auto v, auto g) { return 2.f * v * g; });
 }
 template <typename T>
-void PowKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::Scalar& factor, phi::DenseTensor* out) {
+void PowKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::Scalar& factor, phi::DenseTensor* out) { XFW_HIT();
   float f = static_cast<float>(factor.to<double>());
   Unary<T>(ctx, x, out, [f](float v) { return f == 2.f ? v * v : std::pow(v, f); });
 }
 template <typename T>
 void PowGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& dout, const phi::Scalar& factor,
-                   phi::DenseTensor* dx) {
+                   phi::DenseTensor* dx) { XFW_HIT();
   float f = static_cast<float>(factor.to<double>());
   UnaryGrad<T>(ctx, x, dout, dx, [f](float v, float g) { return g * f * (f == 2.f ? v : std::pow(v, f - 1.f)); });
 }
@@ -169,14 +169,14 @@ void SumMean(const phi::Context& ctx, const phi::DenseTensor& x, const std::vect
 
 template <typename T>
 void SumKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::IntArray& dims, PD_DataType out_dtype,
-               bool keep_dim, phi::DenseTensor* out) {
+               bool keep_dim, phi::DenseTensor* out) { XFW_HIT();
   PD_CHECK(out_dtype == PD_DataType::UNDEFINED || out_dtype == x.dtype(),
            "xfw testcpu: sum with a different output dtype is not implemented");
   SumMean<T>(ctx, x, dims.GetData(), keep_dim, false, out);
 }
 template <typename T>
 void MeanKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::IntArray& dims, bool keep_dim,
-                phi::DenseTensor* out) {
+                phi::DenseTensor* out) { XFW_HIT();
   SumMean<T>(ctx, x, dims.GetData(), keep_dim, true, out);
 }
 template <typename T>
@@ -193,12 +193,12 @@ void SumMeanGrad(const phi::Context& ctx, const phi::DenseTensor& x, const phi::
 }
 template <typename T>
 void SumGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& dout, const phi::IntArray& dims,
-                   bool, bool reduce_all, phi::DenseTensor* dx) {
+                   bool, bool reduce_all, phi::DenseTensor* dx) { XFW_HIT();
   SumMeanGrad<T>(ctx, x, dout, dims.GetData(), reduce_all, false, dx);
 }
 template <typename T>
 void MeanGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& dout, const phi::IntArray& dims,
-                    bool, bool reduce_all, phi::DenseTensor* dx) {
+                    bool, bool reduce_all, phi::DenseTensor* dx) { XFW_HIT();
   SumMeanGrad<T>(ctx, x, dout, dims.GetData(), reduce_all, true, dx);
 }
 
@@ -212,7 +212,7 @@ inline void Rows(const Dims& d, int axis, int64_t* outer, int64_t* len, int64_t*
 }
 
 template <typename T>
-void SoftmaxKernel(const phi::Context& ctx, const phi::DenseTensor& x, int axis, phi::DenseTensor* out) {
+void SoftmaxKernel(const phi::Context& ctx, const phi::DenseTensor& x, int axis, phi::DenseTensor* out) { XFW_HIT();
   int64_t outer, len, inner;
   Rows(x.dims(), axis, &outer, &len, &inner);
   std::vector<float> v = ToF32(x);
@@ -229,7 +229,7 @@ void SoftmaxKernel(const phi::Context& ctx, const phi::DenseTensor& x, int axis,
 }
 template <typename T>
 void SoftmaxGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, const phi::DenseTensor& dout, int axis,
-                       phi::DenseTensor* dx) {
+                       phi::DenseTensor* dx) { XFW_HIT();
   int64_t outer, len, inner;
   Rows(out.dims(), axis, &outer, &len, &inner);
   std::vector<float> y = ToF32(out), g = ToF32(dout), d(y.size());
@@ -247,7 +247,7 @@ void SoftmaxGradKernel(const phi::Context& ctx, const phi::DenseTensor& out, con
 // ---- embedding -------------------------------------------------------------------------------------
 template <typename T>
 void EmbeddingKernel(const phi::Context& ctx, const phi::DenseTensor& ids, const phi::DenseTensor& weight, int64_t padding_idx,
-                     phi::DenseTensor* out) {
+                     phi::DenseTensor* out) { XFW_HIT();
   Dims wd = weight.dims(), od = ids.dims();
   int64_t dim = wd[1], n = ids.numel();
   od.push_back(dim);
@@ -261,7 +261,7 @@ void EmbeddingKernel(const phi::Context& ctx, const phi::DenseTensor& ids, const
 }
 template <typename T>
 void EmbeddingGradKernel(const phi::Context& ctx, const phi::DenseTensor& ids, const phi::DenseTensor& weight,
-                         const phi::DenseTensor& dout, int64_t padding_idx, phi::DenseTensor* dw) {
+                         const phi::DenseTensor& dout, int64_t padding_idx, phi::DenseTensor* dw) { XFW_HIT();
   Dims wd = weight.dims();
   int64_t dim = wd[1], n = ids.numel();
   std::vector<float> g = ToF32(dout), acc(weight.numel(), 0.f);

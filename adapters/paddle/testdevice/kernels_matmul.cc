@@ -62,7 +62,7 @@ void WriteBack(const phi::Context& ctx, const phi::DenseTensor& like, bool trans
 
 template <typename T>
 void MatmulKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& y, bool tx, bool ty,
-                  phi::DenseTensor* out) {
+                  phi::DenseTensor* out) { XFW_HIT();
   Operand a = Read(x, tx, true), b = Read(y, ty, false);
   PD_CHECK(a.cols == b.rows, "xfw testcpu matmul: inner dimensions %d and %d differ", int(a.cols), int(b.rows));
   Broadcast bb(a.batch, b.batch);
@@ -85,7 +85,7 @@ void MatmulKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi:
 
 template <typename T>
 void MatmulGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& y,
-                      const phi::DenseTensor& dout, bool tx, bool ty, phi::DenseTensor* dx, phi::DenseTensor* dy) {
+                      const phi::DenseTensor& dout, bool tx, bool ty, phi::DenseTensor* dx, phi::DenseTensor* dy) { XFW_HIT();
   Operand a = Read(x, tx, true), b = Read(y, ty, false);
   Broadcast bb(a.batch, b.batch);
   int64_t M = a.rows, K = a.cols, N = b.cols;

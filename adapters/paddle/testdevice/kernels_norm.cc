@@ -10,7 +10,7 @@ namespace xfw_testcpu {
 template <typename T>
 void LayerNormKernel(const phi::Context& ctx, const phi::DenseTensor& x, const paddle::optional<phi::DenseTensor>& scale,
                      const paddle::optional<phi::DenseTensor>& bias, float eps, int begin, phi::DenseTensor* out,
-                     phi::DenseTensor* mean, phi::DenseTensor* var) {
+                     phi::DenseTensor* mean, phi::DenseTensor* var) { XFW_HIT();
   Dims d = x.dims();
   int64_t rows = 1, cols = 1;
   for (int i = 0; i < static_cast<int>(d.size()); ++i) (i < begin ? rows : cols) *= d[i];
@@ -43,7 +43,7 @@ template <typename T>
 void LayerNormGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const paddle::optional<phi::DenseTensor>& scale,
                          const paddle::optional<phi::DenseTensor>& bias, const phi::DenseTensor& mean,
                          const phi::DenseTensor& var, const phi::DenseTensor& dout, float eps, int begin,
-                         phi::DenseTensor* dx, phi::DenseTensor* dscale, phi::DenseTensor* dbias) {
+                         phi::DenseTensor* dx, phi::DenseTensor* dscale, phi::DenseTensor* dbias) { XFW_HIT();
   Dims d = x.dims();
   int64_t rows = 1, cols = 1;
   for (int i = 0; i < static_cast<int>(d.size()); ++i) (i < begin ? rows : cols) *= d[i];
@@ -84,7 +84,7 @@ struct Groups {
 template <typename T>
 void GroupNormKernel(const phi::Context& ctx, const phi::DenseTensor& x, const paddle::optional<phi::DenseTensor>& scale,
                      const paddle::optional<phi::DenseTensor>& bias, double eps, int groups, const std::string& layout,
-                     phi::DenseTensor* y, phi::DenseTensor* mean, phi::DenseTensor* var) {
+                     phi::DenseTensor* y, phi::DenseTensor* mean, phi::DenseTensor* var) { XFW_HIT();
   PD_CHECK(layout == "NCHW" || layout == "NCDHW" || layout == "NCL", "xfw testcpu group_norm: channel-first only");
   Groups s(x.dims(), groups);
   std::vector<float> v = ToF32(x), w, b, mu(s.n * s.g), va(s.n * s.g);
@@ -117,7 +117,7 @@ template <typename T>
 void GroupNormGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const paddle::optional<phi::DenseTensor>& scale,
                          const paddle::optional<phi::DenseTensor>& bias, const phi::DenseTensor&, const phi::DenseTensor& mean,
                          const phi::DenseTensor& var, const phi::DenseTensor& dy, double eps, int groups, const std::string&,
-                         phi::DenseTensor* dx, phi::DenseTensor* dscale, phi::DenseTensor* dbias) {
+                         phi::DenseTensor* dx, phi::DenseTensor* dscale, phi::DenseTensor* dbias) { XFW_HIT();
   Groups s(x.dims(), groups);
   std::vector<float> v = ToF32(x), g = ToF32(dy), mu = ToF32(mean), va = ToF32(var), w, gx(v.size());
   if (scale) w = ToF32(*scale);
@@ -146,7 +146,7 @@ void GroupNormGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, con
 // master weights, precision.master_weights false): the sum of squares in double, stored in x's dtype as
 // the CPU kernel stores a float's. fp32 keeps falling back to Paddle's CPU kernel.
 template <typename T>
-void SquaredL2NormKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) {
+void SquaredL2NormKernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) { XFW_HIT();
   const T* px = x.data<T>();
   double s = 0;
   for (int64_t i = 0, n = x.numel(); i < n; ++i) s += double(Ld(px[i])) * Ld(px[i]);

@@ -23,17 +23,17 @@ void Tri(const phi::Context& ctx, const phi::DenseTensor& x, int diagonal, bool 
       }
 }
 template <typename T>
-void TriuKernel(const phi::Context& ctx, const phi::DenseTensor& x, int diagonal, phi::DenseTensor* out) { Tri<T>(ctx, x, diagonal, false, out); }
+void TriuKernel(const phi::Context& ctx, const phi::DenseTensor& x, int diagonal, phi::DenseTensor* out) { XFW_HIT(); Tri<T>(ctx, x, diagonal, false, out); }
 template <typename T>
-void TrilKernel(const phi::Context& ctx, const phi::DenseTensor& x, int diagonal, phi::DenseTensor* out) { Tri<T>(ctx, x, diagonal, true, out); }
+void TrilKernel(const phi::Context& ctx, const phi::DenseTensor& x, int diagonal, phi::DenseTensor* out) { XFW_HIT(); Tri<T>(ctx, x, diagonal, true, out); }
 template <typename T>
-void TriuGradKernel(const phi::Context& ctx, const phi::DenseTensor& dout, int diagonal, phi::DenseTensor* dx) { Tri<T>(ctx, dout, diagonal, false, dx); }
+void TriuGradKernel(const phi::Context& ctx, const phi::DenseTensor& dout, int diagonal, phi::DenseTensor* dx) { XFW_HIT(); Tri<T>(ctx, dout, diagonal, false, dx); }
 template <typename T>
-void TrilGradKernel(const phi::Context& ctx, const phi::DenseTensor& dout, int diagonal, phi::DenseTensor* dx) { Tri<T>(ctx, dout, diagonal, true, dx); }
+void TrilGradKernel(const phi::Context& ctx, const phi::DenseTensor& dout, int diagonal, phi::DenseTensor* dx) { XFW_HIT(); Tri<T>(ctx, dout, diagonal, true, dx); }
 
 template <typename T>
 void WhereKernel(const phi::Context& ctx, const phi::DenseTensor& cond, const phi::DenseTensor& x, const phi::DenseTensor& y,
-                 phi::DenseTensor* out) {
+                 phi::DenseTensor* out) { XFW_HIT();
   Broadcast xy(x.dims(), y.dims());
   Broadcast all(cond.dims(), xy.out);
   Broadcast bx(x.dims(), all.out), by(y.dims(), all.out);
@@ -49,7 +49,7 @@ void WhereKernel(const phi::Context& ctx, const phi::DenseTensor& cond, const ph
 }
 template <typename T>
 void WhereGradKernel(const phi::Context& ctx, const phi::DenseTensor& cond, const phi::DenseTensor& x, const phi::DenseTensor& y,
-                     const phi::DenseTensor& dout, phi::DenseTensor* dx, phi::DenseTensor* dy) {
+                     const phi::DenseTensor& dout, phi::DenseTensor* dx, phi::DenseTensor* dy) { XFW_HIT();
   PD_CHECK(cond.numel() == dout.numel() && x.numel() == dout.numel() && y.numel() == dout.numel(),
            "xfw testcpu where_grad: broadcast operands are not implemented");
   const bool* pc = cond.data<bool>();
@@ -66,7 +66,7 @@ Dims ExpandDims(const Dims& x, const std::vector<int64_t>& shape) {
   return out;
 }
 template <typename T>
-void ExpandKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::IntArray& shape, phi::DenseTensor* out) {
+void ExpandKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::IntArray& shape, phi::DenseTensor* out) { XFW_HIT();
   Broadcast b(x.dims(), ExpandDims(x.dims(), shape.GetData()));
   const T* px = x.data<T>();
   out->Resize(b.out);
@@ -75,7 +75,7 @@ void ExpandKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi:
 }
 template <typename T>
 void ExpandGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& dout, const phi::IntArray&,
-                      phi::DenseTensor* dx) {
+                      phi::DenseTensor* dx) { XFW_HIT();
   Broadcast b(x.dims(), dout.dims());
   const T* pg = dout.data<T>();
   std::vector<float> acc(x.numel(), 0.f);
@@ -87,7 +87,7 @@ void ExpandGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const 
 
 #define XFW_UNARY_F(Name, f, df)                                                                                      \
   template <typename T>                                                                                               \
-  void Name##Kernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) {                      \
+  void Name##Kernel(const phi::Context& ctx, const phi::DenseTensor& x, phi::DenseTensor* out) { XFW_HIT();           \
     out->Resize(x.dims());                                                                                            \
     const T* px = x.data<T>();                                                                                        \
     T* p = ctx.Alloc<T>(out);                                                                                         \
@@ -95,7 +95,7 @@ void ExpandGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const 
   }                                                                                                                   \
   template <typename T>                                                                                               \
   void Name##GradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& dout,            \
-                        phi::DenseTensor* dx) {                                                                       \
+                        phi::DenseTensor* dx) { XFW_HIT();                                                                       \
     dx->Resize(x.dims());                                                                                             \
     const T* px = x.data<T>();                                                                                        \
     const T* pg = dout.data<T>();                                                                                     \
@@ -112,7 +112,7 @@ XFW_UNARY_F(Erf, std::erf(v), 1.1283791670955126f * std::exp(-v * v))
 // swiglu(x, y) = silu(x) * y; without y, x's last dimension holds [x | y].
 template <typename T>
 void SwiGLUKernel(const phi::Context& ctx, const phi::DenseTensor& x, const paddle::optional<phi::DenseTensor>& y,
-                  phi::DenseTensor* out) {
+                  phi::DenseTensor* out) { XFW_HIT();
   Dims d = x.dims();
   int64_t n = d.back(), m = Numel(d) / n, half = y ? n : n / 2;
   const T* px = x.data<T>();
@@ -130,7 +130,7 @@ void SwiGLUKernel(const phi::Context& ctx, const phi::DenseTensor& x, const padd
 }
 template <typename T>
 void SwiGLUGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const paddle::optional<phi::DenseTensor>& y,
-                      const phi::DenseTensor& dz, phi::DenseTensor* dx, phi::DenseTensor* dy) {
+                      const phi::DenseTensor& dz, phi::DenseTensor* dx, phi::DenseTensor* dy) { XFW_HIT();
   Dims d = x.dims();
   int64_t n = d.back(), m = Numel(d) / n, half = y ? n : n / 2;
   const T* px = x.data<T>();
@@ -155,7 +155,7 @@ void SwiGLUGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const 
 // concat's gradient: each input's slice of out_grad along the axis (x may come without buffers).
 template <typename T>
 void ConcatGradKernel(const phi::Context& ctx, const std::vector<const phi::DenseTensor*>& xs, const phi::DenseTensor& dout,
-                      const phi::Scalar& axis_scalar, std::vector<phi::DenseTensor*> dxs) {
+                      const phi::Scalar& axis_scalar, std::vector<phi::DenseTensor*> dxs) { XFW_HIT();
   Dims d = dout.dims();
   int64_t axis = static_cast<int64_t>(axis_scalar.to<double>());
   if (axis < 0) axis += static_cast<int64_t>(d.size());
@@ -200,7 +200,7 @@ struct Pad3 {
 
 template <typename T>
 void Pad3dKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::IntArray& paddings, const std::string& mode,
-                 double pad_value, const std::string& layout, phi::DenseTensor* out) {
+                 double pad_value, const std::string& layout, phi::DenseTensor* out) { XFW_HIT();
   PD_CHECK(mode == "constant" || mode == "replicate", "xfw testcpu pad3d: mode %s is not implemented", mode.c_str());
   Pad3 s(x.dims(), paddings.GetData(), layout);
   const T* px = x.data<T>();
@@ -219,7 +219,7 @@ void Pad3dKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::
 
 template <typename T>
 void Pad3dGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& dout, const phi::IntArray& paddings,
-                     const std::string& mode, double, const std::string& layout, phi::DenseTensor* dx) {
+                     const std::string& mode, double, const std::string& layout, phi::DenseTensor* dx) { XFW_HIT();
   PD_CHECK(mode == "constant" || mode == "replicate", "xfw testcpu pad3d_grad: mode %s is not implemented", mode.c_str());
   Pad3 s(x.dims(), paddings.GetData(), layout);
   const T* pg = dout.data<T>();
@@ -239,7 +239,7 @@ void Pad3dGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const p
 
 template <typename T>
 void ClipKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::Scalar& lo, const phi::Scalar& hi,
-                phi::DenseTensor* out) {
+                phi::DenseTensor* out) { XFW_HIT();
   float a = static_cast<float>(lo.to<double>()), b = static_cast<float>(hi.to<double>());
   out->Resize(x.dims());
   const T* px = x.data<T>();
@@ -248,7 +248,7 @@ void ClipKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::S
 }
 template <typename T>
 void ClipGradKernel(const phi::Context& ctx, const phi::DenseTensor& x, const phi::DenseTensor& dout, const phi::Scalar& lo,
-                    const phi::Scalar& hi, phi::DenseTensor* dx) {
+                    const phi::Scalar& hi, phi::DenseTensor* dx) { XFW_HIT();
   float a = static_cast<float>(lo.to<double>()), b = static_cast<float>(hi.to<double>());
   dx->Resize(x.dims());
   const T* px = x.data<T>();
