@@ -75,7 +75,7 @@ def check_cluster(options: SlurmOptions) -> dict:
     if name is None:  # the cluster's default partition
         lines = [line for line in lines if "Default=YES" in line] or lines[:1]
     if done.returncode != 0 or not lines:
-        known = " ".join(sorted(p.split("=", 1)[1] for p in _cmd(["sinfo", "-h", "-o", "%R"]).stdout.split() if p))
+        known = " ".join(sorted(set(_cmd(["sinfo", "-h", "-o", "%R"]).stdout.split())))
         raise SlurmError(f"--partition: no partition {name!r} on this cluster (it has: {known or 'none'})"
                          if name else f"--executor slurm: the cluster answered no partition ({done.stderr.strip()})")
     fields = dict(item.split("=", 1) for item in lines[0].split() if "=" in item)
@@ -195,8 +195,10 @@ class SlurmExecutor:
             "variant": job.variant, "checkout": str(launcher.PROJECT_ROOT),
             "rendezvous": {"master_port": rendezvous.master_port}})
         script = run_dir / "slurm-job.sh"
+        # a multi-node recipe: one job of parallel.nnodes nodes, srun starts xfw's node part on each
+        many = "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " if job.recipe.parallel.nnodes > 1 else ""
         script.write_text("#!/bin/sh\n# written by xfw (xfw/run/slurm.py): one run, as an ordinary run directory\n"
-                          f"exec {shlex.quote(sys.executable)} -m xfw.run.slurm_job "
+                          f"exec {many}{shlex.quote(sys.executable)} -m xfw.run.slurm_job "
                           f"{shlex.quote(str(run_dir / 'slurm-job.json'))}\n")
         argv = sbatch_argv(self.options, job.recipe, job.name, run_dir)
         done = _cmd(argv, timeout=60)

@@ -17,6 +17,16 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _first_node_addr() -> str:
+    """The address of the allocation's first node (its NodeAddr: node names need not resolve)."""
+    import subprocess
+
+    names = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True,
+                           text=True, check=True).stdout.split()
+    fields = subprocess.run(["scontrol", "show", "node", "-o", names[0]], capture_output=True, text=True).stdout.split()
+    return dict(f.split("=", 1) for f in fields if "=" in f).get("NodeAddr", names[0])
+
+
 def main(argv: list[str]) -> int:
     payload_path = Path(argv[0])
     try:
@@ -35,9 +45,14 @@ def main(argv: list[str]) -> int:
 
     recipe = recipe_from_dict(payload["recipe"], str(payload_path))
     backend = launcher.Backend(payload["backend"], payload["python"])
-    rendezvous = launcher.Rendezvous(master_port=payload["rendezvous"].get("master_port"))
+    rendezvous, run_dir = launcher.Rendezvous(master_port=payload["rendezvous"].get("master_port")), Path(payload["run_dir"])
+    if recipe.parallel.nnodes > 1:  # one task per node (srun): this node's part, rendezvous at the allocation's first node
+        rank = int(os.environ.get("SLURM_NODEID", "0"))
+        rendezvous = launcher.Rendezvous(node_rank=rank, master_addr=_first_node_addr(),
+                                         master_port=rendezvous.master_port)
+        run_dir = run_dir.parent / f"node-{rank}"
     try:
-        result = launcher.launch(recipe, backend, Path(payload["run_dir"]), description=payload["description"],
+        result = launcher.launch(recipe, backend, run_dir, description=payload["description"],
                                  repeat_index=payload["repeat_index"], rendezvous=rendezvous,
                                  variant=payload["variant"])
     except launcher.Interrupted as stop:
