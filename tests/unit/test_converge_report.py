@@ -248,3 +248,10 @@ def test_the_page_module_does_not_import_the_report_module():
     for module in (shown, target):
         source = open(module.__file__).read()
         assert "xfw.report.converge import" not in source and "from xfw.report import converge\n" not in source
+
+
+def test_the_curve_loop_and_the_report_share_one_divergence_rule():
+    from xfw.contract.curves import BLOWUP, diverged
+
+    assert diverged(float("nan"), 6.0) and diverged(float("inf"), 6.0) and diverged(6.0 * BLOWUP + 1, 6.0)
+    assert not diverged(6.0 * BLOWUP, 6.0) and not diverged(None, 6.0) and not diverged(0.1, 6.0)
