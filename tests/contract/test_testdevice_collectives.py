@@ -4,7 +4,14 @@ and ``dist.all_reduce``'s AVG path asks for NCCL's version, so no Paddle code re
 reduce_scatter with it. adapters/paddle/testdevice/check/collectives_check.cc is compiled against
 collectives.cc (about 1 s) and run: 2 and 3 forked ranks, fp32 and bf16, all_reduce (sum, avg, max),
 reduce, reduce_scatter (sum, avg), all_gather and broadcast, each checked exactly. The sources are
-``XFW_TESTDEVICE_SRC``'s when set (benchmarks/testdevice_mutation.py), else the repository's."""
+``XFW_TESTDEVICE_SRC``'s when set (benchmarks/testdevice_mutation.py), else the repository's.
+
+And through Paddle (issue 43) on 2 and 3 processes: every collective Paddle reaches (all_reduce sum in fp32 and
+bf16, max; reduce; broadcast; all_gather; reduce_scatter) with payloads of 36 MB, over one 32 MiB slot and not
+a multiple of it, twice in a row with different payloads (testdevice_worker.py ``collectives_big``), every
+element against numpy. A reduction that is right for 2 ranks only, a chunk boundary off by one, or a missing
+barrier between consecutive calls (a rank reading a slot its peer has not rewritten yet, or already has)
+leaves mismatching elements."""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, require_interpreter
+from test_testdevice import device_env, run_worker  # noqa: F401  (the fixture is shared)
 
 pytestmark = pytest.mark.contract
 
@@ -40,3 +48,13 @@ def test_collectives_avg_and_reduce_scatter_on_2_and_3_ranks(tmp_path):
     done = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "XFW_TESTCPU_TIMEOUT_S": "30"})
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-3000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_every_collective_over_one_slot_through_paddle_on_2_and_3_ranks(device_env, tmp_path, nproc):
+    ranks = run_worker(device_env, tmp_path, "collectives_big", nproc=nproc)
+    for got in ranks:
+        assert got["world"] == nproc
+        assert len(got["mismatches"]) == 14, sorted(got["mismatches"])  # 7 collectives x 2 calls
+        wrong = {k: v for k, v in got["mismatches"].items() if v}
+        assert not wrong, f"rank {got['rank']} of {nproc}: mismatching elements per collective and call: {wrong}"
