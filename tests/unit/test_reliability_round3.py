@@ -61,14 +61,14 @@ def captions(tmp_path_factory):
 def llava_validate(tmp_path, paths, **data):
     data.setdefault("image_root", str(paths["images"].parent))
     recipe = write_recipe(tmp_path / "r.yaml", llava_json_recipe(paths, tmp_path / "cache", **data))
-    return invoke("validate", recipe)
+    return invoke("validate", "--prepare", recipe)  # data refused by the preparation step, before any launch
 
 
 def captions_validate(tmp_path, paths, **data):
     sections = {"model": {"preset": "tiny-sd15"}, "stage": "pretrain",
                 "data": {"kind": "image_captions", "path": str(paths["jsonl"]), "tokenizer": str(paths["tokenizer"]),
                          "cache": str(tmp_path / "cache"), **data}}
-    return invoke("validate", write_recipe(tmp_path / "sd.yaml", sections))
+    return invoke("validate", "--prepare", write_recipe(tmp_path / "sd.yaml", sections))
 
 
 def conversations(tmp_path, llava, records) -> dict:
@@ -430,7 +430,7 @@ def test_21_a_signal_during_preparation_exits_130_in_one_line_and_leaves_no_temp
     paths = with_config(tmp_path, llava, {"bos_token": "<s>", "eos_token": "</s>", "chat_template": LOOP})
     recipe = write_recipe(tmp_path / "r.yaml", llava_json_recipe(paths, tmp_path / "cache",
                                                                  image_root=str(llava["images"].parent)))
-    proc = subprocess.Popen([sys.executable, "-m", "xfw.cli", "validate", str(recipe)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "xfw.cli", "validate", "--prepare", str(recipe)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 60
     while not list((tmp_path / "cache").glob(".tmp-*")):  # rendering the endless template
@@ -626,7 +626,7 @@ def test_fuzz_any_conversation_json_prepares_or_is_one_line(tmp_path, llava, con
     recipe = write_recipe(tmp_path / "r.yaml", llava_json_recipe(paths, tmp_path / "cache",
                                                                  image_root=str(llava["images"].parent)))
     real._PREPARED.clear()
-    result = invoke("validate", recipe)
+    result = invoke("validate", "--prepare", recipe)
     assert result.exit_code in (0, 2) and "Traceback" not in result.output, result.output
     if result.exit_code == 2:
         one_line_error(result)

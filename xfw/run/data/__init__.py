@@ -99,13 +99,15 @@ def prepare_data(recipe, *, log=None) -> dict | None:
     """The one step that writes prepared data: the recipe's real data (and that of each backend whose override
     changes its model or data) prepared, or found prepared, then its eval split checked against the prepared
     samples (:func:`check_split`). Each workflow calls it once, before anything launches; ``log`` (default: stderr)
-    hears one line before a preparation starts and one when it ends. Returns the recipe's ``{"directory", "stats",
-    "fingerprint"}`` (None for synthetic data); raises DataError naming the key."""
+    hears one line when a preparation ends (none when it was found prepared; a refusal stays the one line it is).
+    Returns the recipe's ``{"directory", "stats", "fingerprint"}`` (None for synthetic data); raises
+    DataError."""
     from xfw.contract import presets
     from xfw.recipe import overrides as per_backend
 
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    own = [per_backend.effective(recipe, name, recipe.name) for name, keys in per_backend.backend_overrides(recipe).items()
+    own = [per_backend.effective(recipe, name, recipe.name)
+           for name, keys in per_backend.backend_overrides(recipe).items()
            if any(key.split(".")[0] in ("model", "data") for key in keys)]
     first = None
     for each in [recipe, *own]:
@@ -169,15 +171,14 @@ def prepare(recipe, arch: dict, *, log=None) -> dict:
         index = None
     if index is None:
         started = time.monotonic()
-        if log is not None:
-            log(f"data: preparing {data.kind} from {path} into {directory} ...")
         try:
             index = builder.build(plan, directory)
         except OSError as err:
             raise DataError(f"data.cache: cannot write the prepared data to {directory.parent} "
                             f"({err.strerror or err})") from None
         if log is not None:
-            log(f"data: {index['stats']['num_samples']} samples prepared in {time.monotonic() - started:.1f} s")
+            log(f"data: {index['stats']['num_samples']} samples of {path} prepared in {directory} "
+                f"({time.monotonic() - started:.1f} s)")
     result = {"directory": str(directory), "stats": index["stats"], "fingerprint": key}
     _PREPARED[memo] = result
     return result
