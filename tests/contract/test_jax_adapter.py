@@ -32,7 +32,7 @@ def test_describe_names_the_framework_and_xfw_env_lists_it():
     assert out.returncode == 0, out.stderr[-2000:]
     described = json.loads(out.stdout)
     assert described["framework"] == "jax" and described["versions"]["flax"]
-    assert described["launcher"][:3] == ["{python}", "-m", "xfw_jax"]
+    assert described["launcher"][:3] == ["{python}", "-m", "xfw_jax.launch"]  # one process per rank
     env = xfw("env", "--backends", "jax", timeout_s=120)
     assert env.returncode == 0 and "jax " in env.stdout and "flax" in env.stdout, env.stdout + env.stderr
 
