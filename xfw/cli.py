@@ -331,18 +331,26 @@ def converge(recipe, backends, seeds, max_seeds, margin, direction, steps, eval_
                    "paddle@nightly-1102=/opt/nightly-1102/bin/python (# starts a comment).")
 @click.option("--good", required=True, metavar="NAME", help="A build without the change (ADAPTER@LABEL, a line of FILE).")
 @click.option("--bad", required=True, metavar="NAME", help="A later build with it (ADAPTER@LABEL, a line of FILE).")
-@click.option("--repeat", type=count_type("repeat"), default=5, show_default=True, metavar="N",
-              help="Pairs per A/B (each build against the good one, alternated A B B A).")
+@click.option("--repeat", default="5", show_default=True, metavar="N|auto",
+              help="Alternated pairs per judgement, at least 3; auto: start at 3 and add 3 at a time until decided "
+                   "(needs --max-pairs).")
+@click.option("--max-pairs", "max_pairs", type=count_type("repeat"), default=None, metavar="N",
+              help="The most pairs one judgement may spend (with --repeat auto; alpha is spent across its looks).")
+@click.option("--margin", default="0.05", show_default=True, metavar="DELTA",
+              help="Relative ips margin: a build within ±DELTA (0.05 = 5%) of another counts as the same "
+                   "(docs/builds.md says why 5%).")
 @set_option
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Directory for every A/B and bisect.* (default: runs/bisect-<recipe>); the same --out resumes.")
 @force_option
 @executor_options
-def bisect(recipe, builds_path, good, bad, repeat, overrides, out_dir, force) -> None:
-    """Find the first build with a change: A/B the bad build against the good one, then the build halfway
-    between the last without the change and the first with it, until they meet (at most ceil(log2 n) + 1
-    A/Bs for n builds). Each A/B: paired t-test on log ratios, two-sided, alpha 0.05 (docs/builds.md)."""
+def bisect(recipe, builds_path, good, bad, repeat, max_pairs, margin, overrides, out_dir, force) -> None:
+    """Find the first build with a change, never naming a wrong one: judge the bad build against the good
+    one, then the build halfway between, against both ends, until they meet; confirm the last pair with an
+    A/B of its own, or report the range it could not split. Each judgement: paired t interval of log ratios
+    with --margin, pairs added while undecided (--repeat auto). docs/builds.md."""
     _finish(lambda: workflow.bisect(recipe, builds_path, good=good, bad=bad, overrides=list(overrides), repeat=repeat,
+                                    max_pairs=max_pairs, margin=margin,
                                     out_dir=out_dir, force=force, progress=_progress(), log=_log))
 
 

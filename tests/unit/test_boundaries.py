@@ -101,7 +101,7 @@ def test_cli_commands_and_options_are_frozen():
         "assemble": ["force", "node_dirs", "out_dir"],
         "converge": ["backends", "comparison", "direction", "eval_every", "eval_samples", "force", "margin",
                      "max_seeds", "out_dir", "overrides", "pythons", "recipe", "seeds", "steps", "target"],
-        "bisect": ["bad", "builds_path", "force", "good", "out_dir", "overrides", "recipe", "repeat"],
+        "bisect": ["bad", "builds_path", "force", "good", "margin", "max_pairs", "out_dir", "overrides", "recipe", "repeat"],
         "compare": ["ab", "backends", "comparison", "contrast", "explain", "force", "master_addr", "master_port", "node_rank", "out_dir",
                     "overrides", "parity_dirs", "pythons", "recipes", "repeat"],
         "explain": ["backends", "categories", "comparison", "force", "out_dir", "overrides", "pythons", "recipe", "repeat"],

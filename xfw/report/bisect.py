@@ -1,46 +1,70 @@
-"""The bisect report: every A/B decision with its measured ratio, and the build it ends at (docs/builds.md)."""
+"""The bisect report: every judgement with its interval, pairs and smallest detectable change, and the
+build (or the range of builds) it ends at (docs/builds.md)."""
 
 from __future__ import annotations
 
-from xfw.report.ab import ALPHA
 from xfw.report.table import Bullets, Heading, Page, Paragraph, Table
 
 
-RULE = (f"Decision rule: each step is an A/B of one build against the good build (alternated pairs A B B A, paired "
-        f"t-test on the log ratio of their ips, two-sided, alpha {ALPHA:g}). Step 1 judges the bad build and sets the "
-        "direction searched for; a later build has the change when its A/B is significant in that direction, and the "
-        "search halves the builds between the last without it and the first with it. A build that fails to build, "
-        "import or run is skipped with its reason and the nearest untried build is tried instead.")
+def rule(result) -> str:
+    return (f"Decision rule (xfw.report.decision): every judgement is a paired t interval of the log ratio of ips over "
+            f"alternated pairs, margin ±{100 * result.margin:.1f}% (the same within it), at most {result.max_pairs} "
+            "pairs, alpha 0.05 spent across looks. Step 1: the bad build against the good one sets the change searched "
+            "for. Each later build is run against BOTH ends: like the bad build (it differs from the good one in the "
+            "change's direction, or is the same as the bad one, and is not decidedly on the good side of it) or like "
+            "the good one (the mirror rule); undecided after the budget stops the search at a range. The last build "
+            "like the good one and the first like the bad one are confirmed by an A/B of their own; a single culprit "
+            "is named only when that confirmation decides the change. A build that fails to build, import or run is "
+            "skipped with its reason.")
+
+
+def _d(decision, ref):
+    from xfw.report.decision import Decision
+
+    return Decision.from_dict(decision.vs[ref]) if ref in decision.vs else None
 
 
 def headline(result) -> str:
     """``result``: an xfw.run.bisect.Bisect."""
-    if result.outcome == "no change":
-        first = result.decisions[0]
-        why = first.reason or f"ratio {first.ratio:.3f}" if first.ratio is not None else first.reason
-        return (f"No significant change between {result.good} and {result.bad} ({why}): nothing to bisect. A "
-                "regression seen elsewhere was noise here, or needs more pairs (--repeat).")
+    ends = result.decisions[0] if result.decisions else None
+    end = _d(ends, result.good) if ends else None
+    if result.outcome == "same":
+        return (f"No change to bisect: {end.phrase(result.good, result.bad, worse='slower', better='faster')}.")
     if result.outcome == "undecided":
-        return (f"Undecided: the change is between {result.last_good} and {result.first_bad}, but the builds between "
-                "them could not be judged (skipped; see each reason).")
-    change = next(d for d in result.decisions if d.build == result.first_bad)
-    size = f" by {100 * abs(1 - change.ratio):.1f}% (ratio {change.ratio:.3f})" if change.ratio else ""
-    return (f"First build with the change ({result.direction}{size} against {result.good}): {result.first_bad}; "
-            f"the last build without it: {result.last_good}. {len(result.decisions)} A/B decisions "
-            f"(at most {result.max_decisions} without skipped builds).")
+        said = f" {end.phrase(result.good, result.bad, worse='slower', better='faster')}." if end else ""
+        return (f"Undecided: {result.bad} against {result.good} could not be decided within {result.max_pairs} pairs "
+                f"({result.why}): no change is not shown either; give --repeat auto with a larger --max-pairs.{said}")
+    if result.outcome == "range":
+        return (f"Undecided within {result.last_good} … {result.first_bad}: the change ({result.direction}) lies after "
+                f"{result.last_good} and at or before {result.first_bad}, builds this bisect could not split: "
+                f"{result.why}. No single build is named.")
+    confirm = next(d for d in reversed(result.decisions) if d.role in ("confirm", "ends") and d.has_change)
+    line = _d(confirm, confirm.against[0]).phrase(confirm.against[0], confirm.build, worse="slower", better="faster")
+    return (f"First build with the change: {result.first_bad}; the last build without it: {result.last_good}. "
+            f"Confirmed: {line}. {len(result.decisions)} judgements.")
+
+
+def _cell(d) -> str:
+    if d is None:
+        return "–"
+    if d.low is None:
+        return f"{d.estimate:+.1%}" if d.estimate is not None else "–"
+    return f"{d.estimate:+.1%} [{d.low:+.1%}, {d.high:+.1%}] {d.outcome}"
 
 
 def bisect_page(result, recipe: str, planted: list[str] = ()) -> Page:
     cells, records = [], []
     for step, d in enumerate(result.decisions, 1):
-        ratio = f"{d.ratio:.3f} [{d.low:.3f}, {d.high:.3f}]" if d.ratio is not None and d.low is not None else "–"
-        has = {True: "has the change", False: "has not", None: "skipped" if d.verdict == "skipped" else "–"}[d.has_change]
-        record = {"step": step, "build": d.build, "position": d.position + 1, "ratio_ci95": ratio,
-                  "p_value": f"{d.p_value:.3g}" if d.p_value is not None else "–", "pairs": d.pairs,
-                  "verdict": d.verdict,
-                  "decision": has if step > 1 else f"sets the direction: {d.verdict}" if d.verdict in ("slower", "faster")
-                  else "nothing to bisect" if d.verdict == "no change" else f"cannot start ({d.verdict})",
-                  "note": d.reason or d.directory}
+        refs = d.against or [result.good]
+        vs_good = _d(d, refs[0])
+        vs_bad = _d(d, result.bad) if d.role == "step" else None
+        detect = d.detectable()
+        record = {"step": step, "role": d.role, "build": d.build, "position": d.position,
+                  "against": ", ".join(refs),
+                  "build / first reference (interval)": _cell(vs_good),
+                  "build / bad (interval)": _cell(vs_bad), "pairs": d.pairs,
+                  "smallest detectable": f"{100 * detect:.1f}%" if detect is not None else "–",
+                  "verdict": d.verdict, "note": d.reason or d.directory}
         cells.append(list(record.values()))
         records.append(record)
     blocks: list = [Paragraph(f"**Bisect of {recipe} over {len(result.builds)} builds of one framework, "
@@ -49,11 +73,11 @@ def bisect_page(result, recipe: str, planted: list[str] = ()) -> Page:
         blocks.append(Paragraph(f"**Planted: {', '.join(planted)} carry a change put there on purpose (their build "
                                 "line says how); this bisect demonstrates the search, it does not find a real "
                                 "regression in them.**"))
-    blocks += [Table(header=["Step", "Build", "Position", "Ratio (95% CI), build / good", "p", "Pairs", "Verdict",
-                             "Decision", "Note / directory"], cells=cells, records=records, name="bisect"),
-               Paragraph(RULE, muted=True),
+    header = list(records[0]) if records else ["step"]
+    blocks += [Table(header=header, cells=cells, records=records, name="bisect"),
+               Paragraph(rule(result), muted=True),
                Heading("Builds, in order", 3),
                Bullets([f"position {i + 1}: {name}" + (" (good)" if name == result.good else " (bad)"
                                                         if name == result.bad else "")
                         for i, name in enumerate(result.builds)], name="builds")]
-    return Page(title="Bisect", blocks=blocks)
+    return Page(title=f"Bisect of two builds' range of one framework: {recipe}", blocks=blocks)

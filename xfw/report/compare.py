@@ -127,6 +127,8 @@ class ComparisonRow:
     """The sweep point of this row's runs ({} for plain runs)."""
     contrast: float | None = None
     within_noise: bool | None = None
+    ab_cell: str | None = None
+    """Under ``--ab``: the contrast cell from the A/B's Decision (xfw.report.ab.ABResult.cell)."""
     params_match: bool | None = None
     expected_params: int | None = None
     settings: dict[str, dict] = field(default_factory=dict)

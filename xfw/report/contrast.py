@@ -39,6 +39,8 @@ def fmt_rate(value: float | None) -> str:
 
 
 def fmt_contrast(row: ComparisonRow) -> str:
+    if row.ab_cell:
+        return row.ab_cell
     if row.contrast is None:
         return "n/a"
     text = _pct(row.contrast)
@@ -65,7 +67,7 @@ def contrast_range(row: ComparisonRow, backends: list[str]) -> tuple[float, floa
 def fmt_headline_contrast(row: ComparisonRow, backends: list[str]) -> str:
     """The contrast as the table and the chart show it: with the range its repeats allow, or saying it
     is one run with no spread."""
-    if row.contrast is None or len(backends) < 2:
+    if row.contrast is None or len(backends) < 2 or row.ab_cell:
         return fmt_contrast(row)
     span = contrast_range(row, backends)
     spread_text = f"range {_pct(span[0])} to {_pct(span[1])}" if span else ONE_RUN if all(

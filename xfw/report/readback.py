@@ -206,7 +206,8 @@ VERDICTS = {"night?": str, "suite?": str, "policy?": {"window?": int, ...: objec
 
 AB_VERDICT = {"recipe": str, "first": str, "second": str, "verdict": str, "pairs": int,
               "ratios?": [Number], "ratio?": Number, "low?": Number, "high?": Number, "p_value?": Number,
-              "detectable?": Number, "alpha?": float, "changed?": bool, "text?": str, ...: object}
+              "detectable?": Number, "alpha?": float, "changed?": bool, "text?": str, "margin?": float,
+              "failed?": {str: int}, "decision?": Maybe({str: object}), ...: object}
 """One recipe's A/B in ``ab.json`` (``xfw.report.ab.ABResult.to_dict`` and its text); other keys allowed,
 so the A/B's own fields can grow."""
 

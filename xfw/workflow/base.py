@@ -265,7 +265,7 @@ def read_parity_status(directory: Path) -> dict[str, dict] | None:
 
 
 def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *, chart: bool = True,
-                 parity: dict[str, dict] | None = None, warnings: list[str] = (), ab: bool = False) -> Outcome:
+                 parity: dict[str, dict] | None = None, warnings: list[str] = (), ab: bool | float = False) -> Outcome:
     """report.md/csv/html and chart.png; ``parity`` (recipe name -> status) adds the parity lines;
     ``ab``: the A/B verdict of the first two backends per recipe under the table, and ab.json.
     Exit code 1 when any run is not ok."""
@@ -275,7 +275,7 @@ def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *
             write_json_atomic(out_dir / PARITY_STATUS_FILE, {"schema": 1, "parity": parity})
         except OSError:
             pass  # the lines are in this report itself
-    extra = ab_blocks(results, backends, out_dir) if ab and len(backends) > 1 else []
+    extra = ab_blocks(results, backends, out_dir, rows, ab) if ab and len(backends) > 1 else []
     try:
         chart_path = plot_comparison(rows, backends, out_dir / "chart.png") if chart else None
     except OSError as err:
@@ -295,15 +295,20 @@ def write_report(results: list[RunResult], backends: list[str], out_dir: Path, *
     return judge_runs(outcome, results)
 
 
-def ab_blocks(results: list[RunResult], backends: list[str], out_dir: Path) -> list:
+def ab_blocks(results: list[RunResult], backends: list[str], out_dir: Path, rows=(), ab: bool | float = True) -> list:
     """Each recipe's A/B of ``backends[0]`` against ``backends[1]`` (xfw.report.ab) as a paragraph;
-    written to ab.json beside the report (a program reads the verdicts there)."""
-    from xfw.report.ab import ab_from_results
+    written to ab.json beside the report (a program reads the verdicts there). ``ab``: True, or the
+    ``--margin`` (a float); each row's contrast cell is set from the same decision (``ab_cell``)."""
+    from xfw.report.ab import MARGIN, ab_from_results
     from xfw.report.table import Paragraph
 
+    margin = MARGIN if ab is True else float(ab)
     verdicts, blocks = [], []
     for recipe in dict.fromkeys(r.recipe for r in results):
-        found = ab_from_results([r for r in results if r.recipe == recipe], backends[0], backends[1])
+        found = ab_from_results([r for r in results if r.recipe == recipe], backends[0], backends[1], margin=margin)
+        for row in rows:
+            if row.recipe == recipe:
+                row.ab_cell = found.cell()
         verdicts.append({"recipe": recipe, **found.to_dict(), "text": found.text()})
         blocks.append(Paragraph(f"**{recipe}: {found.text()}**"))
     try:

@@ -1,110 +1,166 @@
 """``xfw bisect``: from a change between two builds to the first build that has it (:mod:`xfw.run.bisect`,
-docs/builds.md). Each decision is an ``xfw compare --ab`` of one build against the good one
-(:func:`xfw.workflow.running.compare`); the decisions are kept in ``bisect.json`` as they are made.
+docs/builds.md). Each look is an ``xfw compare --ab`` of one build against the good and the bad build
+(:func:`xfw.workflow.running.compare`) in ``OUT/ab-<build>/look-<k>``; every pair's log ratio is kept in
+``bisect.json`` as it is measured, so a killed bisect resumes where it stopped.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 from pathlib import Path
 
-from xfw.contract.atomic import UnreadableFile, read_json_object, write_json_atomic
-from xfw.report.readback import AB, read_checked
+from xfw.contract.atomic import UnreadableFile, write_json_atomic
+from xfw.report.readback import Maybe, read_checked
 from xfw.run import launcher
 from xfw.workflow.base import (Log, Outcome, UsageError, guarded, load_all, prepare_backends, refuse_commands, silent,
                                write_page)
 from xfw.workflow.running import compare
 
+_BUILD_KEY = {"name": str, "version": str, "wheel": str, "wheel_sha256": str, "python": str, "python_sha256": str}
+BISECT = {"schema": int, "key": {"recipe": str, "builds": [_BUILD_KEY], "good": str, "bad": str,
+                                 "overrides": [str], "recipe_name": str, "margin": float, "start": int,
+                                 "max_pairs": int},
+          "batches": {str: [{str: [float]}]}, "skipped": {str: str}, "result?": Maybe({str: object})}
+"""``bisect.json`` as :func:`bisect` writes it: the key resume matches, every look's log ratios per
+judgement (``build|reference,reference``), the skipped builds' reasons, and the result."""
+
+
+def _sha256(path: str) -> str:
+    if not path:
+        return ""
+    try:
+        with open(Path(path).resolve(), "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return "unreadable"
+
+
+def build_key(build) -> dict:
+    """What a label points at, for resume: its version, its wheel and interpreter with their content hashes
+    (issue 41 item 10: pointing a label at another interpreter is another build)."""
+    return {"name": build.name, "version": build.version, "wheel": build.wheel, "wheel_sha256": _sha256(build.wheel),
+            "python": build.python, "python_sha256": _sha256(build.python)}
+
+
+def check_pairs(repeat: str | int, max_pairs: int | None, margin: float) -> tuple[int, int, float]:
+    """``--repeat N|auto``, ``--max-pairs``, ``--margin`` checked before anything launches: (start, budget, margin)."""
+    from xfw.report.ab import MIN_PAIRS
+    from xfw.report.decision import check_margin
+
+    try:
+        margin = check_margin(margin)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if str(repeat) == "auto":
+        if max_pairs is None:
+            raise UsageError("--repeat auto: needs a budget, --max-pairs N (e.g. --max-pairs 12)")
+        if max_pairs < MIN_PAIRS:
+            raise UsageError(f"--max-pairs {max_pairs}: below the {MIN_PAIRS} pairs --repeat auto starts with")
+        return MIN_PAIRS, max_pairs, margin
+    try:
+        start = int(repeat)
+    except ValueError:
+        raise UsageError(f"--repeat {repeat!r}: a number of pairs (at least {MIN_PAIRS}) or auto") from None
+    if start < MIN_PAIRS:
+        raise UsageError(f"--repeat {start}: an A/B needs at least {MIN_PAIRS} pairs")
+    if max_pairs is not None and max_pairs < start:
+        raise UsageError(f"--max-pairs {max_pairs}: below --repeat {start} (the pairs it starts with)")
+    return start, max_pairs if max_pairs is not None else start, margin
+
 
 def bisect(recipe_path: str, builds_path: str, *, good: str, bad: str, overrides: list[str],
-           repeat: int = 5, out_dir: Path | None = None, force: bool = False,
+           repeat: int | str = 5, max_pairs: int | None = None, margin: float | None = None,
+           out_dir: Path | None = None, force: bool = False,
            progress: launcher.Progress | None = None, log: Log = silent) -> Outcome:
-    """``xfw bisect`` (:mod:`xfw.run.bisect`): A/B each chosen build against the good one until the first
-    build with the bad build's change is found; bisect.json/.md/.csv/.html; resumable. Exit 0 when the
-    search ended (found, or nothing to find), 1 when skipped builds left it undecided."""
-    from xfw.report.ab import MIN_PAIRS
+    """``xfw bisect`` (:mod:`xfw.run.bisect`): judge builds against both ends until an adjacent pair is
+    decided and confirmed, or say which range it could not split; bisect.json/.md/.csv/.html; resumable.
+    Exit 0 when the search ended decided (found, or the same within the margin), 1 when undecided."""
+    from xfw.recipe import load_recipe  # noqa: F401  (the recipe is loaded through load_all)
+    from xfw.report.ab import MARGIN, pairs_from_results
     from xfw.report.bisect import bisect_page
+    from xfw.report.results import RunResult
     from xfw.run import bisect as bs
-    from xfw.recipe import load_recipe
 
+    start, budget, margin = check_pairs(repeat, max_pairs, MARGIN if margin is None else margin)
     try:
         builds = bs.read_builds(builds_path)
         lo, hi = bs.check_ends(builds, good, bad)
     except bs.BisectError as err:
         raise UsageError(str(err)) from None
-    if repeat < MIN_PAIRS:
-        raise UsageError(f"--repeat {repeat}: an A/B needs at least {MIN_PAIRS} pairs")
-    extra = [*overrides, f"measure.repeat={repeat}"]
-    (recipe,) = load_all([recipe_path], extra)  # every problem of the recipe before anything is built
+    plan = bs.Plan(start=start, max_pairs=budget, step=3, margin=margin)
+    (recipe,) = load_all([recipe_path], [*overrides, f"measure.repeat={start}"])  # every problem before any build
     refuse_commands(recipe, [good], "a bisect runs builds of xfw's own adapters")
-    by_name = {b.name: b for b in builds.builds}
     interpreters = {b.name: b.python or b.wheel for b in builds.builds if b.python or b.wheel}
     prepare_backends([good], {k: v for k, v in interpreters.items() if k == good}, [recipe], log)  # or nothing to judge against
     out_dir = out_dir or Path("runs") / f"bisect-{recipe.name}"
     state_path = out_dir / "bisect.json"
-    key = {"recipe": str(Path(recipe_path).resolve()), "builds": builds.names, "good": good, "bad": bad,
-           "overrides": extra, "recipe_name": recipe.name}
+    key = {"recipe": str(Path(recipe_path).resolve()), "builds": [build_key(b) for b in builds.builds], "good": good,
+           "bad": bad, "overrides": list(overrides), "recipe_name": recipe.name, "margin": margin, "start": start,
+           "max_pairs": budget}
     with guarded(out_dir):
         try:
-            state = {} if force else read_json_object(state_path)
+            state = {} if force else read_checked(state_path, BISECT, hint="damaged or edited by hand? give --force "
+                                                                         "to start this bisect again")
         except UnreadableFile as err:
-            raise UsageError(f"{err} (give --force to start this bisect again)") from None
+            raise UsageError(f"{str(err).splitlines()[0]}" + ("" if "--force" in str(err) else
+                                                              " (give --force to start this bisect again)")) from None
         if state and state.get("key") != key:
-            raise UsageError(f"{state_path}: holds a bisect of other builds or settings; give another --out, or "
-                             "--force to replace it")
-        done = {d["build"]: bs.Decision(**d) for d in state.get("decisions", [])}
-        decisions: list[dict] = list(state.get("decisions", []))
+            raise UsageError(f"{state_path}: holds a bisect of other builds or settings (a label pointing elsewhere "
+                             "counts); give another --out, or --force to replace it")
+        batches: dict = dict(state.get("batches", {}))
+        skipped: dict = dict(state.get("skipped", {}))
 
-        def decide(name: str, position: int) -> bs.Decision:
-            if name in done:
-                log(f"bisect: {name}: decided before ({done[name].verdict}), kept")
-                return done[name]
-            step_dir = out_dir / f"ab-{name}"
-            decision = bs.Decision(build=name, position=position, verdict="skipped", directory=str(step_dir))
-            try:
-                outcome = compare([recipe_path], [name, good], overrides=extra, interpreters={
-                    k: v for k, v in interpreters.items() if k in (name, good)}, out_dir=step_dir, force=True,
-                    progress=progress, log=log, ab=True)
-            except UsageError as err:  # it did not build or import: recorded, skipped (the good one did, above)
-                decision.reason = str(err).splitlines()[0][:300]
-                log(f"bisect: {name}: skipped ({decision.reason})")
-            else:
-                decision = _decision(step_dir, name, position, good, outcome, decision)
-            decisions.append({k: v for k, v in vars(decision).items() if k != "has_change"})
-            write_json_atomic(state_path, {"schema": 1, "key": key, "decisions": decisions})
-            return decision
+        def save(result=None) -> None:
+            write_json_atomic(state_path, {"schema": 2, "key": key, "batches": batches, "skipped": skipped,
+                                           **({"result": result} if result else {})})
 
-        result = bs.search(builds.names, good, bad, decide, log)
+        def measure(name: str, references: tuple, look: int) -> dict:
+            tag = f"{name}|{','.join(references)}"
+            if name in skipped:
+                raise bs.Skipped(skipped[name])
+            looks = batches.setdefault(tag, [])
+            while len(looks) < look:
+                k = len(looks) + 1
+                pairs = start if k == 1 else plan.step
+                refs = list(references[k % len(references):]) + list(references[:k % len(references)])
+                step_dir = out_dir / f"ab-{name}" / (f"vs-{references[0]}" if len(references) == 1 else "") / f"look-{k}"
+                log(f"bisect: {name}: look {k}: {pairs} more alternated pairs against {', '.join(references)} "
+                    f"(pair {sum(len(next(iter(b.values()))) for b in looks) + pairs} of at most {budget})")
+                try:
+                    compare([recipe_path], [name, *refs], overrides=[*overrides, f"measure.repeat={pairs}"],
+                            interpreters={n: v for n, v in interpreters.items() if n in (name, *references)},
+                            out_dir=step_dir, force=True, progress=progress, log=log, ab=margin)
+                except UsageError as err:  # it did not build or import: recorded, skipped (the good one did, above)
+                    skipped[name] = str(err).splitlines()[0][:300]
+                    save()
+                    raise bs.Skipped(skipped[name]) from None
+                results = []
+                for summary in sorted(step_dir.glob("*/*/summary.json")):
+                    try:
+                        results.append(RunResult.load(summary.parent))
+                    except (UnreadableFile, ValueError, KeyError, TypeError):
+                        continue
+                batch = {}
+                for ref in references:
+                    found, failed = pairs_from_results(results, name, ref)
+                    if failed.get(ref) and not found and ref == good:
+                        raise UsageError(f"bisect: the good build {good} itself did not run in {step_dir}; nothing "
+                                         "can be judged against it")
+                    batch[ref] = [math.log(a / b) for a, b in found]
+                if not all(batch.values()):
+                    skipped[name] = f"no successful pair in {step_dir} (every run of {name} failed: see its status)"
+                    save()
+                    raise bs.Skipped(skipped[name])
+                looks.append(batch)
+                save()
+            return {ref: [x for b in looks[:look] for x in b[ref]] for ref in references}
+
+        result = bs.search(builds.names, good, bad, measure, plan, log)
         planted = [n for n in builds.names[lo:hi + 1] if "planted" in n]
         page = bisect_page(result, recipe.name, planted)
         outcome = write_page(page, out_dir, stem="bisect")
-        write_json_atomic(state_path, {"schema": 1, "key": key, "decisions": decisions, "result": result.to_dict()})
+        save(result.to_dict())
         outcome.paths["json"] = state_path
-    outcome.exit_code = outcome.exit_code or (1 if result.outcome == "undecided" else 0)
+    outcome.exit_code = outcome.exit_code or (0 if result.outcome in ("found", "same") else 1)
     return outcome
-
-
-def _decision(step_dir: Path, name: str, position: int, good: str, outcome: Outcome, decision) -> object:
-    """One A/B's verdict from its directory (ab.json), or the reason its build was skipped."""
-    from xfw.report.results import RunResult
-
-    try:
-        verdict = read_checked(step_dir / "ab.json", AB).get("verdicts", [{}])[0]  # typed: xfw.report.readback
-    except (UnreadableFile, IndexError):
-        verdict = {}
-    if verdict.get("verdict") in ("slower", "faster", "no change"):
-        for key in ("verdict", "ratio", "low", "high", "p_value", "detectable", "pairs"):
-            setattr(decision, key, verdict[key])
-        return decision
-    failed = []
-    for summary in sorted(step_dir.glob("*/*/summary.json")):
-        try:
-            run = RunResult.load(summary.parent)
-        except (UnreadableFile, ValueError, KeyError, TypeError):
-            continue
-        if not run.ok:
-            failed.append(f"{run.backend} {run.status}: {run.reason}")
-    if any(f.startswith(f"{good} ") for f in failed):
-        raise UsageError(f"bisect: the good build {good} itself did not run ({failed[0][:200]}); nothing can be "
-                         "judged against it")
-    decision.reason = (failed[0] if failed else f"no verdict from {verdict.get('pairs', 0)} pairs")[:300]
-    return decision
