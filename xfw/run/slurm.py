@@ -95,10 +95,11 @@ def check_jobs(options: SlurmOptions, partition: dict, recipes: list) -> None:
 
 
 def sbatch_argv(options: SlurmOptions, recipe, label: str, run_dir: Path) -> list[str]:
-    """The sbatch command line of one job (pure: unit-tested)."""
+    """The sbatch command line of one job (pure: unit-tested). ``--no-requeue``: a job whose node failed is
+    recorded as such, never silently run again over its own run directory (the same command resubmits it)."""
     minutes = options.time_min or math.ceil((recipe.measure.timeout_s + START_MARGIN_S) / 60)
     argv = ["sbatch", "--parsable", f"--job-name=xfw:{label}"[:120], f"--time={minutes}",
-            f"--nodes={recipe.parallel.nnodes}", "--ntasks-per-node=1", f"--output={run_dir}/slurm-%j.out",
+            f"--nodes={recipe.parallel.nnodes}", "--ntasks-per-node=1", "--no-requeue", f"--output={run_dir}/slurm-%j.out",
             f"--chdir={launcher.PROJECT_ROOT}"]
     argv += [f"--{key}={value}" for key, value in (("partition", options.partition), ("account", options.account),
                                                    ("qos", options.qos), ("gpus-per-node", options.gpus_per_node),
@@ -138,13 +139,16 @@ class SlurmExecutor:
 
     name = "slurm"
 
-    def __init__(self, options: SlurmOptions):
+    def __init__(self, options: SlurmOptions, log: Callable[[str], None] | None = None):
         self.options = options
         self.partition = check_cluster(options)
+        self.log = log
+        """Where the jobs' states go; None: the log each run_jobs call passes (compare passes a silent one)."""
 
     def run(self, jobs: list, backends: dict, *, rendezvous, log: Callable[[str], None],
             on_result: Callable | None) -> list[RunResult]:
         check_jobs(self.options, self.partition, [job.recipe for job in jobs])
+        log = self.log or log
         live = _queue([recorded_job(job.run_dir).get("job_id", "") for job in jobs
                        if recorded_job(job.run_dir).get("job_id")])
         waiting, queued, results = list(range(len(jobs))), {}, {}

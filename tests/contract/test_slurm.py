@@ -1,0 +1,172 @@
+"""xfw under a real Slurm 22.05 (scripts/setup_slurm.sh: slurmctld and two slurmd on loopback, n1 and n2):
+jobs are submitted through the real sbatch/squeue/scancel, no mocked scheduler. A two-job compare, a
+two-node recipe, the tiny nightly, a job scancelled mid-run, a slurmd killed under a running job, and
+xfw killed and rerun (it attaches; nothing runs twice)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, require_interpreter
+
+pytestmark = pytest.mark.contract
+SETUP = ROOT / "scripts" / "setup_slurm.sh"
+SLURM_DIR = Path(os.environ.get("XFW_SLURM_DIR", "/var/lib/xfw-slurm"))
+SHORT = ["--set", "measure.warmup_steps=1", "--set", "measure.steps=3"]
+LONG = ["--set", "measure.warmup_steps=1", "--set", "measure.steps=5000", "--set", "measure.timeout_s=300"]
+
+
+def _nodes_up() -> bool:
+    done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True)
+    return done.returncode == 0 and sum(line.split()[1] in ("idle", "mix", "alloc")
+                                        for line in done.stdout.splitlines()) >= 2
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The loopback cluster, started (scripts/setup_slurm.sh) when it is not up."""
+    if shutil.which("sinfo") is None or not _nodes_up():
+        if os.geteuid() != 0:
+            pytest.skip("no Slurm cluster up and not root: run scripts/setup_slurm.sh as root (make test does)")
+        subprocess.run([str(SETUP)], check=True, timeout=600)
+    assert _nodes_up()
+    require_interpreter("torch")
+    yield
+    subprocess.run([str(SETUP)], check=True, timeout=120)  # a node a test took down comes back
+
+
+def xfw(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xfw.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start_xfw(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "xfw.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def slurm_record(run_dir: Path) -> dict:
+    return json.loads((run_dir / "slurm.json").read_text())
+
+
+def wait_running(run_dir: Path, steps: int = 3, timeout: float = 120) -> str:
+    """The job id once its run has written ``steps`` step records."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = run_dir / "steps.jsonl"
+        if (run_dir / "slurm.json").exists() and records.exists() and records.read_text().count('"step"') >= steps:
+            return slurm_record(run_dir)["job_id"]
+        time.sleep(0.5)
+    raise AssertionError(f"no running job in {run_dir}")
+
+
+def test_a_two_job_compare_runs_as_slurm_jobs_and_records_job_and_node(cluster, tmp_path):
+    out = tmp_path / "cmp"
+    done = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", "--repeat", "2", *SHORT, "--out",
+               str(out), "--executor", "slurm", "--partition", "debug")
+    assert done.returncode == 0, done.stderr[-4000:]
+    runs = sorted((out / "tiny-llava-sft").glob("torch-r*"))
+    assert len(runs) == 2
+    ids = set()
+    for run in runs:
+        record, env = slurm_record(run), json.loads((run / "env.json").read_text())
+        summary = json.loads((run / "summary.json").read_text())
+        assert record["state"] == "COMPLETED" and summary["status"] == "ok"
+        assert env["slurm"]["job_id"] == record["job_id"] and env["slurm"]["node"] in ("n1", "n2")
+        assert (run / f"slurm-{record['job_id']}.out").exists()
+        ids.add(record["job_id"])
+    assert len(ids) == 2
+    assert "Slurm job" in done.stderr and (out / "report.md").exists()
+
+
+def test_bad_slurm_input_is_one_line_exit_2_and_nothing_submitted(cluster, tmp_path):
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    for extra, key in ((["--partition", "no-such-partition"], "--partition"),
+                       (["--time", "1", "--set", "measure.timeout_s=600"], "--time"),
+                       (["--set", "parallel.nnodes=3", "--set", "batch.global=12", "--master-port", "29123"],
+                        "--partition")):
+        done = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", "--out", str(tmp_path / "bad"),
+                   "--executor", "slurm", *extra)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines()[-1].startswith(f"error: {key}"), done.stderr
+    no_slurm = tmp_path / "bin"
+    no_slurm.mkdir()
+    done = subprocess.run([sys.executable, "-m", "xfw.cli", "compare", "recipes/tiny/llava_sft.yaml", "--out",
+                           str(tmp_path / "bad"), "--executor", "slurm"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PATH": str(no_slurm)})
+    assert done.returncode == 2 and "--executor slurm: no sbatch" in done.stderr
+    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+
+
+def test_a_two_node_recipe_is_one_job_on_both_nodes_assembled(cluster, tmp_path):
+    out = tmp_path / "mn"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", *SHORT, "--set", "parallel.nnodes=2",
+               "--master-port", str(port), "--out", str(out), "--executor", "slurm")
+    assert done.returncode == 0, done.stderr[-4000:]
+    parts = [out / "tiny-llava-sft" / "torch" / f"node-{k}" for k in (0, 1)]
+    nodes = {json.loads((p / "env.json").read_text())["slurm"]["node"] for p in parts}
+    assert nodes == {"n1", "n2"}
+    assert len({json.loads((p / "env.json").read_text())["slurm"]["job_id"] for p in parts}) == 1
+    assert "2 processes" in done.stdout
+
+
+def test_a_scancelled_job_is_cut_off_with_slurms_reason(cluster, tmp_path):
+    out = tmp_path / "cancel"
+    proc = start_xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", *LONG, "--out", str(out),
+                     "--executor", "slurm")
+    run = out / "tiny-llava-sft" / "torch"
+    job_id = wait_running(run)
+    subprocess.run(["scancel", job_id], check=True)
+    output = proc.communicate(timeout=120)[0]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "crashed" and "cut off" in summary["reason"] and "CANCELLED" in summary["reason"], output
+    assert slurm_record(run)["state"] == "CANCELLED"
+
+
+def test_a_slurmd_killed_under_its_job_is_recorded_as_node_failed(cluster, tmp_path):
+    out = tmp_path / "nodefail"
+    proc = start_xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", *LONG, "--out", str(out),
+                     "--executor", "slurm")
+    run = out / "tiny-llava-sft" / "torch"
+    wait_running(run)
+    node = json.loads((run / "env.json").read_text())["slurm"]["node"]
+    os.kill(int((SLURM_DIR / "run" / f"slurmd-{node}.pid").read_text()), signal.SIGKILL)
+    try:
+        output = proc.communicate(timeout=200)[0]
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "crashed" and summary["reason"].startswith("node failed"), output
+        assert slurm_record(run)["state"] == "NODE_FAIL"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run([str(SETUP)], check=True, timeout=120)  # the node back (slurmd restarted, RESUME)
+
+
+def test_xfw_killed_and_rerun_attaches_to_its_job_and_runs_nothing_twice(cluster, tmp_path):
+    out = tmp_path / "attach"
+    args = ("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", "--set", "measure.warmup_steps=1",
+            "--set", "measure.steps=150", "--out", str(out), "--executor", "slurm")
+    proc = start_xfw(*args)
+    run = out / "tiny-llava-sft" / "torch"
+    job_id = wait_running(run)
+    proc.kill()  # SIGKILL: no chance to cancel; the job runs on
+    proc.communicate()
+    done = xfw(*args)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"attached to Slurm job {job_id}" in done.stderr
+    assert slurm_record(run)["job_id"] == job_id and slurm_record(run)["state"] == "COMPLETED"
+    assert [p.name for p in run.glob("slurm-*.out")] == [f"slurm-{job_id}.out"]
+    assert json.loads((run / "summary.json").read_text())["status"] == "ok"
