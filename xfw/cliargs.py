@@ -170,7 +170,7 @@ def _executor():
         partition=chosen.get("partition"), account=chosen.get("account"), qos=chosen.get("qos"),
         time_min=chosen.get("time_min"), gpus_per_node=chosen.get("gpus_per_node"),
         cpus_per_task=chosen.get("cpus_per_task"), exclusive=chosen.get("exclusive", True),
-        sbatch_args=tuple(chosen.get("sbatch_args", ())), max_queued=chosen.get("max_queued") or 64))
+        sbatch_args=tuple(chosen.get("sbatch_args", ())), max_queued=chosen.get("max_queued") or 64), log=_log)
 
 
 def executor_options(fn):
