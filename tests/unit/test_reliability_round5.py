@@ -358,20 +358,20 @@ def make_wheel(folder: Path, file_dist: str, meta_name: str) -> Path:
 
 
 def test_34_a_wheel_of_another_distribution_is_refused_naming_both(tmp_path):
-    from xfw.run import instances
+    from xfw.run.buildcheck import wheel_problem
 
-    assert instances.wheel_problem(str(make_wheel(tmp_path, "torch", "torch")), "torch") is None
-    assert instances.wheel_problem(str(make_wheel(tmp_path, "paddlepaddle_gpu", "paddlepaddle-gpu")),
+    assert wheel_problem(str(make_wheel(tmp_path, "torch", "torch")), "torch") is None
+    assert wheel_problem(str(make_wheel(tmp_path, "paddlepaddle_gpu", "paddlepaddle-gpu")),
                                    "paddlepaddle") is None
-    problem = instances.wheel_problem(str(make_wheel(tmp_path, "tinything", "tinything")), "torch")
+    problem = wheel_problem(str(make_wheel(tmp_path, "tinything", "tinything")), "torch")
     assert "the wheel of 'tinything', not of torch" in problem
-    problem = instances.wheel_problem(str(make_wheel(tmp_path, "torchvision", "torchvision")), "torch")
+    problem = wheel_problem(str(make_wheel(tmp_path, "torchvision", "torchvision")), "torch")
     assert "not of torch" in problem  # a name that merely starts like it is not it
     lying = make_wheel(tmp_path, "torch", "tinything")
-    assert "not of torch" in instances.wheel_problem(str(lying), "torch")
+    assert "not of torch" in wheel_problem(str(lying), "torch")
     junk = tmp_path / "torch-1.0-py3-none-any.whl"
     junk.write_bytes(b"not a zip")
-    assert "cannot be read as a wheel" in instances.wheel_problem(str(junk), "torch")
+    assert "cannot be read as a wheel" in wheel_problem(str(junk), "torch")
 
 
 def test_34_an_unrelated_wheel_never_starts_a_build(tmp_path):
@@ -435,7 +435,7 @@ def test_36_a_suite_converge_entry_has_the_same_bounds():
 # --- 37: an uninstallable version names what was asked and what exists --------------------------------
 
 def test_37_pips_useful_line_is_shown_not_its_help_pointer():
-    from xfw.run.instances import _pip_error
+    from xfw.run.buildcheck import pip_error as _pip_error
 
     versions = ", ".join(f"2.{i}.0" for i in range(20))
     lines = ["Collecting torch==9.9.9\n",

@@ -33,6 +33,8 @@ from typing import Callable
 
 from xfw.contract.atomic import write_json_atomic
 from xfw.recipe.names import MAX_NAME_CHARS
+from xfw.run.buildcheck import WHEEL_NAME, pip_error, wheel_problem
+from xfw.run.task import TaskTimeout, run_task
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BUILDS_DIR = Path(".venv") / "builds"
@@ -46,7 +48,6 @@ PIP_TIMEOUT_S = 1800
 _ADAPTER = re.compile(r"[a-z][a-z0-9_]*")
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 _VERSION = re.compile(r"\d+(\.\d+)*([a-z]+\d*)?(\.post\d+)?(\.dev\d+)?(\+[A-Za-z0-9.]+)?")
-_WHEEL = re.compile(r"(?P<dist>[A-Za-z0-9_.]+)-(?P<version>[^-]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl")
 
 
 class InstanceError(ValueError):
@@ -100,7 +101,7 @@ def parse(text: str, *, flag: str = "--backends") -> Instance:
     label, eq, path = rest.partition("=")
     if not eq and label.endswith(".whl"):  # paddle@/w/paddlepaddle-3.2.0-...whl: named by the wheel's version
         wheel = _wheel_path(label, text, flag)
-        label = _WHEEL.fullmatch(wheel.name).group("version")
+        label = WHEEL_NAME.fullmatch(wheel.name).group("version")
         _check_length(head, label, text, flag)
         return Instance(name=f"{head}@{label}", adapter=head, label=label, wheel=str(wheel))
     _check_length(head, label, text, flag)
@@ -137,7 +138,7 @@ def _check_length(head: str, label: str, text: str, flag: str) -> None:
 
 def _wheel_path(path: str, text: str, flag: str) -> Path:
     wheel = Path(path).expanduser()
-    if not _WHEEL.fullmatch(wheel.name):
+    if not WHEEL_NAME.fullmatch(wheel.name):
         raise InstanceError(f"{flag} {text!r}: {wheel.name!r} is not a wheel file name (DIST-VERSION-...-PLATFORM.whl)")
     if not wheel.is_file():
         raise InstanceError(f"{flag} {text!r}: no such wheel file {path}")
@@ -217,37 +218,6 @@ def requirements_for(instance: Instance, root: Path = PROJECT_ROOT) -> tuple[str
     return "\n".join(lines) + "\n", package, lines[marked[0]]
 
 
-def _normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def wheel_problem(wheel: str, package: str) -> str | None:
-    """Why the wheel file cannot stand for the adapter's framework ``package`` (its pinned distribution,
-    ``torch``, ``paddlepaddle``), or None: the name in its own metadata (``*.dist-info/METADATA``,
-    ``Name:``) must be that distribution or a variant of it (``paddlepaddle-gpu``), and the file name
-    must say the same. A wheel of anything else would be measured as that framework."""
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(wheel) as archive:
-            metadata = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
-            if len(metadata) != 1:
-                return f"{wheel} holds {len(metadata)} .dist-info/METADATA files (a wheel has one); not a wheel"
-            with archive.open(metadata[0]) as f:
-                head = f.read(1 << 20).decode("utf-8", "replace")
-    except (OSError, zipfile.BadZipFile, ValueError) as err:
-        return f"{wheel} cannot be read as a wheel ({err})"
-    name = next((line.partition(":")[2].strip() for line in head.splitlines() if line.lower().startswith("name:")), "")
-    want = _normal(package)
-    if not name or not (_normal(name) == want or _normal(name).startswith(f"{want}-")):
-        return (f"{wheel} is the wheel of {name or 'no named distribution'!r}, not of {package} (the framework "
-                "this adapter pins); give a wheel of the framework")
-    file_dist = _WHEEL.fullmatch(Path(wheel).name)
-    if file_dist and _normal(file_dist.group("dist")) != _normal(name):
-        return f"{wheel}: the file name says {file_dist.group('dist')!r}, its metadata {name!r}"
-    return None
-
-
 def _sha256(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -260,23 +230,6 @@ def _want(instance: Instance, requirements: str) -> str:
     """What a built environment must have been built from to be reused (the requirements, the wheel's bytes)."""
     key = requirements + (_sha256(instance.wheel) if instance.wheel else "")
     return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
-def _pip_error(lines: list[str]) -> str:
-    """pip's one line that says why, not its log: of its ERROR lines, the one that names what exists
-    (``Could not find a version that satisfies the requirement torch==9.9.9 (from versions: ...)``, its
-    list cut to the newest), else the first that is not a pointer to pip's help (``ResolutionImpossible:
-    for help visit ...``)."""
-    errors = [line.strip() for line in lines if line.startswith("ERROR:")]
-    told = [e for e in errors if "for help visit" not in e and "ResolutionImpossible" not in e]
-    found = next((e for e in told if "(from versions:" in e), None)
-    if found:
-        head, _, versions = found.partition("(from versions:")
-        names = [v.strip() for v in versions.rstrip(")").split(",") if v.strip()]
-        shown = ", ".join(names[-12:]) if names else "none"
-        return f"{head.strip()} (versions that exist here: {'..., ' if len(names) > 12 else ''}{shown})"[:400]
-    return (told[0] if told else errors[-1] if errors else
-            (lines[-1].strip() if lines else "pip printed nothing"))[:300]
 
 
 def _framework_hash(report: Path, package: str) -> str | None:
@@ -380,7 +333,7 @@ def _build(instance: Instance, base: Path, requirements: str, scratch: Path, log
 
     code, _ = _step(instance, cmd, PIP_TIMEOUT_S, "pip install", on_line=seen)
     if code != 0:
-        raise InstanceError(f"{instance.name}: pip could not install {instance.source}: {_pip_error(lines)}")
+        raise InstanceError(f"{instance.name}: pip could not install {instance.source}: {pip_error(lines)}")
 
 
 def _describe(python: Path, instance: Instance) -> dict:
