@@ -168,7 +168,7 @@ def invoke(*args):
 
 def one_line_error(result) -> str:
     assert result.exit_code == 2, result.output
-    lines = result.output.strip().splitlines()
+    lines = [line for line in result.output.strip().splitlines() if not line.startswith("data: ")]  # preparing
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output, result.output
     return lines[0]
 
@@ -485,3 +485,19 @@ def test_fuzz_39_a_path_without_whitespace_survives_any_comment(path, comment):
     comment = comment.replace("\n", " ").replace("\r", " ")
     line = f"paddle@x=/{path}"
     assert strip_comment(f"{line} #{comment}") == line.strip() and strip_comment(line) == line.strip()
+
+
+def test_33_a_build_step_that_fails_or_hangs_is_one_line_and_leaves_nothing(tmp_path):
+    import sys
+
+    from xfw.run import instances
+
+    inst = instances.parse("torch@2.0.0")
+    with pytest.raises(instances.InstanceError, match=r"torch@2.0.0: creating its virtual environment failed \(exit 3"):
+        instances._step(inst, [sys.executable, "-c", "import sys; sys.exit(3)"], 10, "creating its virtual environment")
+    pid_file = tmp_path / "child"
+    with pytest.raises(instances.InstanceError, match="pip install: .* took over 2 s") as err:
+        instances._step(inst, [sys.executable, "-c", SPAWNER, str(pid_file)], 2, "pip install", on_line=print)
+    assert "\n" not in str(err.value) and _gone(int(pid_file.read_text()), 5)
+    with pytest.raises(instances.InstanceError, match="cannot start"):
+        instances._build(inst, tmp_path / "no-python", "", tmp_path / "scratch", print)
