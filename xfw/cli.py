@@ -115,9 +115,12 @@ def run(recipe, backend, overrides, comparison, repeat, pythons, out_dir, node_r
               help="A/B the contrast's two backends: run them alternately (A B B A ...) --repeat N times and give "
                    "their ratio with a 95% interval, the smallest change N pairs could detect and a verdict "
                    "(paired t-test on log ratios; docs/builds.md).")
+@click.option("--margin", default="0.05", show_default=True, metavar="DELTA",
+              help="With --ab: a relative ips margin; builds within ±DELTA (0.05 = 5%) count as the same "
+                   "(docs/builds.md says why 5%).")
 @executor_options
 def compare(recipes, backends, overrides, comparison, repeat, pythons, out_dir, node_rank, master_addr, master_port,
-            parity_dirs, force, explain, contrast, ab) -> None:
+            parity_dirs, force, explain, contrast, ab, margin) -> None:
     """Run recipes on several backends, one at a time, and print the contrast table. The settings
     section shows each recipe's parity status: the newest parity.json with the same recipe
     fingerprint in --parity DIR, in --out (or one level below) or in runs/parity-<recipe>."""
@@ -125,7 +128,8 @@ def compare(recipes, backends, overrides, comparison, repeat, pythons, out_dir, 
         list(recipes), _backend_names(backends), overrides=_with_repeat(overrides, repeat, comparison),
         interpreters=_interpreters(pythons, backends), out_dir=out_dir,
         rendezvous=launcher.Rendezvous(node_rank, master_addr, master_port), parity_dirs=list(parity_dirs),
-        force=force, progress=_progress(), log=_log, explain=explain, ab=ab, contrast=contrast))
+        force=force, progress=_progress(), log=_log, explain=explain, ab=ab and workflow.ab_margin(margin),
+        contrast=contrast))
 
 
 @main.command(name="explain")

@@ -69,6 +69,16 @@ def check_pairs(repeat: str | int, max_pairs: int | None, margin: float) -> tupl
     return start, max_pairs if max_pairs is not None else start, margin
 
 
+def ab_margin(margin) -> float:
+    """``compare --ab --margin``: the margin checked (one line, exit 2, before anything launches)."""
+    from xfw.report.decision import check_margin
+
+    try:
+        return check_margin(margin)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
 def bisect(recipe_path: str, builds_path: str, *, good: str, bad: str, overrides: list[str],
            repeat: int | str = 5, max_pairs: int | None = None, margin: float | None = None,
            out_dir: Path | None = None, force: bool = False,

@@ -144,11 +144,12 @@ def compare(recipe_paths: list[str], backend_names: list[str], *, overrides: lis
         outcome = write_report(results, backend_names, out_dir, parity=parity, warnings=unchecked, ab=ab)
         outcome.notes += notes
         outcome = explained(outcome, results, backend_names, backends, out_dir, log) if explain else outcome
-        outcome.notes.append(next_step(recipe_paths, results, out_dir, outcome))
+        outcome.notes.append(next_step(recipe_paths, results, out_dir, outcome, ab=bool(ab)))
         return outcome
 
 
-def next_step(recipe_paths: list[str], results: list[RunResult], out_dir: Path, outcome: Outcome) -> str:
+def next_step(recipe_paths: list[str], results: list[RunResult], out_dir: Path, outcome: Outcome,
+              ab: bool = False) -> str:
     """The last line a compare prints: where to read the report, and the one command that makes its
     numbers more trustworthy (the spread, where there was one run; else the losses, where parity was not run)."""
     page = outcome.paths.get("html")
@@ -156,6 +157,9 @@ def next_step(recipe_paths: list[str], results: list[RunResult], out_dir: Path, 
     repeated = any(r.repeat_index for r in results)
     more = ("the same command with `--repeat 3` gives every figure its spread (this was one run each)"
             if not repeated else f"`xfw parity {recipe}` checks both sides train the same model")
+    if ab:  # two builds of one framework: parity across frameworks does not apply (issue 42)
+        more = (f"an undecided A/B needs the pairs its verdict names (--repeat N); a change between two builds is "
+                f"narrowed down by `xfw bisect {recipe} --builds FILE --good OLD --bad NEW` (docs/builds.md)")
     return f"next: open {page or out_dir} in a browser; {more}; `xfw report {shlex.quote(str(out_dir))}` renders these runs again."
 
 
