@@ -31,7 +31,7 @@ from xfw.report.results import RunResult
 from xfw.report.trust import MIN_WINDOW_S, TARGET_WINDOW_S
 from xfw.run import jobs, launcher
 from xfw.run import parity as par
-from xfw.recipe import Recipe, load_recipe
+from xfw.recipe import Recipe, RecipeError, load_recipe
 from xfw.recipe.spec import resolve_spec
 
 PRECISION_MECHANISMS = ("mechanism.master_weights", "mechanism.master_grads", "mechanism.grad_reduce_dtype")
@@ -135,12 +135,13 @@ def plan(recipe_path: str, overrides: list[str], *, backends: tuple[str, str], s
     if recipe.data.kind == "synthetic":
         raise ConvergeError(f"{recipe_path}: data.kind: converge needs real data (llava_json or image_captions) to "
                             "hold out an eval split; synthetic batches are a cycled pool of random samples")
-    num_samples = _num_samples(recipe)
+    num_samples = int(_prepared(recipe, recipe_path)["stats"]["num_samples"])
     if eval_samples is None:
         eval_samples = recipe.data.eval_samples or max(1, round(num_samples * DEFAULT_EVAL_FRACTION))
     if eval_samples < 1:
         raise ConvergeError(f"--eval-samples: {eval_samples} (hold out at least 1 sample)")
-    load_recipe(recipe_path, [*overrides, f"data.eval_samples={eval_samples}"])  # the split checked here
+    # The converge's data step: prepared with its split, the split checked against the prepared samples.
+    _prepared(load_recipe(recipe_path, [*overrides, f"data.eval_samples={eval_samples}"]), recipe_path)
     base, m = recipe.measure.seed, recipe.measure
     given = any(o.split("=", 1)[0].strip() == "measure.timeout_s" for o in overrides)
     timeout_s = m.timeout_s if given else m.timeout_s * max(1.0, steps / (m.warmup_steps + m.steps))
@@ -163,12 +164,15 @@ def plan(recipe_path: str, overrides: list[str], *, backends: tuple[str, str], s
     return chosen
 
 
-def _num_samples(recipe: Recipe) -> int:
-    from xfw.contract import presets
+def _prepared(recipe: Recipe, recipe_path: str) -> dict:
+    """The recipe's real data prepared (``xfw.run.data.prepare_data``, the one writer of the cache), before
+    anything launches; a refusal is a RecipeError naming the recipe file."""
     from xfw.run import data as real
 
-    arch = presets.resolve_arch(recipe.model.preset, recipe.model.arch, recipe.data.image_size, recipe.data.seq_len)
-    return int(real.prepare(recipe, arch)["stats"]["num_samples"])  # prepared once by load_recipe: a lookup
+    try:
+        return real.prepare_data(recipe)
+    except real.DataError as err:
+        raise RecipeError(f"{recipe_path}: {err}") from None
 
 
 def _rank0(run_dir: Path) -> tuple[list, list]:
