@@ -501,3 +501,21 @@ def test_33_a_build_step_that_fails_or_hangs_is_one_line_and_leaves_nothing(tmp_
     assert "\n" not in str(err.value) and _gone(int(pid_file.read_text()), 5)
     with pytest.raises(instances.InstanceError, match="cannot start"):
         instances._build(inst, tmp_path / "no-python", "", tmp_path / "scratch", print)
+
+
+def test_30_maxbatch_refuses_an_override_of_the_batch_it_searches(tmp_path, write_recipe):
+    line = one_line_error(invoke("maxbatch", write_recipe(), "--backends", "torch", "--out", tmp_path / "m",
+                                 "--set", "backends.torch.override.batch.micro=2"))
+    assert "backends.torch.override.batch.micro: xfw maxbatch sets batch.micro itself" in line
+
+
+def test_31_a_nightly_run_of_some_of_its_backends_keeps_the_others_overrides(tmp_path, write_recipe):
+    from xfw.recipe import load_recipe
+    from xfw.workflow.base import UsageError, prepare_backends
+
+    recipe = load_recipe(write_recipe(), ["backends.paddle.override.optimizer.lr=1.0e-4"])
+    with pytest.raises(UsageError, match="'paddle' is not a backend of this command"):
+        prepare_backends(["torch"], {"torch": "/nonexistent"}, [recipe])
+    with pytest.raises(UsageError) as err:  # the suite runs paddle: only the interpreter is wrong
+        prepare_backends(["torch"], {"torch": "/nonexistent"}, [recipe], runs=["paddle", "torch"])
+    assert "override" not in str(err.value)

@@ -123,13 +123,13 @@ def data_summary(recipe: Recipe) -> str:
 
 
 def prepare_backends(names: list[str], interpreters: dict[str, str], recipes: list[Recipe] = (),
-                     log: Log = silent) -> jobs.Backends:
+                     log: Log = silent, *, runs: list[str] | None = None) -> jobs.Backends:
     """Resolve and describe each backend (fails fast, before any launch). A backend that runs a
     command in every one of ``recipes`` needs no interpreter and no description (xfw.recipe.command)."""
     if not names:
         raise UsageError("no backends given")
-    for recipe in recipes:
-        refuse_stray_overrides(recipe, names)
+    for recipe in recipes:  # ``runs``: the backends the command's recipes are for, when ``names`` is a part of them
+        refuse_stray_overrides(recipe, runs or names)
     stray = sorted(set(interpreters) - set(names))
     if stray:
         raise UsageError(f"--python {stray[0]}=...: {stray[0]!r} is not a backend of this command "

@@ -235,9 +235,10 @@ def maxbatch(recipe_path: str, backend_names: list[str], *, overrides: list[str]
     (recipe,) = load_all([recipe_path], overrides)
     one_node([recipe], "maxbatch")
     refuse_commands(recipe, backend_names, "maxbatch changes batch.micro, which the command itself decides")
+    recipe_error(refuse_forced, recipe, ["batch.micro=M", "batch.global=G"], "xfw maxbatch")  # what it forces
     for micro in values or []:
         recipe_error(mb.probe_recipe, recipe_path, micro, overrides)
-    backends = prepare_backends(backend_names, interpreters)
+    backends = prepare_backends(backend_names, interpreters, [recipe])
     out_dir = out_dir or Path("runs") / f"maxbatch-{recipe.name}"  # no timestamp: a rerun keeps settled probes
     with guarded(out_dir):
         refuse_foreign(out_dir, [recipe], force)
@@ -416,7 +417,7 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
     check_node(multi, rendezvous)
     if rendezvous.node_rank > 0 and night is None:
         raise UsageError(f"--node-rank {rendezvous.node_rank}: give every node the same --night (node 0 names it)")
-    backends = prepare_backends(names, interpreters, [e.recipe for e in suite.entries], log)
+    backends = prepare_backends(names, interpreters, [e.recipe for e in suite.entries], log, runs=list(suite.backends))
     # A scheduler's polite stop (cron's `timeout`, Slurm's time limit) arrives as SIGTERM: the
     # running adapter is stopped the way Ctrl-C stops it, recorded as cut off and rerun on resume.
     with guarded(history_dir, rendezvous.node_rank if multi else None):
