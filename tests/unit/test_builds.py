@@ -370,3 +370,19 @@ def test_bisect_resume_key_holds_what_a_label_points_at(tmp_path):
     one.write_text(two.read_text())  # the same label and path, other content
     assert build_key(instances.parse(f"fake@x={one}", flag="--builds")) != first
     assert first["python_sha256"] and first["python"] == str(one)
+
+
+def test_a_nightly_throughput_verdict_with_repeats_states_the_decision_models_interval_n_and_margin():
+    from xfw.report.verdicts import RegressionPolicy, evaluate
+
+    def night(n, ips, repeats=None):
+        return {"night": n, "night_started_utc": f"2026-11-0{n[-1]}T01:00:00Z", "entry": "llava", "backend": "torch",
+                "repeat_index": 0, "status": "ok", "reason": "", "ips": ips, "workload": "w", "knobs": {},
+                "mem_alloc_peak_bytes": 1000, "mem_reserved_peak_bytes": None, "step_time_median_s": 1 / ips,
+                "step_time_p10_s": 1 / ips, "step_time_p90_s": 1 / ips, "num_measured_steps": 10}
+
+    rows = [night("n1", 100), night("n2", 101), night("n3", 99)]
+    rows += [{**night("n4", ips), "repeat_index": k} for k, ips in enumerate([60, 62, 61])]
+    (ips,) = [v for v in evaluate(rows, "n4", RegressionPolicy()) if v.metric == "ips"]
+    assert ips.verdict == "regression" and ips.decision["outcome"] == "worse" and ips.decision["n"] == 3
+    assert "tonight slower than the baseline by at least" in ips.line() and "n=3" in ips.line()

@@ -198,7 +198,8 @@ Number = Maybe(float)
 
 VERDICT = {"entry": str, "backend": str, "metric": str, "verdict": str, "value?": Number, "baseline?": Number,
            "baseline_nights?": int, "change?": Number, "tolerance?": Number, "noise?": Number,
-           "noise_source?": str, "mem_source?": str, "note?": str, "flagged?": bool}
+           "noise_source?": str, "mem_source?": str, "note?": str, "flagged?": bool,
+           "decision?": Maybe({str: object})}
 """One ``xfw.report.verdicts.Verdict`` as ``xfw nightly`` writes it (``asdict`` and ``flagged``)."""
 
 VERDICTS = {"night?": str, "suite?": str, "policy?": {"window?": int, ...: object}, "verdicts": [VERDICT]}

@@ -86,6 +86,9 @@ class Verdict:
     mem_source: str = ""
     """For memory verdicts: where the bytes come from (``cuda_allocator``, ``peak_rss``, ...)."""
     note: str = ""
+    decision: dict | None = None
+    """Where tonight has repeats and a throughput verdict is made: the decision model's view of them
+    against the baseline (xfw.report.decision: interval, n, margin = the policy's floor), as a dict."""
 
     @property
     def flagged(self) -> bool:
@@ -120,6 +123,11 @@ class Verdict:
             text += (f" vs {self.baseline * scale:.4g} (median of {self.baseline_nights} night"
                      f"{'s' if self.baseline_nights != 1 else ''}), {self.change:+.1%}, "
                      f"tolerance ±{self.tolerance:.1%} ({self.noise_source})")
+        if self.decision:
+            from xfw.report.decision import Decision
+
+            text += "; tonight's repeats against that median: " + Decision.from_dict(self.decision).phrase(
+                "the baseline", "tonight", worse="slower", better="faster")
         return text + (f"; {self.note}" if self.note else "")
 
 
@@ -311,6 +319,19 @@ def _separation(base: dict, current: dict) -> Verdict:
                    note=f"{text or 'no verdict'} {where}" + (f" ({test})" if p is not None else ""))
 
 
+def _repeat_decision(repeats: list, baseline: float, margin: float) -> dict | None:
+    """Tonight's repeats (two or more) against the nights' median as the one decision model phrases it
+    (xfw.report.decision): the log ratio of each repeat to the median, margin = the policy's floor. The
+    median is held fixed (its own spread is in the tolerance above), so this is context for the verdict,
+    never a second verdict."""
+    from xfw.report.decision import decide, log_ratios
+
+    values = [r for r in repeats if isinstance(r, (int, float)) and r > 0]
+    if len(values) < 2 or not baseline or not 0 < margin < 1:
+        return None
+    return decide(log_ratios([baseline] * len(values), values), margin=margin, higher_is_worse=False).to_dict()
+
+
 def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: list[dict],
            policy: RegressionPolicy) -> list[Verdict]:
     base = dict(entry=entry, backend=backend)
@@ -373,7 +394,8 @@ def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: l
         out.append(Verdict(**base, **(mem if metric == "memory" else {}), metric=metric, verdict=verdict,
                            value=value, baseline=baseline,
                            baseline_nights=len(history), change=change, tolerance=tolerance, noise=noise,
-                           noise_source=source, note=note))
+                           noise_source=source, note=note,
+                           decision=_repeat_decision(repeats, baseline, floor) if metric == "ips" else None))
     return out
 
 
