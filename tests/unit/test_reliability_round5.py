@@ -443,9 +443,16 @@ def test_37_pips_useful_line_is_shown_not_its_help_pointer():
              "ERROR: No matching distribution found for torch==9.9.9\n"]
     said = _pip_error(lines)
     assert "torch==9.9.9" in said and "2.19.0" in said and "2.0.0" not in said and len(said) <= 400
-    conflict = ["ERROR: Cannot install torch==9.9.9 because these package versions have conflicting dependencies.\n",
-                "ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution\n"]
-    assert _pip_error(conflict).startswith("ERROR: Cannot install torch==9.9.9")
+    conflict = [  # pip 24's words on this machine, where its configuration constrains torch
+        "ERROR: Cannot install torch==9.9.9 because these package versions have conflicting dependencies.\n", "\n",
+        "The conflict is caused by:\n", "    The user requested torch==9.9.9\n",
+        "    The user requested (constraint) torch<=2.14.1\n", "\n",
+        "Additionally, some packages in these conflicts have no matching distributions available for your "
+        "environment:\n", "    torch\n", "\n", "To fix this you could try to:\n",
+        "ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution\n"]
+    assert _pip_error(conflict) == ("ERROR: Cannot install torch==9.9.9 because these package versions have conflicting "
+                                    "dependencies: The user requested torch==9.9.9; The user requested (constraint) "
+                                    "torch<=2.14.1; no distribution of torch available here")
 
 
 # --- 38: explain --categories checks what else was given -------------------------------------------------

@@ -46,7 +46,8 @@ def pip_error(lines: list[str]) -> str:
     """pip's one line that says why, not its log: of its ERROR lines, the one that names what exists
     (``Could not find a version that satisfies the requirement torch==9.9.9 (from versions: ...)``, its
     list cut to the newest), else the first that is not a pointer to pip's help (``ResolutionImpossible:
-    for help visit ...``)."""
+    for help visit ...``), with what conflicts where pip says so (``The user requested torch==9.9.9; The user
+    requested (constraint) torch<=2.14.1; no distribution of torch available here``)."""
     errors = [line.strip() for line in lines if line.startswith("ERROR:")]
     told = [e for e in errors if "for help visit" not in e and "ResolutionImpossible" not in e]
     found = next((e for e in told if "(from versions:" in e), None)
@@ -55,5 +56,23 @@ def pip_error(lines: list[str]) -> str:
         names = [v.strip() for v in versions.rstrip(")").split(",") if v.strip()]
         shown = ", ".join(names[-12:]) if names else "none"
         return f"{head.strip()} (versions that exist here: {'..., ' if len(names) > 12 else ''}{shown})"[:400]
+    if told and "conflicting dependencies" in told[0]:  # say what conflicts (a constraint in pip's own config, say)
+        causes = _indented_after(lines, "The conflict is caused by:")
+        missing = _indented_after(lines, "no matching distributions available")
+        return (told[0].removesuffix(".") + (": " + "; ".join(causes) if causes else "")
+                + (f"; no distribution of {', '.join(missing)} available here" if missing else ""))[:400]
     return (told[0] if told else errors[-1] if errors else
             (lines[-1].strip() if lines else "pip printed nothing"))[:300]
+
+
+def _indented_after(lines: list[str], heading: str) -> list[str]:
+    """The indented lines pip prints under a line containing ``heading``."""
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        if heading in line:
+            for item in lines[i + 1:]:
+                if not item.startswith((" ", "\t")) or not item.strip():
+                    break
+                out.append(item.strip())
+            break
+    return out
