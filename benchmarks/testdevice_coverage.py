@@ -76,12 +76,44 @@ def read_log(path: Path, names: dict[str, str]) -> set[tuple[str, str]]:
     return hits
 
 
+def table(reached_path: Path, cases_path: Path) -> str:
+    """coverage.md: every reached kernel x dtype, the runs that reached it and the cases that check it
+    (``cases_path``: the JSON tests/contract/testdevice_worker.py writes in mode ``kernel_cases``)."""
+    reached = json.loads(reached_path.read_text())
+    cases = json.loads(cases_path.read_text())
+    by = {}
+    for key, meta in cases.items():
+        for kernel in meta["kernels"]:
+            by.setdefault((kernel, meta["dtype"]), []).append(key.split(":", 1)[1])
+    elsewhere = {("adamw", "bfloat16"): ["test_testdevice_reference.py adamw_master/adamw_plain"]}
+    lines = ["# Device kernels the tiny families reach, and what checks each", "",
+             f"From `{reached.get('command', '')}` ({reached.get('when', '')}); settings "
+             f"`{' '.join(reached.get('settings', []))}`. Runs: "
+             + ", ".join(f"{r['run']} ({'ok' if r['rc'] == 0 else 'failed'})" for r in reached.get("runs", [])), "",
+             "Checked by: the cases of tests/contract/test_testdevice_kernels.py (float64 references) that name the "
+             "kernel, in that dtype.", "", "| kernel | dtype | reached by | checked by |", "|---|---|---|---|"]
+    unchecked = 0
+    for kernel, dtypes in sorted(reached["reached"].items()):
+        for dtype, runs in sorted(dtypes.items()):
+            checks = by.get((kernel, dtype)) or elsewhere.get((kernel, dtype)) or []
+            unchecked += not checks
+            lines.append(f"| {kernel} | {dtype} | {len(runs)} runs ({', '.join(sorted(runs)[:3])}"
+                         f"{', ...' if len(runs) > 3 else ''}) | {', '.join(checks) or '**none**'} |")
+    lines += ["", f"{unchecked} reached kernel x dtype pairs without a check."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", type=Path, default=None,
+                    help="only write coverage.md from --out's reached.json and this kernel_cases.0.json")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "cpu" / "testdevice-mutation")
     ap.add_argument("--only", nargs="*", default=None, help="families (default: all)")
     ap.add_argument("--layouts", nargs="*", default=None, help="layouts (default: all)")
     args = ap.parse_args(argv)
+    if args.table:
+        (args.out / "coverage.md").write_text(table(args.out / "reached.json", args.table))
+        return 0
     names = kernel_names()
     reached: dict[str, dict[str, list[str]]] = {}
     runs = []

@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "adapters" / "paddle" / "testdevice"
 PY = ROOT / ".venv" / "torch" / "bin" / "python"
 FAST = ["tests/contract/test_testdevice.py", "tests/contract/test_testdevice_reference.py",
-        "tests/contract/test_testdevice_collectives.py"]
+        "tests/contract/test_testdevice_collectives.py", "tests/contract/test_testdevice_kernels.py"]
+KERNELS = ("tests/contract/test_testdevice_kernels.py",)
+COLLECTIVES = ("tests/contract/test_testdevice_collectives.py",)
 SHARDING = ["tests/contract/test_paddle_sharding.py", "-k", "testcpu or stage or decorate"]
 
 
@@ -44,6 +46,7 @@ class Mutation:
     old: str
     new: str
     origin: str = "added"  # "issue 35" for the five the issue lists
+    tests: tuple = ()  # the test files meant to kill it (issue 43's); empty: every FAST file
 
 
 MUTATIONS = [
@@ -97,6 +100,53 @@ MUTATIONS = [
              "      if (decay != 0.f && use_master) pi -= lr * decay * pi;"),
     Mutation("silu_grad_sign", "SiLU's gradient with (1 + x * s) instead of (1 + x * (1 - s))", "kernels_math.cc",
              "return g * s * (1.f + v * (1.f - s));", "return g * s * (1.f + v * s);"),
+    # issue 43: kernels the models reach that had no independent case, special values, fp16, the same-kernel
+    # blind spot, shapes the models use, collectives over one slot and on 3 ranks
+    Mutation("triu_diagonal_off_by_one", "triu keeps c - r > diagonal (a causal mask one diagonal short)",
+             "kernels_shape.cc", "(c - r >= diagonal)", "(c - r > diagonal)", "issue 43", KERNELS),
+    Mutation("softmax_no_max_subtraction", "softmax exponentiates the raw logits (overflows past ~88)",
+             "kernels_math.cc", "e = std::exp(e - mx); s += e;", "e = std::exp(e); s += e;", "issue 43", KERNELS),
+    Mutation("embedding_grad_overwrites", "embedding_grad stores instead of accumulating repeated ids (fp32 and "
+             "bf16 alike: the same-kernel blind spot)", "kernels_math.cc",
+             "acc[id * dim + c] += g[i * dim + c];", "acc[id * dim + c] = g[i * dim + c];", "issue 43", KERNELS),
+    Mutation("squared_l2_norm_skips_last", "bf16/fp16 squared_l2_norm (clipping without master weights) skips "
+             "the last element", "kernels_norm.cc", "for (int64_t i = 0, n = x.numel(); i < n; ++i) s +=",
+             "for (int64_t i = 0, n = x.numel(); i + 1 < n; ++i) s +=", "issue 43", KERNELS),
+    Mutation("conv_same_extra_first", "SAME padding with an odd total puts the extra row/column first",
+             "kernels_conv.cc", "    before = static_cast<int>(pad / 2);\n    after = static_cast<int>(pad - pad / 2);",
+             "    before = static_cast<int>(pad - pad / 2);\n    after = static_cast<int>(pad / 2);", "issue 43", KERNELS),
+    Mutation("fp16_double_rounding", "fp16 stores round through bf16 first", "kernels.h",
+             "h.x = FloatToF16Bits(v); return h;", "h.x = FloatToF16Bits(BF16BitsToFloat(FloatToBF16Bits(v))); return h;",
+             "issue 43", KERNELS),
+    Mutation("bf16_overflow_saturates", "fp32 -> bf16 saturates at the largest finite value instead of inf",
+             "dtype.h", "  u += 0x7fffu + ((u >> 16) & 1u);\n  return uint16_t(u >> 16);",
+             "  u += 0x7fffu + ((u >> 16) & 1u);\n"
+             "  if (((u >> 16) & 0x7f80u) == 0x7f80u) return uint16_t(((u >> 16) & 0x8000u) | 0x7f7fu);\n"
+             "  return uint16_t(u >> 16);", "issue 43", KERNELS),
+    Mutation("fp64_unary_in_fp32", "fp64 sqrt/square/exp (global-norm clipping) computed in fp32", "kernels_math.cc",
+             "p[i] = St<T>(f(Ld(px[i])));", "p[i] = St<T>(f(static_cast<float>(Ld(px[i]))));", "issue 43", KERNELS),
+    Mutation("add_grad_dx_stored_first", "add/subtract/multiply/divide_grad store dx before reading dout for dy "
+             "(dx may share dout's memory; found by issue 43's cases and fixed)", "kernels_inplace.cc",
+             "  std::vector<C<T>> ay = GradAcc<T>(x, y, dout, false, dy, gy, reads_inputs);\n"
+             "  for (auto [d, self, acc] : {std::make_tuple(dx, &x, &ax), std::make_tuple(dy, &y, &ay)}) {",
+             "  if (dx) { dx->Resize(x.dims()); T* q = ctx.Alloc<T>(dx); for (size_t i = 0; i < ax.size(); ++i) q[i] = St<T>(ax[i]); }\n"
+             "  std::vector<C<T>> ay = GradAcc<T>(x, y, dout, false, dy, gy, reads_inputs);\n"
+             "  for (auto [d, self, acc] : {std::make_tuple(dy, &y, &ay)}) {", "issue 43", KERNELS),
+    Mutation("reduce_two_ranks_only", "reductions combine ranks 0 and 1 only (right on 2 ranks, wrong on 3)",
+             "collectives.cc", "    for (int r = 1; r < n; ++r) {\n      auto v = ToAcc(",
+             "    for (int r = 1; r < n && r < 2; ++r) {\n      auto v = ToAcc(", "issue 43", COLLECTIVES),
+    Mutation("broadcast_no_closing_barrier", "broadcast without its closing barrier: the root may overwrite its "
+             "slot (next chunk, next call) before peers read it", "collectives.cc",
+             "    if (c->rank != root) std::memcpy(part, Slot(c, root), n * es);\n    Barrier(c);\n",
+             "    if (c->rank != root) std::memcpy(part, Slot(c, root), n * es);\n", "issue 43", COLLECTIVES),
+    Mutation("all_gather_chunk_offset", "all_gather writes every chunk of a rank's block at the block's start "
+             "(right below one slot)", "collectives.cc", "(size_t(r) * count + done) * es", "(size_t(r) * count) * es",
+             "issue 43", COLLECTIVES),
+    Mutation("reduce_chunk_offset", "all_reduce/reduce write every chunk at the start of the output", "collectives.cc",
+             "c->rank) ok = Reduce(t, static_cast<char*>(recv) + done * es,", "c->rank) ok = Reduce(t, static_cast<char*>(recv),",
+             "issue 43",
+             COLLECTIVES),
+
 ]
 
 
@@ -104,11 +154,11 @@ def run(cmd: list[str], env: dict, timeout: int) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def tests_for(sharding: bool) -> list[list[str]]:
-    return [FAST] + ([SHARDING] if sharding else [])
+def tests_for(sharding: bool, files: tuple = ()) -> list[list[str]]:
+    return [list(files) or FAST] + ([SHARDING] if sharding else [])
 
 
-def try_source(src: Path, out: Path, sharding: bool) -> dict:
+def try_source(src: Path, out: Path, sharding: bool, files: tuple = ()) -> dict:
     """Build ``src`` into ``out`` and run the tests against it: what failed, or the build's error."""
     env = {**os.environ, "XFW_TESTDEVICE_SRC": str(src), "XFW_TESTDEVICE_DIR": str(out)}
     start = time.monotonic()
@@ -116,7 +166,7 @@ def try_source(src: Path, out: Path, sharding: bool) -> dict:
     if built.returncode != 0:
         return {"build": "failed", "error": built.stderr[-1500:], "seconds": round(time.monotonic() - start, 1)}
     failed, passed = [], 0
-    for selection in tests_for(sharding):
+    for selection in tests_for(sharding, files):
         done = run([str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *selection], env, 3600)
         failed += sorted(set(re.findall(r"^FAILED (\S+)", done.stdout, re.M)))
         failed += sorted(set(re.findall(r"^ERROR (\S+)", done.stdout, re.M)))
@@ -155,8 +205,22 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['name']} | {r['origin']} | {r['file']} | {r['what']} | **{r['result']}** | "
                      f"{first.replace('|', '/')} | {r['seconds']} |")
     killed = sum(r["result"] == "killed" for r in report["mutations"])
-    lines += ["", f"{killed} of {len(report['mutations'])} killed."]
+    lines += ["", f"{killed} of {len(report['mutations'])} killed."
+              + (" (partial: the run was cut short after these)" if report.get("partial") else "")]
     return "\n".join(lines) + "\n"
+
+
+def write(args, argv, union, baseline, results, partial: bool) -> dict:
+    """The report so far (after every mutation, so a run cut short keeps what it measured), atomically."""
+    report = {"command": " ".join([".venv/torch/bin/python", "benchmarks/testdevice_mutation.py", *argv]),
+              "environment": environment(), "tests": tests_for(args.sharding, union), "baseline": baseline,
+              "mutations": results, "partial": partial}
+    out = ROOT / args.out
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in (("mutation.json", json.dumps(report, indent=1) + "\n"), ("mutation.md", markdown(report))):
+        (out / (name + ".tmp")).write_text(text)
+        (out / (name + ".tmp")).replace(out / name)
+    return report
 
 
 def main(argv: list[str]) -> int:
@@ -169,13 +233,19 @@ def main(argv: list[str]) -> int:
     unknown = set(args.only or []) - {m.name for m in MUTATIONS}
     if unknown:
         ap.error(f"unknown mutations: {sorted(unknown)}")
+    for m in chosen:  # before anything is built: each text to mutate occurs exactly once
+        count = (SRC / m.file).read_text().count(m.old)
+        if count != 1:
+            ap.error(f"{m.name}: the text to mutate occurs {count} times in {m.file}")
     with tempfile.TemporaryDirectory(prefix="xfw-mutation-") as scratch:
         scratch = Path(scratch)
         plugin = scratch / "plugin"  # one directory: unchanged objects are reused between mutants
         src = scratch / "src"
         shutil.copytree(SRC, src)
         print("unmutated copy ...", flush=True)
-        baseline = try_source(src, plugin, args.sharding)
+        # the unmutated copy runs every file any chosen mutation runs
+        union = tuple(sorted({f for m in chosen for f in (m.tests or FAST)}))
+        baseline = try_source(src, plugin, args.sharding, union)
         print(f"  {baseline}", flush=True)
         results = []
         if baseline["build"] == "ok" and not baseline["failed"]:
@@ -187,20 +257,15 @@ def main(argv: list[str]) -> int:
                 assert text.count(m.old) == 1, f"{m.name}: the text to mutate occurs {text.count(m.old)} times in {m.file}"
                 path.write_text(text.replace(m.old, m.new))
                 print(f"{m.name} ...", flush=True)
-                got = try_source(src, plugin, args.sharding)
+                got = try_source(src, plugin, args.sharding, m.tests)
                 result = "killed" if got["build"] != "ok" or got["failed"] else "survived"
                 if got["build"] != "ok":
                     result = "build failed (not a valid mutant)"
                 results.append({"name": m.name, "origin": m.origin, "file": m.file, "what": m.what, "result": result,
-                                **got})
+                                "tests": list(m.tests) or FAST, **got})
                 print(f"  {result}: {got.get('failed') or got.get('error', '')[:300]} ({got['seconds']} s)", flush=True)
-    report = {"command": " ".join([".venv/torch/bin/python", "benchmarks/testdevice_mutation.py", *argv]),
-              "environment": environment(), "tests": tests_for(args.sharding), "baseline": baseline,
-              "mutations": results}
-    out = ROOT / args.out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "mutation.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "mutation.md").write_text(markdown(report))
+                write(args, argv, union, baseline, results, partial=len(results) < len(chosen))
+    report = write(args, argv, union, baseline, results, partial=False)
     print(markdown(report))
     ok = baseline["build"] == "ok" and not baseline["failed"] and all(r["result"] == "killed" for r in results)
     return 0 if ok else 1

@@ -5,7 +5,10 @@ saw), and records its output and the gradient of every float input for a random 
 (+-inf, NaN, values past bf16's and fp16's range, denormals, logits of 1000), strided and transposed
 inputs and broadcast shapes are among the inputs. Each case names the device kernels it checks; the
 worker writes ``kernel_cases.npz`` (values) and returns {case: {"kernels": [...], "dtype": ...}}.
-The test recomputes every case in float64 (PyTorch's kernels; never the device's)."""
+The test recomputes every case in float64 (PyTorch's kernels; never the device's).
+
+Also ``collectives_big`` (mode ``collectives_big``, tests/contract/test_testdevice_collectives.py): every
+collective over one 32 MiB slot on 2 or 3 ranks, twice in a row with different payloads."""
 
 from __future__ import annotations
 
@@ -90,6 +93,8 @@ def run(paddle, out: str) -> dict:
                  lambda a, w: F.conv2d(a, w, padding="SAME"))
             case("conv2d_strided", dt, ["conv2d", "conv2d_grad"], [randn(1, 4, 7, 7), randn(4, 2, 3, 3)],
                  lambda a, w: F.conv2d(a, w, stride=2, padding=1, groups=2))
+            case("conv3d", dt, ["conv3d", "conv3d_grad"], [randn(1, 3, 4, 6, 6), randn(4, 3, 2, 3, 3)],
+                 lambda a, w: F.conv3d(a, w, stride=[2, 3, 3]))  # Qwen2-VL's patch embedding: stride = kernel
             case("squared_l2_norm", dt, ["squared_l2_norm"], [randn(64)],
                  lambda a: paddle._C_ops.squared_l2_norm(a), grad=False)
         # masks and shape kernels (triu/tril for every float dtype)
@@ -171,3 +176,56 @@ def run(paddle, out: str) -> dict:
          lambda a: a.transpose([1, 0]).contiguous(), grad=False)
     np.savez(Path(out, "kernel_cases.npz"), **arrays)
     return meta
+
+
+BIG = 9_000_001  # fp32 elements: 36 MB, more than one 32 MiB shared slot, and not a multiple of the chunk
+
+
+def big_payload(rank: int, call: int, n: int = BIG, dtype: str = "float32") -> np.ndarray:
+    """Integers that differ per rank, per call and along the buffer; sums of 3 stay exact (bf16: below 256)."""
+    top = 40 if dtype == "bfloat16" else 1000
+    return ((np.arange(n) % top) * (rank + 1) + 7 * call + rank) % (top + 37)
+
+
+def collectives_big(paddle, dist) -> dict:
+    """Every collective with a payload over one slot, on however many ranks the launcher started, each called
+    twice in a row with different payloads (a rank that reads a peer's slot before the peer rewrote it, or
+    after it moved on, gets the other call's numbers). Expected values from numpy; mismatching elements
+    counted per collective and call."""
+    dist.init_parallel_env()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    bad: dict[str, int] = {}
+
+    def count(name, got, want):
+        bad[name] = int(np.count_nonzero(got.astype("float32").numpy() != np.asarray(want, dtype="float32")))
+
+    def every(call, n=BIG, dtype="float32"):
+        return [big_payload(r, call, n, dtype) for r in range(world)]
+
+    for call in range(2):
+        for dtype in ("float32", "bfloat16"):
+            n = BIG if dtype == "float32" else 2 * BIG  # bf16: twice the elements for the same bytes
+            xs = every(call, n, dtype)
+            y = paddle.to_tensor(xs[rank]).astype(dtype)
+            dist.all_reduce(y)
+            count(f"all_reduce_{dtype}_{call}", y, np.sum(xs, 0))
+        xs = every(call)
+        y = paddle.to_tensor(xs[rank]).astype("float32")
+        dist.all_reduce(y, op=dist.ReduceOp.MAX)
+        count(f"all_reduce_max_{call}", y, np.max(xs, 0))
+        y = paddle.to_tensor(xs[rank]).astype("float32")
+        dist.reduce(y, dst=world - 1)
+        count(f"reduce_{call}", y, np.sum(xs, 0) if rank == world - 1 else xs[rank])
+        y = paddle.to_tensor(xs[rank]).astype("float32")
+        dist.broadcast(y, src=world - 1)
+        count(f"broadcast_{call}", y, xs[world - 1])
+        gathered = []
+        dist.all_gather(gathered, paddle.to_tensor(xs[rank]).astype("float32"))
+        count(f"all_gather_{call}", paddle.concat(gathered), np.concatenate(xs))
+        parts = [big_payload(rank, call + 10 * j) for j in range(world)]  # block j of rank r
+        y = paddle.zeros([BIG], dtype="float32")
+        dist.reduce_scatter(y, [paddle.to_tensor(p).astype("float32") for p in parts])
+        count(f"reduce_scatter_{call}", y, sum(big_payload(r, call + 10 * rank) for r in range(world)))
+    dist.barrier()
+    return {"rank": rank, "world": world, "mismatches": bad}
+

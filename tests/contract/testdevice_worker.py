@@ -2,7 +2,7 @@
 environment has no pytest). Each mode writes ``<out>/<mode>.<rank>.json``; the test compares.
 
     python testdevice_worker.py OUT collectives          (under paddle.distributed.launch, 2 ranks)
-    python testdevice_worker.py OUT collectives_big      (under paddle.distributed.launch, 2 or 3 ranks)
+    python testdevice_worker.py OUT collectives_big      (2 or 3 ranks; testdevice_cases.py)
     python testdevice_worker.py OUT views                (one process)
     python testdevice_worker.py OUT bf16                 (one process)
     python testdevice_worker.py OUT against_cpu          (one process)
@@ -24,6 +24,7 @@ from xfw_paddle import testdevice
 
 paddle = testdevice.activate()
 import paddle.distributed as dist  # noqa: E402  (after activate: the device must be loaded first)
+import testdevice_cases  # noqa: E402  (issue 43's kernel cases and large collectives)
 
 DTYPES = ("float32", "bfloat16", "float16", "int32", "int64")
 
@@ -67,58 +68,6 @@ def collectives() -> dict:
     out["big_all_reduce"] = [float(big[0]), float(big[-1]), float(big.sum())]
     dist.barrier()
     return out
-
-
-BIG = 9_000_001  # fp32 elements: 36 MB, more than one 32 MiB shared slot, and not a multiple of the chunk
-
-
-def big_payload(rank: int, call: int, n: int = BIG, dtype: str = "float32") -> np.ndarray:
-    """Integers that differ per rank, per call and along the buffer; sums of 3 stay exact (bf16: below 256)."""
-    top = 40 if dtype == "bfloat16" else 1000
-    return ((np.arange(n) % top) * (rank + 1) + 7 * call + rank) % (top + 37)
-
-
-def collectives_big() -> dict:
-    """Every collective with a payload over one slot, on however many ranks the launcher started, each called
-    twice in a row with different payloads (a rank that reads a peer's slot before the peer rewrote it, or
-    after it moved on, gets the other call's numbers). Expected values from numpy; mismatching elements
-    counted per collective and call."""
-    dist.init_parallel_env()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    bad: dict[str, int] = {}
-
-    def count(name, got, want):
-        bad[name] = int(np.count_nonzero(got.astype("float32").numpy() != np.asarray(want, dtype="float32")))
-
-    def every(call, n=BIG, dtype="float32"):
-        return [big_payload(r, call, n, dtype) for r in range(world)]
-
-    for call in range(2):
-        for dtype in ("float32", "bfloat16"):
-            n = BIG if dtype == "float32" else 2 * BIG  # bf16: twice the elements for the same bytes
-            xs = every(call, n, dtype)
-            y = paddle.to_tensor(xs[rank]).astype(dtype)
-            dist.all_reduce(y)
-            count(f"all_reduce_{dtype}_{call}", y, np.sum(xs, 0))
-        xs = every(call)
-        y = paddle.to_tensor(xs[rank]).astype("float32")
-        dist.all_reduce(y, op=dist.ReduceOp.MAX)
-        count(f"all_reduce_max_{call}", y, np.max(xs, 0))
-        y = paddle.to_tensor(xs[rank]).astype("float32")
-        dist.reduce(y, dst=world - 1)
-        count(f"reduce_{call}", y, np.sum(xs, 0) if rank == world - 1 else xs[rank])
-        y = paddle.to_tensor(xs[rank]).astype("float32")
-        dist.broadcast(y, src=world - 1)
-        count(f"broadcast_{call}", y, xs[world - 1])
-        gathered = []
-        dist.all_gather(gathered, paddle.to_tensor(xs[rank]).astype("float32"))
-        count(f"all_gather_{call}", paddle.concat(gathered), np.concatenate(xs))
-        parts = [big_payload(rank, call + 10 * j) for j in range(world)]  # block j of rank r
-        y = paddle.zeros([BIG], dtype="float32")
-        dist.reduce_scatter(y, [paddle.to_tensor(p).astype("float32") for p in parts])
-        count(f"reduce_scatter_{call}", y, sum(big_payload(r, call + 10 * rank) for r in range(world)))
-    dist.barrier()
-    return {"rank": rank, "world": world, "mismatches": bad}
 
 
 def views() -> dict:
@@ -414,13 +363,12 @@ def mlp(level: str) -> dict:
 
 def main(argv: list[str]) -> int:
     out, mode, *rest = argv
-    result = {"collectives": collectives, "collectives_big": collectives_big, "views": views, "bf16": bf16, "against_cpu": against_cpu,
+    result = {"collectives": collectives, "collectives_big": lambda: testdevice_cases.collectives_big(paddle, dist),
+              "views": views, "bf16": bf16, "against_cpu": against_cpu,
               "bf16_ops": bf16_ops}.get(mode)
     if mode == "bf16_reference":
         data = bf16_reference(out)
     elif mode == "kernel_cases":
-        import testdevice_cases
-
         data = testdevice_cases.run(paddle, out)
     else:
         data = result() if result else mlp(*rest)
