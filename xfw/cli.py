@@ -118,12 +118,21 @@ def run(recipe, backend, overrides, comparison, repeat, pythons, out_dir, node_r
 @click.option("--margin", default="0.05", show_default=True, metavar="DELTA",
               help="With --ab: a relative ips margin; builds within ±DELTA (0.05 = 5%) count as the same "
                    "(docs/builds.md says why 5%).")
+@click.option("--max-pairs", "max_pairs", type=count_type("repeat"), default=None, metavar="N",
+              help="With --ab: sequential pairs: start at --repeat (3 if not given), add 3 at a time until decided "
+                   "or N pairs are spent (alpha spent across looks).")
 @executor_options
 def compare(recipes, backends, overrides, comparison, repeat, pythons, out_dir, node_rank, master_addr, master_port,
-            parity_dirs, force, explain, contrast, ab, margin) -> None:
+            parity_dirs, force, explain, contrast, ab, margin, max_pairs) -> None:
     """Run recipes on several backends, one at a time, and print the contrast table. The settings
     section shows each recipe's parity status: the newest parity.json with the same recipe
     fingerprint in --parity DIR, in --out (or one level below) or in runs/parity-<recipe>."""
+    if max_pairs is not None:
+        _finish(lambda: workflow.ab_sequential_cli(
+            list(recipes), _backend_names(backends), overrides=_with_repeat(overrides, None, comparison), ab=ab,
+            repeat=repeat, max_pairs=max_pairs, margin=margin, interpreters=_interpreters(pythons, backends),
+            out_dir=out_dir, force=force, progress=_progress(), log=_log))
+        return
     _finish(lambda: workflow.compare(
         list(recipes), _backend_names(backends), overrides=_with_repeat(overrides, repeat, comparison),
         interpreters=_interpreters(pythons, backends), out_dir=out_dir,

@@ -102,7 +102,7 @@ def test_cli_commands_and_options_are_frozen():
         "converge": ["backends", "comparison", "direction", "eval_every", "eval_samples", "force", "margin",
                      "max_seeds", "out_dir", "overrides", "pythons", "recipe", "seeds", "steps", "target"],
         "bisect": ["bad", "builds_path", "force", "good", "margin", "max_pairs", "out_dir", "overrides", "recipe", "repeat"],
-        "compare": ["ab", "backends", "comparison", "contrast", "explain", "force", "margin", "master_addr", "master_port", "node_rank", "out_dir",
+        "compare": ["ab", "backends", "comparison", "contrast", "explain", "force", "margin", "master_addr", "master_port", "max_pairs", "node_rank", "out_dir",
                     "overrides", "parity_dirs", "pythons", "recipes", "repeat"],
         "explain": ["backends", "categories", "comparison", "force", "out_dir", "overrides", "pythons", "recipe", "repeat"],
         "env": ["backends", "clean", "pythons", "remove"],

@@ -386,3 +386,17 @@ def test_a_nightly_throughput_verdict_with_repeats_states_the_decision_models_in
     (ips,) = [v for v in evaluate(rows, "n4", RegressionPolicy()) if v.metric == "ips"]
     assert ips.verdict == "regression" and ips.decision["outcome"] == "worse" and ips.decision["n"] == 3
     assert "tonight slower than the baseline by at least" in ips.line() and "n=3" in ips.line()
+
+
+def test_compare_ab_with_max_pairs_adds_pairs_until_decided_and_counts_them(tmp_path, fake_backend):
+    python = fake_backend["fake"]
+    recipe = _recipe(tmp_path, {"fake": {"ips": 100, "ips_jitter": 0.02}, "fake@slow": {"ips": 70}})
+    out = workflow.ab_sequential_cli([recipe], ["fake@slow", "fake"], overrides=[], ab=True, repeat=None, max_pairs=9,
+                                     margin="0.05", interpreters={"fake": python, "fake@slow": python},
+                                     out_dir=tmp_path / "ab", log=(lines := []).append)
+    verdict = json.loads((tmp_path / "ab" / "ab.json").read_text())["verdicts"][0]
+    assert verdict["verdict"] == "slower" and verdict["decision"]["margin"] == 0.05
+    assert any("pairs 1-3 of at most 9" in line for line in lines) and out.exit_code == 0
+    with pytest.raises(workflow.UsageError, match="--max-pairs: only with --ab"):
+        workflow.ab_sequential_cli([recipe], ["fake@slow", "fake"], overrides=[], ab=False, repeat=None,
+                                   max_pairs=9, margin="0.05", interpreters={})

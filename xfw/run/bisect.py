@@ -208,7 +208,7 @@ def _judge(build: str, references: tuple, measure: Measure, plan: Plan, classify
         out.verdict = classify(out.vs)
         log(f"bisect: {build}: pair {out.pairs} of at most {plan.max_pairs}: {out.verdict}"
             + ("" if out.verdict != "undecided" else " — waiting for " + "; ".join(
-                f"against {ref}: interval {_pct(v['low'])}…{_pct(v['high'])}, margin ±{_pct(plan.margin)}"
+                f"against {ref}: interval {_pct(v['low'])}…{_pct(v['high'])}, margin ±{100 * plan.margin:.1f}%"
                 for ref, v in out.vs.items() if v.get("low") is not None)))
         if out.verdict != "undecided":
             break

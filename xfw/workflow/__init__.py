@@ -22,10 +22,10 @@ from xfw.workflow.base import (Outcome, UsageError, data_summary, load_all, prep
                                write_page, write_report)
 from xfw.workflow.reading import (assemble, clean_envs, describe_backends, estimate, remove_env, report,
                                   selfcheck)
-from xfw.workflow.builds import ab_margin, bisect
+from xfw.workflow.builds import ab_margin, ab_sequential_cli, bisect
 from xfw.workflow.running import compare, converge, default_out_dir, launch_commands, maxbatch, nightly, parity, sweep
 
-__all__ = ["Outcome", "UsageError", "ab_margin", "assemble", "bisect", "compare", "converge", "data_summary", "default_out_dir", "describe_backends",
+__all__ = ["Outcome", "UsageError", "ab_margin", "ab_sequential_cli", "assemble", "bisect", "compare", "converge", "data_summary", "default_out_dir", "describe_backends",
            "clean_envs", "estimate", "launch_commands", "load_all", "maxbatch", "nightly", "parity", "prepare_backends", "remove_env", "report",
            "refuse_unknown_overrides",
            "selfcheck", "sweep", "write_page", "write_report"]

@@ -174,3 +174,70 @@ def bisect(recipe_path: str, builds_path: str, *, good: str, bad: str, overrides
         outcome.paths["json"] = state_path
     outcome.exit_code = outcome.exit_code or (0 if result.outcome in ("found", "same") else 1)
     return outcome
+
+
+def ab_sequential_cli(recipe_paths: list[str], backend_names: list[str], *, ab: bool, repeat: int | None,
+                      max_pairs: int, margin, **kwargs) -> Outcome:
+    """``compare --max-pairs``: its options checked (one line, exit 2, nothing launched), then :func:`ab_sequential`."""
+    if not ab:
+        raise UsageError("--max-pairs: only with --ab (sequential alternated pairs)")
+    if len(backend_names) != 2:
+        raise UsageError("--max-pairs: a sequential A/B runs exactly two backends")
+    start, budget, margin = check_pairs(repeat or 3, max_pairs, margin)
+    return ab_sequential(recipe_paths, backend_names, start=start, max_pairs=budget, margin=margin, **kwargs)
+
+
+def ab_sequential(recipe_paths: list[str], backend_names: list[str], *, overrides: list[str],
+                  interpreters: dict[str, str], start: int, max_pairs: int, margin: float,
+                  out_dir: Path | None = None, force: bool = False, progress: launcher.Progress | None = None,
+                  log: Log = silent) -> Outcome:
+    """``compare --ab --max-pairs N``: alternated pairs look by look (``start``, then 3 more each) until the
+    decision (xfw.report.ab) is reached or N pairs are spent; each look is an ordinary ``compare --ab``
+    in ``OUT/look-<k>`` and spends its share of alpha (xfw.report.decision.spend). One recipe."""
+    from xfw.report.ab import ab_test, pairs_from_results
+    from xfw.report.results import RunResult
+    from xfw.report.table import Page, Paragraph
+    from xfw.workflow.running import default_out_dir
+
+    if len(recipe_paths) != 1:
+        raise UsageError("--max-pairs: a sequential A/B takes one recipe")
+    step = 3
+    looks = 1 + math.ceil(max(max_pairs - start, 0) / step)
+    recipes = load_all(recipe_paths, overrides)
+    out_dir = out_dir or default_out_dir(recipes)
+    first, second = backend_names[:2]
+    pairs, failed, found = [], {}, None
+    for look in range(1, looks + 1):
+        count = start if look == 1 else min(step, max_pairs - len(pairs))
+        log(f"A/B: look {look} of at most {looks}: pairs {len(pairs) + 1}-{len(pairs) + count} of at most {max_pairs}")
+        compare(recipe_paths, backend_names[:2], overrides=[*overrides, f"measure.repeat={count}"],
+                interpreters=interpreters, out_dir=out_dir / f"look-{look}", force=force, progress=progress,
+                log=log, ab=margin)
+        results = []
+        for summary in sorted((out_dir / f"look-{look}").glob("*/*/summary.json")):
+            try:
+                results.append(RunResult.load(summary.parent))
+            except (UnreadableFile, ValueError, KeyError, TypeError):
+                continue
+        got, bad = pairs_from_results(results, first, second)
+        pairs += got
+        for k, v in bad.items():
+            failed[k] = failed.get(k, 0) + v
+        found = ab_test(first, second, pairs, margin=margin, look=look, max_looks=looks, failed=failed)
+        if found.decision and found.verdict != "undecided":
+            break
+        d = found.the_decision()
+        log(f"A/B: pair {len(pairs)} of at most {max_pairs}: {found.verdict}"
+            + (f", waiting for the interval {d.low:+.1%}…{d.high:+.1%} to leave 0 or fit inside ±{margin:.1%}"
+               if d and d.low is not None else ""))
+        if not got and failed:
+            break  # a build that fails every run: more pairs cannot help
+    write_json_atomic(out_dir / "ab.json", {"schema": 1, "verdicts": [
+        {"recipe": recipes[0].name, **found.to_dict(), "text": found.text()}]})
+    page = Page(title=f"A/B of two builds: {first} against {second}", blocks=[
+        Paragraph(f"**{recipes[0].name}: {found.text()}**"),
+        Paragraph(f"Sequential: {len(pairs)} alternated pairs over {look} look(s) of at most {looks} "
+                  f"(--max-pairs {max_pairs}); each look's runs and report are in {out_dir}/look-<k>.", muted=True)])
+    outcome = write_page(page, out_dir, stem="ab")
+    outcome.exit_code = outcome.exit_code or (0 if found.verdict in ("same", "slower", "faster") else 1)
+    return outcome
