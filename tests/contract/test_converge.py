@@ -81,8 +81,10 @@ def test_one_sided_precision_loss_names_that_side_worse(runs):
     assert kept, "the Paddle runs of the same spec were run again instead of kept"
     final = report["points"][-1]
     assert final["worse"] == "torch" and report["final_outcome"] == "worse", report["headline"]
-    assert final["decision"]["estimate"] > 0.02 and final["diff"] < 0  # torch's loss higher than paddle's
-    assert report["headline"][1].startswith("final eval loss (step 120): torch worse than paddle by at least ")
+    # two-sided, the decision speaks of paddle (B) against torch (A, the reference): paddle/torch - 1 < 0
+    assert final["decision"]["outcome"] == "better" and final["decision"]["high"] < 0 and final["diff"] < 0
+    assert report["headline"][1].startswith("final eval loss (step 120): paddle better than torch by at least ")
+    assert report["headline"][2].startswith("torch stays worse from step ")
     assert report["points"][0]["decision"]["outcome"] == "same"  # the same start: nothing to tell yet
     assert "deliberate difference (torch: " in report["headline"][0]  # never "like-for-like" alone
     assert report["target_source"].startswith("paddle mean final eval loss")  # not the changed side's
@@ -91,4 +93,4 @@ def test_one_sided_precision_loss_names_that_side_worse(runs):
     assert "master_weights" in lines and "override" in lines, lines
     torch_spec = json.loads((out / "seed-0" / "torch" / "spec.json").read_text())
     assert torch_spec["precision"] == {"dtype": "bf16", "amp_level": "O2", "master_weights": False}
-    assert "torch worse than paddle by at least" in done.stdout
+    assert "paddle better than torch by at least" in done.stdout
