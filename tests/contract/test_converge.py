@@ -80,7 +80,7 @@ def test_one_sided_precision_loss_names_that_side_worse(runs):
     assert done.returncode == 0, done.stderr[-3000:]
     assert kept, "the Paddle runs of the same spec were run again instead of kept"
     final = report["points"][-1]
-    assert final["worse"] == "torch" and report["final_outcome"] == "worse", report["headline"]
+    assert final["worse"] == "torch" and report["final_outcome"] == "better", report["headline"]  # paddle better
     # two-sided, the decision speaks of paddle (B) against torch (A, the reference): paddle/torch - 1 < 0
     assert final["decision"]["outcome"] == "better" and final["decision"]["high"] < 0 and final["diff"] < 0
     assert report["headline"][1].startswith("final eval loss (step 120): paddle better than torch by at least ")
