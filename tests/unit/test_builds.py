@@ -315,12 +315,13 @@ def test_a_build_that_crashes_is_recorded_and_skipped_and_the_bisect_says_what_i
     recipe = _recipe(tmp_path, {"fake": {"ips": 100, "ips_jitter": 0.03}, "fake@2": {"behave": "crash"},
                                 "fake@3": {"ips": 70}, "fake@4": {"ips": 70}})
     out = workflow.bisect(recipe, str(tmp_path / "builds.txt"), good="fake@1", bad="fake@4", overrides=[],
-                          repeat=3, out_dir=tmp_path / "bisect")
+                          repeat="auto", max_pairs=9, out_dir=tmp_path / "bisect")
     state = json.loads((tmp_path / "bisect" / "bisect.json").read_text())
-    skipped = [d for d in state["decisions"] if d["verdict"] == "skipped"]
-    assert [d["build"] for d in skipped] == ["fake@2"] and "crashed" in skipped[0]["reason"]
-    assert state["result"]["outcome"] == "undecided" and state["result"]["first_bad"] == "fake@3"
-    assert out.exit_code == 1 and "Undecided" in out.text
+    skipped = [d for d in state["result"]["decisions"] if d["verdict"] == "skipped"]
+    assert [d["build"] for d in skipped] == ["fake@2"] and "crash" in skipped[0]["reason"]
+    assert state["result"]["outcome"] == "range" and state["result"]["first_bad"] == "fake@3"
+    assert state["result"]["last_good"] == "fake@1"  # never fake@3 alone: fake@2 could not be judged
+    assert out.exit_code == 1 and "Undecided within fake@1 … fake@3" in out.text
 
 
 @pytest.mark.parametrize("repeat, max_pairs, margin, says", [
