@@ -166,6 +166,10 @@ def _executor():
         return None
     from xfw.run import slurm
 
+    if ctx.params.get("ab") or ctx.command.name == "bisect":  # pairs in one job on one node: not built yet
+        raise slurm.SlurmError("--executor slurm: an A/B's alternated pairs must run on one node, which the Slurm "
+                               "executor does not do yet; run --ab and bisect with --executor local (docs/slurm.md)")
+
     return slurm.SlurmExecutor(slurm.SlurmOptions(
         partition=chosen.get("partition"), account=chosen.get("account"), qos=chosen.get("qos"),
         time_min=chosen.get("time_min"), gpus_per_node=chosen.get("gpus_per_node"),
