@@ -25,7 +25,7 @@ demo: setup
 # is a scope of its own, tests/conftest.py); WORKERS=0: serial.
 WORKERS ?= 2
 test: setup browser
-	scripts/setup_slurm.sh
+	bash scripts/setup_slurm.sh  # a real two-node Slurm cluster on loopback for tests/contract/test_slurm.py (docs/slurm.md)
 	$(PYTEST) tests $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadscope) --durations=25
 
 unit: setup
