@@ -25,7 +25,7 @@ from pathlib import Path
 import click
 
 from xfw import terminal
-from xfw.cliargs import (LAYOUT_NAMES, _backend_list, _backend_names, _fail, _finish, _interpreters, _log, _one_backend,
+from xfw.cliargs import (RepeatOrAuto, LAYOUT_NAMES, _backend_list, _backend_names, _fail, _finish, _interpreters, _log, _one_backend,
                          _pairs, _progress, _with_repeat, as_option, force_option, launcher, out_option, overrides_of,
                          python_option, rendezvous_options, repeat_option, set_option, workflow, count_type, _instances,
                          executor_options)
@@ -98,7 +98,10 @@ def run(recipe, backend, overrides, comparison, repeat, pythons, out_dir, node_r
               help="Comma-separated backends; contrast = (first - second) / second.")
 @set_option
 @as_option
-@repeat_option
+@click.option("--repeat", type=RepeatOrAuto(), default=None, metavar="K|auto",
+              help="Run each backend K times (same as --set measure.repeat=K); the report shows the median and the "
+                   "spread, and flags a contrast within the noise. With --ab: K alternated pairs, or auto: start at 3 "
+                   "and add 3 at a time until decided (needs --max-pairs).")
 @python_option
 @out_option
 @rendezvous_options
@@ -127,6 +130,10 @@ def compare(recipes, backends, overrides, comparison, repeat, pythons, out_dir, 
     """Run recipes on several backends, one at a time, and print the contrast table. The settings
     section shows each recipe's parity status: the newest parity.json with the same recipe
     fingerprint in --parity DIR, in --out (or one level below) or in runs/parity-<recipe>."""
+    if repeat == "auto" and max_pairs is None:
+        raise click.UsageError("--repeat auto adds alternated pairs until decided: give its budget with --max-pairs N")
+    if repeat == "auto":
+        repeat = None  # sequential: start at 3 pairs (--max-pairs)
     if max_pairs is not None:
         _finish(lambda: workflow.ab_sequential_cli(
             list(recipes), _backend_names(backends), overrides=_with_repeat(overrides, None, comparison), ab=ab,

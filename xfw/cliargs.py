@@ -143,6 +143,17 @@ def count_type(name: str) -> click.IntRange:
     return click.IntRange(1, COUNT_BOUNDS[name])
 
 
+class RepeatOrAuto(click.ParamType):
+    """compare's --repeat: a count within its bound, or ``auto`` (sequential A/B pairs, with --max-pairs)."""
+
+    name = "K|auto"
+
+    def convert(self, value, param, ctx):
+        if value == "auto" or isinstance(value, int):
+            return value
+        return count_type("repeat").convert(value, param, ctx)
+
+
 repeat_option = click.option("--repeat", type=count_type("repeat"), default=None, metavar="K",
                              help="Run each backend K times (same as --set measure.repeat=K); the report shows "
                                   "the median and the spread, and flags a contrast within the noise.")
