@@ -2,7 +2,7 @@
 planted slowdowns of 0-50% (issue 39). A SIMULATION over real measured noise: every pair's noise is
 drawn from the log ratios of real alternated pairs of one build against itself
 (results/cpu/ab/false-positives: torch, recipes/tiny/llava_sft.yaml, a 2-core VM at load 3-7, the
-loaded machine), and the real decision code decides (xfw.report.ab.ab_test, xfw.run.bisect.search)::
+loaded machine), and the real decision code decides (xfw.report.ab.ab_test, xfw.run.commands.bisect.search)::
 
     python benchmarks/decision_power_builds.py --trials 400 --out results/cpu/decisions/builds-simulated.md
 
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from xfw.report.ab import MARGIN, ab_test  # noqa: E402
-from xfw.run import bisect as bs  # noqa: E402
+from xfw.run.commands import bisect as bs  # noqa: E402
 
 SIZES = (0.0, 0.05, 0.10, 0.20, 0.30, 0.50)
 

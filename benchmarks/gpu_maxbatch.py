@@ -4,7 +4,7 @@ For each ``RECIPE:m1,m2,...`` the micro-batches are tried from largest to smalle
 its own process through xfw's launcher (an OOM in one probe cannot poison the next); the
 first that runs is the largest that fits, and the one above it is kept as the OOM edge.
 Every probe is an ordinary run directory. The seed's 8-GPU settings are reduced to one GPU:
-nproc 1, no sharding, global batch = micro batch. The search itself is ``xfw.run.maxbatch`` (what
+nproc 1, no sharding, global batch = micro batch. The search itself is ``xfw.run.commands.maxbatch`` (what
 ``xfw maxbatch --candidates`` runs); this script keeps the one-GPU reduction and the
 ``maxbatch.json`` lines the H100 runs in results/h100 were made with.
 
@@ -19,7 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from xfw.run import launcher, maxbatch
+from xfw.run.launch import launcher
+from xfw.run.commands import maxbatch
 from xfw.report.results import RunResult
 from xfw.contract.atomic import write_json_atomic
 

@@ -421,7 +421,7 @@ def selfcheck(backends, families, full, paths, comparison, pythons, out_dir) -> 
     backend, and say which work here; compare warns about runs through unchecked paths. The default
     checks one family (LLaVA, about 5 minutes on 2 cores); --full checks all four."""
     from xfw.report.selfcheck import BY_NAME
-    from xfw.run.selfcheck import FAMILY_RECIPES, QUICK_FAMILIES
+    from xfw.run.commands.selfcheck import FAMILY_RECIPES, QUICK_FAMILIES
 
     if full and families:
         _fail("--full checks every family: give it or --families, not both")

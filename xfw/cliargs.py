@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from xfw import terminal
-from xfw.run.counts import COUNT_BOUNDS
+from xfw.run.commands.counts import COUNT_BOUNDS
 
 
 class _Lazy:
@@ -26,7 +26,7 @@ class _Lazy:
 
 
 workflow = _Lazy("xfw.workflow")
-launcher = _Lazy("xfw.run.launcher")
+launcher = _Lazy("xfw.run.launch.launcher")
 overrides_of = _Lazy("xfw.recipe.overrides")
 LAYOUT_NAMES = ("contrast", "strategies", "ranks", "batch", "scaling", "cost")
 """``xfw.report.layouts.LAYOUTS``' names, written out here so the CLI loads without the report layer
@@ -70,7 +70,7 @@ def _interpreters(pairs: tuple[str, ...], backends: str | None = None, flag: str
 
 
 def _instances(text: str, flag: str = "--backends"):
-    from xfw.run import instances
+    from xfw.run.launch import instances
 
     try:
         return instances.parse_list(text, flag=flag)
@@ -115,7 +115,7 @@ def _log(line: str) -> None:
 
 def _finish(call) -> None:
     """Run one workflow call; print its outcome (report on stdout, files and notes on stderr); exit."""
-    from xfw.run import jobs, slurm  # the executor (--executor, executor_options) its jobs run through
+    from xfw.run.launch import jobs, slurm  # the executor (--executor, executor_options) its jobs run through
 
     try:
         with jobs.executing(_executor()):
@@ -138,7 +138,7 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY.PATH
 python_option = click.option("--python", "pythons", multiple=True, metavar="NAME=PATH",
                              help="Interpreter for a backend (default: .venv/NAME/bin/python). Repeatable.")
 def count_type(name: str) -> click.IntRange:
-    """A count option's type: an integer in [1, its documented bound] (``xfw.run.counts``), refused by
+    """A count option's type: an integer in [1, its documented bound] (``xfw.run.commands.counts``), refused by
     click in one line (exit 2) before any work."""
     return click.IntRange(1, COUNT_BOUNDS[name])
 
@@ -175,7 +175,7 @@ def _executor():
     chosen = (ctx.meta if ctx else {}).get("xfw.executor", {})
     if chosen.get("executor", "local") == "local":
         return None
-    from xfw.run import slurm
+    from xfw.run.launch import slurm
 
     if ctx.params.get("ab") or ctx.command.name == "bisect":  # pairs in one job on one node: not built yet
         raise slurm.SlurmError("--executor slurm: an A/B's alternated pairs must run on one node, which the Slurm "

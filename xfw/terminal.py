@@ -34,7 +34,7 @@ def echo(text: str, *, err: bool = False) -> None:
 
 
 class Display:
-    """A progress display (xfw.run.launcher.Progress) that a closed stderr cannot break."""
+    """A progress display (xfw.run.launch.launcher.Progress) that a closed stderr cannot break."""
 
     def __init__(self, inner):
         self._inner = inner

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from xfw.contract.records import read_records
-from xfw.run import launcher
+from xfw.run.launch import launcher
 from xfw.recipe import load_recipe
 from xfw.workflow import prepare_backends
 

@@ -5,7 +5,7 @@ or a custom device in Paddle and say so (on the CPU test device: test_paddle_sha
 import pytest
 import yaml
 
-from xfw.run import launcher
+from xfw.run.launch import launcher
 from xfw.recipe import load_recipe
 
 from conftest import TINY_RECIPE, require_interpreter

@@ -32,8 +32,8 @@ import pytest
 
 from conftest import ROOT, require_interpreter
 from xfw.contract.records import load_records
-from xfw.run import launcher
-from xfw.run.parity import export_initial_weights
+from xfw.run.launch import launcher
+from xfw.run.commands.parity import export_initial_weights
 from xfw.recipe import load_recipe
 
 pytestmark = pytest.mark.contract

@@ -1,7 +1,7 @@
 """Parity across the real adapters: the same start, the same batches, the same losses.
 
 Each tiny recipe trains 3 steps on both backends from one exported weight file
-(``xfw.run.parity.run_parity``). The final RMSNorm's weight negated on one side (``xfw parity
+(``xfw.run.commands.parity.run_parity``). The final RMSNorm's weight negated on one side (``xfw parity
 --weights paddle=DIR``) fails step 0, and the module probe names that module by comparing outputs
 element by element (the negated output keeps its norm). The round trip
 torch → file → Paddle → file → torch, every family: test_parity_roundtrip.py.
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, require_interpreter
-from xfw.run import parity
+from xfw.run.commands import parity
 from xfw.contract import weights
 from xfw.report.results import RunResult
 from xfw.recipe import load_recipe

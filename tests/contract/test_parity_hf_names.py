@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, require_interpreter
 from test_parity_roundtrip import assert_bit_identical, export_paddle, export_torch
-from xfw.run import parity
+from xfw.run.commands import parity
 from xfw.contract import weights
 
 pytestmark = pytest.mark.contract

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, require_interpreter
-from xfw.run import parity
+from xfw.run.commands import parity
 from xfw.contract import weights
 from xfw.recipe import load_recipe
 from xfw.recipe.spec import resolve_spec

@@ -9,7 +9,7 @@ the single process's loss at every step, up to fp32 reduction order.
 import pytest
 import yaml
 
-from xfw.run import launcher
+from xfw.run.launch import launcher
 from xfw.recipe import load_recipe
 from xfw.contract.records import load_records
 

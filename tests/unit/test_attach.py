@@ -24,7 +24,7 @@ from xfw.contract.records import read_records
 from xfw.report import contrast, layouts
 from xfw.report.compare import compare_runs
 from xfw.report.results import RunResult
-from xfw.run import launcher
+from xfw.run.launch import launcher
 from xfw.recipe import RecipeError, load_recipe, recipe_from_dict
 from xfw.recipe.spec import resolve_spec
 from xfw.workflow import UsageError, prepare_backends
@@ -124,7 +124,7 @@ def test_print_command_shows_the_directory_the_guard_and_the_probe_variables(tmp
     path = command_recipe(tmp_path, {"command": [PY, "train.py"], "cwd": "."})
     result = invoke("run", path, "--backend", "mine", "--out", tmp_path / "out", "--print-command")
     assert result.exit_code == 0, result.output
-    assert f"cd {tmp_path} && " in result.output and "xfw.run.guard" in result.output
+    assert f"cd {tmp_path} && " in result.output and "xfw.run.launch.guard" in result.output
     assert f"{probe.ENV_SPEC}=" in result.output and str(probe.SITE_DIR) in result.output
     assert result.output.rstrip().endswith(f"-- {PY} train.py")
 
@@ -245,7 +245,7 @@ def test_records_the_probe_did_not_write_are_not_a_measurement(tmp_path):
 
 def test_a_probed_command_is_stopped_once_every_rank_ended(tmp_path, monkeypatch):
     """The probe's SystemExit caught by the script: xfw stops it after the grace period."""
-    from xfw.run import attached
+    from xfw.run.launch import attached
 
     monkeypatch.setattr(attached, "ENDED_GRACE_S", 0.5)
     path = script(tmp_path, FORGER)  # stands in for a probe: it writes with this run's token

@@ -49,7 +49,7 @@ def test_a_pattern_that_backtracks_without_end_is_ended_not_xfw(tmp_path):
 
 
 def test_a_log_without_newlines_is_read_in_bounded_memory(tmp_path):
-    from xfw.run import logparse
+    from xfw.run.launch import logparse
 
     log = tmp_path / "stdout.log"
     with open(log, "w") as f:
@@ -70,7 +70,7 @@ def test_a_log_without_newlines_is_read_in_bounded_memory(tmp_path):
     ({"ips": r"(\d)", "before": "x"}, "before", "unknown key"),
 ])
 def test_a_bad_log_pattern_names_its_key(pattern, key, words):
-    from xfw.run import logparse
+    from xfw.run.launch import logparse
 
     with pytest.raises(logparse.PatternError) as err:
         logparse.LogPattern.parse(pattern)
@@ -102,7 +102,7 @@ def test_print_command_without_out_leaves_no_run_directory_behind(tmp_path, monk
     path = command_recipe(tmp_path, {"command": [PY, "train.py"], "cwd": "."})
     result = invoke("run", path, "--backend", "mine", "--print-command")
     assert result.exit_code == 0, result.output
-    assert "xfw.run.guard" in result.output and "no spec.json written" in result.output
+    assert "xfw.run.launch.guard" in result.output and "no spec.json written" in result.output
     assert not (tmp_path / "runs").exists() and not list(tmp_path.rglob("spec.json"))
 
 
@@ -163,7 +163,7 @@ def test_the_matcher_process_ends_with_xfw_even_inside_a_match_that_never_return
 
     from conftest import ROOT
 
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from xfw.run import logparse\n"
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from xfw.run.launch import logparse\n"
             "m = logparse.Matcher(logparse.LogPattern.parse({'ips': r'^(?:a+)+c|([0-9]+)'}), deadline_s=600)\n"
             "print(m.proc.pid, flush=True); m.match(['a' * 40 + 'b'])\n")
     xfw_like = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -131,3 +131,15 @@ def test_test_files_have_unique_names():
     # The test directories are not packages: two files with one basename break collection.
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert sorted(n for n in set(names) if names.count(n) > 1) == []
+
+
+def test_inside_run_launching_and_data_never_import_what_a_command_decides():
+    """xfw/run/ by concern (docs/design.md §2): ``commands`` (converge, bisect, nightly, ...) start runs through
+    ``launch`` and read ``data``; neither of those reaches back up into a command."""
+    offenders = []
+    for folder in ("launch", "data"):
+        for path in (ROOT / "xfw" / "run" / folder).rglob("*.py"):
+            offenders += [f"{path.relative_to(ROOT)} -> {m}" for m in _xfw_imports(path)
+                          if m.startswith("xfw.run.commands")]
+    assert offenders == []
+    assert sorted(p.name for p in (ROOT / "xfw" / "run").glob("*.py")) == ["__init__.py"], "a module at xfw/run/'s top"

@@ -17,9 +17,9 @@ import yaml
 from tests.conftest import TINY_RECIPE
 from xfw import workflow
 from xfw.report.ab import MIN_PAIRS, ab_test
-from xfw.run import bisect as bs
-from xfw.run import instances
-from xfw.run.jobs import ab_order
+from xfw.run.commands import bisect as bs
+from xfw.run.launch import instances
+from xfw.run.launch.jobs import ab_order
 from xfw.recipe import recipe_from_dict
 
 

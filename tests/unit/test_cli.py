@@ -115,7 +115,7 @@ def test_help_and_validate_import_neither_pandas_nor_matplotlib_and_help_not_eve
     import subprocess
     import sys
 
-    heavy = ("pandas", "matplotlib", "numpy", "rich", "xfw.report", "xfw.run.launcher")
+    heavy = ("pandas", "matplotlib", "numpy", "rich", "xfw.report", "xfw.run.launch.launcher")
     code = ("import sys, runpy; sys.argv = {argv!r}\n"
             "try:\n    runpy.run_module('xfw.cli', run_name='__main__')\n"
             "except SystemExit as e:\n    assert e.code == 0, e.code\n"

@@ -13,7 +13,7 @@ from xfw.contract.atomic import read_json_object
 from xfw.report.converge import ConvergeReport, SeedRun, Speed, analyse, diverged_at, samples_to_target, write_outputs
 from xfw.report.decision import Decision
 from xfw.report.table import to_markdown
-from xfw.run.converge import next_look
+from xfw.run.commands.converge import next_look
 
 STEPS, EVERY, SPS = 300, 25, 8
 EVAL_STEPS = list(range(0, STEPS + 1, EVERY))

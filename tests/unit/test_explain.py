@@ -395,7 +395,8 @@ def test_one_backend_is_explained_alone_and_two_recipes_get_two_charts(tmp_path)
 
 def test_the_explain_process_gets_the_measured_runs_environment_and_one_process_only(tmp_path, monkeypatch):
     from xfw.contract import lifeline
-    from xfw.run import explain, launcher
+    from xfw.run.commands import explain
+    from xfw.run.launch import launcher
 
     spec = {"measure": {"cpu_threads": 1}, "backend_env": {"FLAGS_use_stride_kernel": "0", "OMP_NUM_THREADS": "1"},
             "derived": {"num_processes": 1}, "backend_knobs": {}}

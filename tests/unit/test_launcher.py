@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from xfw.run import launcher
+from xfw.run.launch import launcher
 from xfw.recipe import load_recipe
 from xfw.report.results import RunResult
 

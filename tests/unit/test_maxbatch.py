@@ -6,7 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from xfw import cli
-from xfw.run import launcher, maxbatch
+from xfw.run.launch import launcher
+from xfw.run.commands import maxbatch
 from xfw.report.nodes import load_runs
 
 

@@ -15,7 +15,7 @@ from conftest import ROOT
 from xfw.report.converge import SeedRun, Speed, analyse
 from xfw.report.history import History, converge_fields, workload_fingerprint
 from xfw.report.verdicts import NOT_ENOUGH, RegressionPolicy, Verdict, evaluate
-from xfw.run.suite import SuiteError, load_suite
+from xfw.run.commands.suite import SuiteError, load_suite
 
 REAL = str(ROOT / "recipes/tiny/llava_json_sft.yaml")
 SYNTHETIC = str(ROOT / "recipes/tiny/llava_sft.yaml")

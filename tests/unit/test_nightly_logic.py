@@ -12,8 +12,8 @@ import yaml
 from conftest import ROOT
 from xfw.report.history import History, workload_fingerprint
 from xfw.report.verdicts import RegressionPolicy, evaluate, relative_scatter, step_scatter
-from xfw.run.nightly import choose_night
-from xfw.run.suite import SuiteError, load_suite
+from xfw.run.commands.nightly import choose_night
+from xfw.run.commands.suite import SuiteError, load_suite
 
 POLICY = RegressionPolicy(window=7, min_nights=1, ips_drop=0.05, mem_growth=0.05, noise_k=3)
 
@@ -75,7 +75,7 @@ def test_bad_suites_fail_with_one_line_naming_the_file_and_key(tmp_path, data, m
 
 def test_a_suite_selfcheck_runs_fp32_first_and_defaults_to_everything(tmp_path):
     from xfw.report.selfcheck import BY_NAME
-    from xfw.run.selfcheck import FAMILY_RECIPES
+    from xfw.run.commands.selfcheck import FAMILY_RECIPES
 
     base = {"name": "s", "backends": ["torch"], "entries": [str(ROOT / "recipes/tiny/llava_sft.yaml")]}
     assert load_suite(write_suite(tmp_path, base)).selfcheck is None

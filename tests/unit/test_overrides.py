@@ -16,9 +16,9 @@ from xfw.report import contrast
 from xfw.report.compare import compare_runs
 from xfw.report.nodes import load_runs
 from xfw.report.table import to_csv, to_html
-from xfw.run import jobs
+from xfw.run.launch import jobs
 from xfw.recipe.overrides import backend_overrides, backend_recipe, describe
-from xfw.run.parity import recipe_fingerprint
+from xfw.run.commands.parity import recipe_fingerprint
 from xfw.recipe import RecipeError, load_recipe, recipe_from_dict
 from xfw.recipe.spec import resolve_spec
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from xfw.contract import weights
 from xfw.report import parity
-from xfw.run import parity as run_parity
+from xfw.run.commands import parity as run_parity
 from xfw.recipe import load_recipe
 
 

@@ -23,7 +23,7 @@ from xfw import cli
 from xfw.contract import lifeline, weights
 from xfw.contract.records import read_records
 from xfw.report.results import RunResult
-from xfw.run import jobs, launcher
+from xfw.run.launch import jobs, launcher
 
 from conftest import ROOT, TINY_RECIPE
 

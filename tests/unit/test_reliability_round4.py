@@ -384,7 +384,7 @@ def test_25_assemble_keeps_a_link_inside_its_part(tmp_path, fake_run):
 
 
 def test_25_report_refuses_to_write_into_a_directory_a_live_command_holds(tmp_path, fake_run):
-    from xfw.run import lock
+    from xfw.run.launch import lock
 
     run = copy_run(fake_run, tmp_path)
     with lock.hold(tmp_path / "runs", "xfw compare live.yaml"):
@@ -401,7 +401,7 @@ def test_25_report_refuses_to_write_into_a_directory_a_live_command_holds(tmp_pa
 
 @pytest.mark.parametrize("value", [[1], "x", {"host": []}, {"host": {"hostname": 5}}, {"backends": {"fake": 1}}])
 def test_25_a_malformed_selfcheck_json_never_crashes_a_run(tmp_path, fake_backend, monkeypatch, value):
-    from xfw.run import selfcheck
+    from xfw.run.commands import selfcheck
 
     target = tmp_path / "sc"
     target.mkdir()
@@ -435,7 +435,7 @@ def test_26_a_stopped_process_in_its_own_session_ends_with_the_run(tmp_path, fak
 
 
 def test_26_a_killed_ranks_reason_names_the_rank_and_the_signal():
-    from xfw.run.launcher import classify
+    from xfw.run.launch.launcher import classify
 
     records = [{"kind": "start", "rank": r} for r in (0, 1)] + \
         [{"kind": "step", "rank": r, "step": i} for r in (0, 1) for i in range(3)] + [{"kind": "end", "rank": 0}]

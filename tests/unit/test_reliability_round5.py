@@ -186,7 +186,7 @@ def test_30_every_key_converge_forces_is_refused_as_a_per_backend_override():
 
     from xfw.recipe import RecipeError, load_recipe
     from xfw.recipe.overrides import refuse_forced
-    from xfw.run.converge import Plan
+    from xfw.run.commands.converge import Plan
 
     forced = [*Plan.seed_overrides(SimpleNamespace(steps=40, eval_every=20, eval_samples=24, timeout_s=600.0), 0),
               "model.weights=EXPORT"]  # as xfw converge declares it
@@ -236,7 +236,7 @@ def test_31_a_misspelt_or_absent_backend_in_an_override_is_refused(tmp_path, fak
                                   "paddle@" + "n" * 95 + "=/usr/bin/python3"])
 def test_32_an_instance_name_over_the_length_is_one_line(text):
     from xfw.recipe.names import MAX_NAME_CHARS
-    from xfw.run import instances
+    from xfw.run.launch import instances
 
     with pytest.raises(instances.InstanceError) as err:
         instances.parse(text)
@@ -246,7 +246,7 @@ def test_32_an_instance_name_over_the_length_is_one_line(text):
 
 
 def test_32_a_long_wheel_version_is_one_line(tmp_path):
-    from xfw.run import instances
+    from xfw.run.launch import instances
 
     wheel = tmp_path / f"paddlepaddle-{'1.' * 60}0-cp312-cp312-linux_x86_64.whl"
     wheel.write_bytes(b"")
@@ -282,7 +282,7 @@ SPAWNER = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, 
 def test_33_a_check_that_times_out_is_ended_with_its_children(tmp_path):
     import sys
 
-    from xfw.run.task import TaskTimeout, run_task
+    from xfw.run.launch.task import TaskTimeout, run_task
 
     pid_file = tmp_path / "child"
     with pytest.raises(TaskTimeout, match="took over 3 s"):
@@ -293,7 +293,7 @@ def test_33_a_check_that_times_out_is_ended_with_its_children(tmp_path):
 def test_33_a_describe_check_past_its_time_leaves_nothing_running(tmp_path, monkeypatch):
     import sys
 
-    from xfw.run import launcher
+    from xfw.run.launch import launcher
 
     pid_file = tmp_path / "child"
     script = tmp_path / "python"
@@ -313,7 +313,7 @@ def test_33_xfw_killed_during_a_build_step_leaves_nothing_running(tmp_path):
     import time
 
     pid_file = tmp_path / "child"
-    xfw = subprocess.Popen([sys.executable, "-c", "import sys; from xfw.run.task import run_task; "
+    xfw = subprocess.Popen([sys.executable, "-c", "import sys; from xfw.run.launch.task import run_task; "
                             f"run_task([sys.executable, '-c', {SPAWNER!r}, {str(pid_file)!r}], timeout_s=300)"],
                            cwd=Path(__file__).resolve().parents[2])
     deadline = time.monotonic() + 20
@@ -328,7 +328,7 @@ def test_33_a_killed_builds_scratch_is_listed_cleaned_and_never_one_that_lives(t
     import os
     import subprocess
 
-    from xfw.run import instances
+    from xfw.run.launch import instances
 
     builds = tmp_path / instances.BUILDS_DIR
     dead = subprocess.Popen(["true"])
@@ -358,7 +358,7 @@ def make_wheel(folder: Path, file_dist: str, meta_name: str) -> Path:
 
 
 def test_34_a_wheel_of_another_distribution_is_refused_naming_both(tmp_path):
-    from xfw.run.buildcheck import wheel_problem
+    from xfw.run.launch.buildcheck import wheel_problem
 
     assert wheel_problem(str(make_wheel(tmp_path, "torch", "torch")), "torch") is None
     assert wheel_problem(str(make_wheel(tmp_path, "paddlepaddle_gpu", "paddlepaddle-gpu")),
@@ -375,7 +375,7 @@ def test_34_a_wheel_of_another_distribution_is_refused_naming_both(tmp_path):
 
 
 def test_34_an_unrelated_wheel_never_starts_a_build(tmp_path):
-    from xfw.run import instances
+    from xfw.run.launch import instances
 
     (tmp_path / ".venv" / "torch" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "torch" / "bin" / "python").write_text("")
@@ -390,7 +390,7 @@ def test_34_an_unrelated_wheel_never_starts_a_build(tmp_path):
 # --- 35: settings checked before any launch (a converge rerun with other --steps) ----------------------
 
 def test_35_a_converge_rerun_of_other_settings_refuses_before_anything_launches(tmp_path):
-    from xfw.run import converge as cv
+    from xfw.run.commands import converge as cv
     from xfw.workflow.running import converge_jobs
 
     chosen = cv.plan(CONVERGE_RECIPE, [], backends=("paddle", "torch"), seeds=2, steps=20, eval_every=10)
@@ -423,8 +423,8 @@ def test_36_a_count_past_its_bound_is_one_line_at_once(args):
 
 
 def test_36_a_suite_converge_entry_has_the_same_bounds():
-    from xfw.run.counts import COUNT_BOUNDS, count_problem
-    from xfw.run.converge import MAX_SEEDS
+    from xfw.run.commands.counts import COUNT_BOUNDS, count_problem
+    from xfw.run.commands.converge import MAX_SEEDS
 
     assert COUNT_BOUNDS["seeds"] == COUNT_BOUNDS["max_seeds"] == MAX_SEEDS  # one bound, two places that name it
     assert count_problem("seeds", 10**9, "entries[0].converge.seeds") == \
@@ -435,7 +435,7 @@ def test_36_a_suite_converge_entry_has_the_same_bounds():
 # --- 37: an uninstallable version names what was asked and what exists --------------------------------
 
 def test_37_pips_useful_line_is_shown_not_its_help_pointer():
-    from xfw.run.buildcheck import pip_error as _pip_error
+    from xfw.run.launch.buildcheck import pip_error as _pip_error
 
     versions = ", ".join(f"2.{i}.0" for i in range(20))
     lines = ["Collecting torch==9.9.9\n",
@@ -469,7 +469,7 @@ def test_38_explain_categories_checks_the_recipe_and_backends(write_recipe):
 # --- 39: a builds file's comment starts only at a line start or after whitespace ----------------------
 
 def test_39_a_hash_inside_an_interpreter_path_is_kept(tmp_path):
-    from xfw.run.bisect import read_builds, strip_comment
+    from xfw.run.commands.bisect import read_builds, strip_comment
 
     assert strip_comment("paddle@a=/opt/build#3/bin/python  # nightly 3") == "paddle@a=/opt/build#3/bin/python"
     assert strip_comment("# all of it") == "" and strip_comment("paddle@3.2.0\t#x") == "paddle@3.2.0"
@@ -487,7 +487,7 @@ def test_39_a_hash_inside_an_interpreter_path_is_kept(tmp_path):
 @given(path=st.text(st.characters(blacklist_categories=("Cs", "Cc", "Zs", "Zl", "Zp")), min_size=1, max_size=30),
        comment=st.text(max_size=20))
 def test_fuzz_39_a_path_without_whitespace_survives_any_comment(path, comment):
-    from xfw.run.bisect import strip_comment
+    from xfw.run.commands.bisect import strip_comment
 
     comment = comment.replace("\n", " ").replace("\r", " ")
     line = f"paddle@x=/{path}"
@@ -497,7 +497,7 @@ def test_fuzz_39_a_path_without_whitespace_survives_any_comment(path, comment):
 def test_33_a_build_step_that_fails_or_hangs_is_one_line_and_leaves_nothing(tmp_path):
     import sys
 
-    from xfw.run import instances
+    from xfw.run.launch import instances
 
     inst = instances.parse("torch@2.0.0")
     with pytest.raises(instances.InstanceError, match=r"torch@2.0.0: creating its virtual environment failed \(exit 3"):

@@ -257,10 +257,10 @@ def test_a_compare_says_why_first_losses_differ_when_each_side_started_from_its_
 
 
 def test_docs_flops_table_is_generated_from_the_code_and_not_stale():
-    from xfw.run import flops_table
+    from xfw.run.commands import flops_table
 
     current = flops_table.DOC.read_text(encoding="utf-8")
-    assert flops_table.render(current) == current, "docs/flops.md is stale: run python -m xfw.run.flops_table"
+    assert flops_table.render(current) == current, "docs/flops.md is stale: run python -m xfw.run.commands.flops_table"
     row = next(line for line in current.splitlines() if line.startswith("| sd15-pretrain |"))
     assert "| 256 px |" in row  # the recipe's resolution, said beside the figure
     row = next(line for line in current.splitlines() if line.startswith("| llava7b-sft |"))

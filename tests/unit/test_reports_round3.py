@@ -222,7 +222,7 @@ def test_selfcheck_defaults_to_one_family_and_full_runs_them_all(monkeypatch):
 
 def test_selfcheck_counts_every_run_up_front_and_writes_verdicts_as_each_family_finishes(tmp_path, monkeypatch):
     from xfw.report.results import RunResult
-    from xfw.run import selfcheck as sc
+    from xfw.run.commands import selfcheck as sc
 
     monkeypatch.setattr(sc, "export_initial_weights", lambda *a, **k: None)
     monkeypatch.setattr(sc, "load_recipe", lambda path, overrides: path)

@@ -129,7 +129,7 @@ def test_a_mechanism_on_one_side_only_is_named_and_a_recorded_entry_is_checked(t
 
 
 def test_xfw_env_says_what_it_probes_as_it_goes(monkeypatch):
-    from xfw.run import launcher
+    from xfw.run.launch import launcher
     from xfw.workflow import reading
 
     seen = []

@@ -23,7 +23,7 @@ def test_one_failing_family_fails_the_path_and_all_skipped_is_not_checked():
 def test_a_backend_with_a_cpu_test_device_runs_its_gpu_only_paths_there():
     from pathlib import Path
 
-    from xfw.run.selfcheck import overrides_for
+    from xfw.run.commands.selfcheck import overrides_for
 
     offers = {"device": "cpu", "cpu_test_device": "testcpu"}
     stage2 = overrides_for(judge.BY_NAME["stage2"], "paddle", Path("/w"), offers)

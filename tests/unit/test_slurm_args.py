@@ -1,4 +1,4 @@
-"""The pure parts of the Slurm executor (xfw.run.slurm): the sbatch line and the checks made before
+"""The pure parts of the Slurm executor (xfw.run.launch.slurm): the sbatch line and the checks made before
 anything is submitted. The real cluster is exercised in tests/contract/test_slurm.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from xfw.recipe.load import load_recipe
-from xfw.run import slurm
+from xfw.run.launch import slurm
 
 from conftest import ROOT
 

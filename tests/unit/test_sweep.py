@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from xfw import cli
-from xfw.run import sweep
+from xfw.run.commands import sweep
 from xfw.report.compare import compare_runs
 from xfw.recipe import RecipeError
 from xfw.report.nodes import load_runs

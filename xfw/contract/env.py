@@ -82,5 +82,5 @@ def host_env() -> dict:
         **({"slurm": {"job_id": os.environ["SLURM_JOB_ID"], "node": os.environ.get("SLURMD_NODENAME", ""),
                       "partition": os.environ.get("SLURM_JOB_PARTITION", ""),
                       "cluster": os.environ.get("SLURM_CLUSTER_NAME", "")}}
-           if "SLURM_JOB_ID" in os.environ else {}),  # a run under Slurm (xfw.run.slurm): which job, which node
+           if "SLURM_JOB_ID" in os.environ else {}),  # a run under Slurm (xfw.run.launch.slurm): which job, which node
     }

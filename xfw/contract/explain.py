@@ -20,7 +20,7 @@ output projection) keeps its own backward: the parent's interval begins with its
 inner interval is the innermost. A forward hook that fires
 during backward is recompute: its time counts in that module's backward and in ``recompute_s``.
 
-It runs after the measured window, in its own process (``xfw.run.explain``): never inside a
+It runs after the measured window, in its own process (``xfw.run.commands.explain``): never inside a
 measurement.
 """
 

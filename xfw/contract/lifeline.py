@@ -3,7 +3,7 @@
 The launcher starts every adapter in a process group of its own (so a timeout can stop torchrun
 and all its workers at once) and names itself in the environment::
 
-    XFW_PARENT=<pid>:<start time in clock ticks>      (set by xfw.run.launcher)
+    XFW_PARENT=<pid>:<start time in clock ticks>      (set by xfw.run.launch.launcher)
 
 :func:`watch_parent` (called by every process an adapter runs: the harness's entry point, each
 rank included) starts a daemon thread that looks once a second whether that process still exists;

@@ -91,7 +91,7 @@ OPTIONAL: dict[str, dict[str, tuple]] = {
                 # Seconds the adapter spent compiling its step programs ahead of the steps (JAX's jit),
                 # measured apart from every step and the window (docs/jax.md).
                 "compile_time_s": _NUM},
-    # "command_log": the window was parsed from a command's log (xfw.run.logparse), not measured by xfw.
+    # "command_log": the window was parsed from a command's log (xfw.run.launch.logparse), not measured by xfw.
     "window": {"source": _STR, "padded_tokens": _INT},
 }
 PHASES = ("warmup", "measure")

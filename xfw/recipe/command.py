@@ -14,7 +14,7 @@ describe the workload (labels, MFU, the expected world size, warm-up and measure
 * ``cwd``: where it runs; relative to the recipe file; default: the recipe file's directory.
 * ``env``: variables added to xfw's environment (strings only; ``PYTHONPATH`` is kept behind xfw's
   probe directories; names beginning with ``XFW_`` are xfw's).
-* ``log_pattern``: the fallback for commands xfw cannot hook (:mod:`xfw.run.logparse`); without it
+* ``log_pattern``: the fallback for commands xfw cannot hook (:mod:`xfw.run.launch.logparse`); without it
   the command runs under xfw's probe (:mod:`xfw.contract.probe`).
 
 ``--set backends.torch.command.3=--max_steps=40`` replaces one item, ``--set
@@ -31,7 +31,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xfw.run import logparse
+from xfw.run.launch import logparse
 
 KEYS = ("command", "cwd", "env", "log_pattern")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -280,7 +280,7 @@ def absolute_paths(data: Any, given: set[str], recipe_dir: Path) -> None:
 
 def forced_keys(forced: list[str]) -> list[str]:
     """The recipe keys a command forces on both sides, from the ``KEY=VALUE`` overrides it applies
-    (its declaration: e.g. ``xfw.run.converge.Plan.forced``); a backend's own knob (``backends.*``) is
+    (its declaration: e.g. ``xfw.run.commands.converge.Plan.forced``); a backend's own knob (``backends.*``) is
     not a recipe key."""
     keys = [item.partition("=")[0].strip() for item in forced]
     return list(dict.fromkeys(k for k in keys if k and not k.startswith("backends.")))

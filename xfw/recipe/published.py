@@ -39,7 +39,7 @@ import re
 from pathlib import Path
 
 from xfw.recipe.yamlfile import YamlError, load_file
-from xfw.run import instances
+from xfw.run.launch import instances
 
 COMPARISONS = ("like-for-like", "published")
 MECHANISMS = ("attn_implementation", "checkpointing", "optimizer_impl", "recompute", "tf32", "tf32_conv")

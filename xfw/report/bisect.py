@@ -25,7 +25,7 @@ def _d(decision, ref):
 
 
 def headline(result) -> str:
-    """``result``: an xfw.run.bisect.Bisect."""
+    """``result``: an xfw.run.commands.bisect.Bisect."""
     ends = result.decisions[0] if result.decisions else None
     end = _d(ends, result.good) if ends else None
     if result.outcome == "same":

@@ -137,7 +137,7 @@ class ComparisonRow:
     """Settings whose values differ between the sides (and are expected not to)."""
     warnings: list[str] = field(default_factory=list)
     parity: dict | None = None
-    """This recipe's parity status (``xfw.run.parity.find_parity``); None when nobody looked."""
+    """This recipe's parity status (``xfw.run.commands.parity.find_parity``); None when nobody looked."""
     data_line: str = ""
     """Whether both sides trained on identical batches (their micro-batch hashes); "" when unknown."""
     deliberate: list[str] = field(default_factory=list)

@@ -114,7 +114,7 @@ class Measurement:
 
 PARSED_NOTE = "parsed from the command's log: not measured by xfw"
 """What every report says beside a number whose window record has ``"source": "command_log"``
-(a command xfw could not hook; ``backends.<name>.log_pattern``, xfw.run.logparse)."""
+(a command xfw could not hook; ``backends.<name>.log_pattern``, xfw.run.launch.logparse)."""
 
 
 def _max_or_none(values) -> int | None:

@@ -11,7 +11,7 @@ Tolerances: the step-0 loss, computed from identical weights on identical inputs
 fp32 rounding (relative ≤ 1e-5); every later step (after the optimizer has amplified rounding
 differences) relative ≤ 1e-3. The gradient norm is part of the verdict, with the same two bounds
 (:data:`GRAD_NORM_REL`, docs/parity.md). A module's output differs beyond :data:`MODULE_REL_TOL`,
-element by element. Running parity is :mod:`xfw.run.parity`.
+element by element. Running parity is :mod:`xfw.run.commands.parity`.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class ParityReport:
     backends: tuple[str, str] = ("reference", "other")
     """(reference, other): the reference exports the starting weights both sides load."""
     recipe_fingerprint: str | None = None
-    """``xfw.run.parity.recipe_fingerprint`` of the recipe as given (what a compare report matches on)."""
+    """``xfw.run.commands.parity.recipe_fingerprint`` of the recipe as given (what a compare report matches on)."""
 
     @property
     def passed(self) -> bool:

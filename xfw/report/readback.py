@@ -203,7 +203,7 @@ VERDICT = {"entry": str, "backend": str, "metric": str, "verdict": str, "value?"
 """One ``xfw.report.verdicts.Verdict`` as ``xfw nightly`` writes it (``asdict`` and ``flagged``)."""
 
 VERDICTS = {"night?": str, "suite?": str, "policy?": {"window?": int, ...: object}, "verdicts": [VERDICT]}
-"""A night's ``nightly.json`` (``xfw.run.nightly``)."""
+"""A night's ``nightly.json`` (``xfw.run.commands.nightly``)."""
 
 AB_VERDICT = {"recipe": str, "first": str, "second": str, "verdict": str, "pairs": int,
               "ratios?": [Number], "ratio?": Number, "low?": Number, "high?": Number, "p_value?": Number,

@@ -2,7 +2,7 @@
 
 A *path* is a way of training the seed rows use (bf16 O2 with master weights, fp16 with a loss scaler,
 sharding stage 2, recompute, attention without the fused kernel, ...). ``xfw selfcheck``
-(:mod:`xfw.run.selfcheck`) trains each tiny family through each path on every backend, all from one
+(:mod:`xfw.run.commands.selfcheck`) trains each tiny family through each path on every backend, all from one
 exported start, and this module judges the runs::
 
     verdict = judge(path, runs_of_this_backend, fp32_runs_of_this_backend, other_backends_runs)

@@ -1,11 +1,12 @@
-"""Running: recipes in, run directories out.
+"""Running: recipes in, run directories out. Three folders, one concern each:
 
-* :mod:`~xfw.recipe`  recipes: load, override, validate, resolve to ``spec.json``
-* :mod:`~xfw.run.launcher`  one adapter process for one run, and side tasks (describe, export, probe)
-* :mod:`~xfw.run.jobs`  the one job runner: keep a settled run, else launch, record its variant
-* :mod:`~xfw.run.sweep`, :mod:`~xfw.run.maxbatch`, :mod:`~xfw.run.parity`  studies built on it
-* :mod:`~xfw.run.suite`, :mod:`~xfw.run.nightly`  the nightly job
+* :mod:`xfw.run.launch`  how one run starts and ends: the adapter process (:mod:`~xfw.run.launch.launcher`), the one
+  job runner and its executors (:mod:`~xfw.run.launch.jobs`, local or :mod:`~xfw.run.launch.slurm`), the output
+  lock, the guard and short tasks, backend instances (builds) and attached commands
+* :mod:`xfw.run.data`  real data: read, check and prepare (``prepare_data`` is the one writer of the cache)
+* :mod:`xfw.run.commands`  what each many-run command decides: which runs to start and what they mean
+  (converge, parity, bisect, selfcheck, sweep, maxbatch, nightly and its suite, explain)
 
-Imports go down only: this layer reads :mod:`xfw.report` (results, statistics) and
-:mod:`xfw.contract`; nothing below imports it.
+Recipes themselves are :mod:`xfw.recipe` (same layer). Imports go down only: ``commands`` uses ``launch`` and
+``data``, never the reverse; this layer reads :mod:`xfw.report` and :mod:`xfw.contract`; nothing below imports it.
 """

@@ -22,7 +22,7 @@ from xfw.report import breakdown
 from xfw.report.results import RunResult
 from xfw.report.table import Page
 from xfw.recipe import command
-from xfw.run import instances, jobs, launcher, lock
+from xfw.run.launch import instances, jobs, launcher, lock
 from xfw.recipe.overrides import OVERRIDE, backend_overrides
 from xfw.recipe import Recipe, RecipeError, load_recipe
 from xfw.recipe.spec import resolve_spec
@@ -91,7 +91,7 @@ def knob_problems(recipe: Recipe, root: Path = launcher.PROJECT_ROOT) -> list[st
     that runs a command, or whose adapter declares nothing here, is left to its own checks."""
     problems = []
     for name, knobs in recipe.backends.items():
-        adapter = instances.adapter_of(name)  # an instance's knobs are its adapter's (xfw.run.instances)
+        adapter = instances.adapter_of(name)  # an instance's knobs are its adapter's (xfw.run.launch.instances)
         found = sorted(root.glob(f"adapters/*/xfw_{adapter}/{knob_declaration.KNOBS_FILE}"))
         if "command" in knobs or not found:
             continue

@@ -1,4 +1,4 @@
-"""``xfw bisect``: from a change between two builds to the first build that has it (:mod:`xfw.run.bisect`,
+"""``xfw bisect``: from a change between two builds to the first build that has it (:mod:`xfw.run.commands.bisect`,
 docs/builds.md). Each look is an ``xfw compare --ab`` of one build against the good and the bad build
 (:func:`xfw.workflow.running.compare`) in ``OUT/ab-<build>/look-<k>``; every pair's log ratio is kept in
 ``bisect.json`` as it is measured, so a killed bisect resumes where it stopped.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from xfw.contract.atomic import UnreadableFile, write_json_atomic
 from xfw.report.readback import Maybe, read_checked
-from xfw.run import launcher
+from xfw.run.launch import launcher
 from xfw.workflow.base import (Log, Outcome, UsageError, guarded, load_all, prepare_backends, refuse_commands, silent,
                                write_page)
 from xfw.workflow.running import compare
@@ -83,14 +83,14 @@ def bisect(recipe_path: str, builds_path: str, *, good: str, bad: str, overrides
            repeat: int | str = 5, max_pairs: int | None = None, margin: float | None = None,
            out_dir: Path | None = None, force: bool = False,
            progress: launcher.Progress | None = None, log: Log = silent) -> Outcome:
-    """``xfw bisect`` (:mod:`xfw.run.bisect`): judge builds against both ends until an adjacent pair is
+    """``xfw bisect`` (:mod:`xfw.run.commands.bisect`): judge builds against both ends until an adjacent pair is
     decided and confirmed, or say which range it could not split; bisect.json/.md/.csv/.html; resumable.
     Exit 0 when the search ended decided (found, or the same within the margin), 1 when undecided."""
     from xfw.recipe import load_recipe  # noqa: F401  (the recipe is loaded through load_all)
     from xfw.report.ab import MARGIN, pairs_from_results
     from xfw.report.bisect import bisect_page
     from xfw.report.results import RunResult
-    from xfw.run import bisect as bs
+    from xfw.run.commands import bisect as bs
 
     start, budget, margin = check_pairs(repeat, max_pairs, MARGIN if margin is None else margin)
     try:

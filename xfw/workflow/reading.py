@@ -18,7 +18,7 @@ from xfw.report import estimate as est
 from xfw.report.nodes import load_runs
 from xfw.report.results import RunResult
 from xfw.report.table import Page
-from xfw.run import instances, jobs, launcher, lock
+from xfw.run.launch import instances, jobs, launcher, lock
 from xfw.recipe.spec import resolve_spec
 from xfw.workflow.base import (Log, Outcome, UsageError, guarded, judge_runs, load_all, prepare_backends, silent,
                                read_parity_status, write_page, write_report)
@@ -205,7 +205,7 @@ def selfcheck(backend_names: list[str], *, families: list[str], paths: list[str]
     """Every family through every settings path on every backend; a verdict per (backend, path);
     exit 1 if a path fails (not checked is not a failure: it says why)."""
     from xfw.report import selfcheck as judge
-    from xfw.run import selfcheck as sc
+    from xfw.run.commands import selfcheck as sc
 
     unknown = [f for f in families if f not in sc.FAMILY_RECIPES] + [p for p in paths if p not in judge.BY_NAME]
     if unknown:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from xfw.contract.atomic import UnreadableFile, write_json_atomic
 from xfw.report.results import RunResult
-from xfw.run import instances, jobs, launcher
-from xfw.run import maxbatch as mb
-from xfw.run import sweep as sw
+from xfw.run.launch import instances, jobs, launcher
+from xfw.run.commands import maxbatch as mb
+from xfw.run.commands import sweep as sw
 from xfw.recipe.overrides import backend_recipe, refuse_forced
 from xfw.recipe import Recipe
 from xfw.workflow.base import (Log, Outcome, UsageError, check_node, guarded, interrupted, knob_problems, load_all,
@@ -100,7 +100,7 @@ INHERITED_PREFIXES = ("CUDA_", "NCCL_", "NVIDIA_", "FLAGS_", "PADDLE_", "TORCH_"
 def parity_statuses(recipes: list[Recipe], out_dir: Path, extra: list[Path] = ()) -> dict[str, dict]:
     """Each recipe's parity status for the report: the newest matching parity.json in ``extra``,
     ``out_dir`` (or one level below) or ``runs/parity-<recipe>`` (xfw parity's default out)."""
-    from xfw.run import parity as par  # only here: compare's report is the one place that needs it
+    from xfw.run.commands import parity as par  # only here: compare's report is the one place that needs it
 
     search = [*extra, out_dir, *(Path("runs") / f"parity-{r.name}" for r in recipes)]
     return {r.name: par.find_parity(r, search) for r in recipes}
@@ -165,12 +165,12 @@ def next_step(recipe_paths: list[str], results: list[RunResult], out_dir: Path, 
 
 def explained(outcome: Outcome, results: list[RunResult], backend_names: list[str], backends: jobs.Backends,
               out_dir: Path, log: Log) -> Outcome:
-    """After the measured runs: each side profiled (``xfw.run.explain``), aligned (``xfw.report.explain``),
+    """After the measured runs: each side profiled (``xfw.run.commands.explain``), aligned (``xfw.report.explain``),
     written to explain.md/.csv/.html and explain.png beside the report, and printed."""
     from xfw.report import compare as cmp
     from xfw.report.explain import explain_page
     from xfw.report.table import Image
-    from xfw.run.explain import explain_runs, not_applicable
+    from xfw.run.commands.explain import explain_runs, not_applicable
 
     found = explain_runs(results, backends, log=log)
     notes = [f"{Path(run_dir).parent.name}/{Path(run_dir).name}: {why}" for run_dir, (_, why) in found.items() if why]
@@ -189,7 +189,7 @@ def explained(outcome: Outcome, results: list[RunResult], backend_names: list[st
 def _unchecked(todo: list[jobs.Job], backends: jobs.Backends) -> list[str]:
     """Settings paths these jobs take that ``xfw selfcheck`` has not passed on this machine."""
     from xfw.report.results import setup_from_spec
-    from xfw.run.selfcheck import unchecked_paths
+    from xfw.run.commands.selfcheck import unchecked_paths
 
     setups = []
     for job in todo:
@@ -266,7 +266,7 @@ def parity(recipe_path: str, backend_names: list[str], *, steps: int, overrides:
     export (to test the checker: a weight changed on one side must be found)."""
     from xfw.contract.presets import PRESETS
     from xfw.contract.weights import Checkpoint, WeightsError
-    from xfw.run import parity as par
+    from xfw.run.commands import parity as par
 
     if len(backend_names) != 2:
         raise UsageError(f"--backends {','.join(backend_names)!r}: parity compares exactly two backends")
@@ -302,7 +302,7 @@ def converge_jobs(chosen, out_dir: Path) -> list[jobs.Job]:
     runs, and each seed's curves whose exported start exists (a curve's spec names its start), so that
     ``jobs.check_jobs`` refuses other settings (another --steps) before anything launches."""
     from xfw.recipe import load_recipe
-    from xfw.run import converge as cv
+    from xfw.run.commands import converge as cv
 
     todo = cv.speed_jobs_for(chosen, out_dir)
     for seed in chosen.seeds:
@@ -321,12 +321,12 @@ def converge(recipe_path: str, backend_names: list[str], *, seeds: int | str, st
              target: float | None = None, max_seeds: int | None = None, margin: float | str = 0.02,
              direction: str = "two-sided", out_dir: Path | None = None, force: bool = False,
              progress: launcher.Progress | None = None, log: Log = silent) -> Outcome:
-    """Speed at equal quality (:mod:`xfw.run.converge`): each side's speed run, then per seed one
+    """Speed at equal quality (:mod:`xfw.run.commands.converge`): each side's speed run, then per seed one
     exported start and both sides' learning curves; converge.json/.md/.csv/.html/.png. Exit 0 when every
     run finished (a verdict of "worse" or a target never reached is a result), 1 when a run failed."""
     from xfw.report.converge import write_outputs
     from xfw.report.table import to_markdown
-    from xfw.run import converge as cv
+    from xfw.run.commands import converge as cv
 
     try:
         chosen = cv.plan(recipe_path, overrides, backends=tuple(backend_names), seeds=seeds, steps=steps,
@@ -379,8 +379,8 @@ def nightly(suite_path: str, history_dir: Path, *, night: str | None, overrides:
     from xfw.report.selfcheck import NIGHT_DIR as CHECKED
     from xfw.report.selfcheck import load_verdicts as checked_paths
     from xfw.report.verdicts import VERDICTS_FILE, load_verdicts
-    from xfw.run import nightly as nt
-    from xfw.run.suite import SuiteError, load_suite
+    from xfw.run.commands import nightly as nt
+    from xfw.run.commands.suite import SuiteError, load_suite
 
     if night is not None and not nt.is_night_name(night):
         raise UsageError(f"--night {night!r}: {nt.NIGHT_RULE} (a night is a directory under --history/nights)")

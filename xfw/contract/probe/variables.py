@@ -8,5 +8,5 @@ ENV_TOKEN = "XFW_PROBE_TOKEN"
 STAMP = "xfw_probe"
 """Each record the probe writes carries the run's token (``ENV_TOKEN``, drawn afresh by the launcher
 for every run) under this key; the launcher keeps only stamped records and removes the stamp
-(:func:`xfw.run.attached.verify_records`): lines anyone else writes into the records file are
+(:func:`xfw.run.launch.attached.verify_records`): lines anyone else writes into the records file are
 told apart, and the run is ``invalid``."""

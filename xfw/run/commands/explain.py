@@ -21,7 +21,7 @@ from pathlib import Path
 
 from xfw.contract import lifeline
 from xfw.report.results import RunResult
-from xfw.run import jobs, launcher
+from xfw.run.launch import jobs, launcher
 
 EXPLAIN_FILE = "explain.json"
 ATTACHED_NOTE = ("an attached command (backends.{backend}.command): module and category tables need xfw's own "

@@ -29,7 +29,7 @@ from xfw.contract.atomic import write_json_atomic
 from xfw.contract.harness import GRAD_NORM_KNOB
 from xfw.contract.module_outputs import read_probe
 from xfw.report.parity import PARITY_FILE, ParityReport, Probe, Tolerances, compare_losses
-from xfw.run import jobs, launcher
+from xfw.run.launch import jobs, launcher
 from xfw.recipe.overrides import backend_overrides
 from xfw.recipe import Recipe, RecipeError, load_recipe
 from xfw.recipe.schema import to_dict

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from xfw.run import instances
+from xfw.run.launch import instances
 
 
 class BisectError(ValueError):

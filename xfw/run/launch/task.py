@@ -1,5 +1,5 @@
 """A short subprocess xfw starts for a check or a build (an interpreter's ``--describe``, an export,
-``python -m venv``, ``pip install``): it runs under xfw's guard (:mod:`xfw.run.guard`) as the leader
+``python -m venv``, ``pip install``): it runs under xfw's guard (:mod:`xfw.run.launch.guard`) as the leader
 of a process group of its own, so that whatever it starts ends with it::
 
     code, out, err = run_task([python, "-m", "xfw_paddle", "--describe"], timeout_s=180)
@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[2]
-_GUARD = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from xfw.run.guard import main; sys.exit(main())"
+ROOT = Path(__file__).resolve().parents[3]
+_GUARD = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from xfw.run.launch.guard import main; sys.exit(main())"
 TERM_GRACE_S = 2.0
 """After SIGTERM, how long the group gets before SIGKILL."""
 

@@ -29,7 +29,7 @@ from xfw.contract.atomic import UnreadableFile, read_json_object
 
 from xfw.report.nodes import assemble_parts
 from xfw.report.results import RunResult
-from xfw.run import instances, launcher
+from xfw.run.launch import instances, launcher
 from xfw.recipe.overrides import backend_recipe
 from xfw.recipe import Recipe
 
@@ -169,7 +169,7 @@ def settled_result(run_dir: Path, spec: dict) -> RunResult | None:
 
 
 class Executor(Protocol):
-    """Where jobs run when not here, one at a time (the default): :class:`xfw.run.slurm.SlurmExecutor`.
+    """Where jobs run when not here, one at a time (the default): :class:`xfw.run.launch.slurm.SlurmExecutor`.
     ``run`` runs every job it is given (none is settled yet) and returns their results in job order,
     calling ``on_result`` as each ends; Ctrl-C or SIGTERM cancels its own jobs and re-raises."""
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from xfw.contract import probe
 from xfw.contract.atomic import write_text_atomic
 from xfw.recipe.command import Command
-from xfw.run import logparse
+from xfw.run.launch import logparse
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,11 +50,11 @@ def probe_env(spec_path: Path, records_path: Path, pythonpath: str, root: Path =
             "PYTHONPATH": os.pathsep.join(paths + ([pythonpath] if pythonpath else []))}
 
 
-GUARD = ("import sys; sys.path.insert(0, {root!r}); from xfw.run.guard import main; sys.exit(main())")
+GUARD = ("import sys; sys.path.insert(0, {root!r}); from xfw.run.launch.guard import main; sys.exit(main())")
 
 
 def invocation(command: Command, spec_path: Path, records_path: Path) -> Invocation:
-    """The command under xfw's guard (:mod:`xfw.run.guard`: it ends with xfw), with the probe's
+    """The command under xfw's guard (:mod:`xfw.run.launch.guard`: it ends with xfw), with the probe's
     variables unless a log pattern replaces the probe."""
     env = dict(command.env)
     if command.log_pattern is None:

@@ -7,7 +7,7 @@ one of those has the same bound here."""
 from __future__ import annotations
 
 COUNT_BOUNDS = {
-    "seeds": 100,           # as xfw.run.converge.MAX_SEEDS: each seed is an export and two learning curves
+    "seeds": 100,           # as xfw.run.commands.converge.MAX_SEEDS: each seed is an export and two learning curves
     "max_seeds": 100,
     "steps": 1_000_000,     # as measure.steps
     "eval_every": 1_000_000,  # as measure.eval_every

@@ -15,7 +15,7 @@ A suite is a YAML file (``suites/cpu_smoke.yaml``)::
         label: llava-json-converge
         converge: {seeds: 2, steps: 40, eval_every: 20}   # optional: target, eval_samples (xfw converge's options)
 
-A ``converge:`` entry runs ``xfw converge`` (xfw.run.converge) instead of one run per backend: it needs
+A ``converge:`` entry runs ``xfw converge`` (xfw.run.commands.converge) instead of one run per backend: it needs
 exactly two backends (the suite's, in its order: the second is the reference) and real data; its plan
 is made here, so a bad value or a synthetic-data recipe is refused before the night starts.
 
@@ -34,10 +34,10 @@ from xfw.report.selfcheck import BY_NAME
 from xfw.report.verdicts import RegressionPolicy
 from xfw.recipe.command import command_of
 from xfw.recipe.overrides import refuse_forced
-from xfw.run.counts import count_problem
-from xfw.run.converge import ConvergeError, Plan, plan
+from xfw.run.commands.counts import count_problem
+from xfw.run.commands.converge import ConvergeError, Plan, plan
 from xfw.recipe import PLAIN_NAME_RULE, Recipe, RecipeError, is_plain_name, load_recipe
-from xfw.run.selfcheck import FAMILY_RECIPES
+from xfw.run.commands.selfcheck import FAMILY_RECIPES
 from xfw.recipe.yamlfile import YamlError, load_file
 
 

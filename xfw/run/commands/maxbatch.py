@@ -23,8 +23,8 @@ from pathlib import Path
 
 from xfw.report.contrast import fmt_memory_pair
 from xfw.report.table import Bullets, Page, Paragraph, Strong, Table
-from xfw.run import launcher
-from xfw.run.jobs import Job, run_jobs
+from xfw.run.launch import launcher
+from xfw.run.launch.jobs import Job, run_jobs
 from xfw.recipe import Recipe, load_recipe
 
 DEFAULT_MAX_MICRO = 4096

@@ -33,14 +33,14 @@ from xfw.contract import lifeline
 from xfw.contract import records as rec
 from xfw.report.measure import summarize
 from xfw.recipe import command
-from xfw.run import attached, instances, logparse
+from xfw.run.launch import attached, instances, logparse
 from xfw.recipe import Recipe
 from xfw.recipe.overrides import backend_recipe
 from xfw.recipe.spec import resolve_spec
 from xfw.report.results import RunResult, mfu_fields, setup_from_spec
 from xfw.contract.atomic import UnreadableFile, read_bounded, write_json_atomic
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 POLL_INTERVAL_S = 0.2
 DESCRIBE_TIMEOUT_S = 180
 KILL_GRACE_S = 10
@@ -63,7 +63,7 @@ class BackendError(RuntimeError):
 @dataclass(frozen=True)
 class Backend:
     name: str
-    """What reports call it: ``paddle``, or an instance ``paddle@3.2.0`` (xfw.run.instances)."""
+    """What reports call it: ``paddle``, or an instance ``paddle@3.2.0`` (xfw.run.launch.instances)."""
     python: str
 
     @property
@@ -125,10 +125,10 @@ def adapter_task(backend: Backend, args: list[str], *, timeout_s: float, failed:
     """Run ``python -m xfw_NAME ARGS`` for a side task (describe, export weights, probe modules) and
     return its stdout (``env``: its whole environment, else this process's). If it fails:
     BackendError "backend 'NAME': <failed> (<its last stderr line>)"."""
-    from xfw.run.task import TaskTimeout, run_task
+    from xfw.run.launch.task import TaskTimeout, run_task
 
     cmd = [backend.python, "-m", backend.module, *args]
-    try:  # in a process group of its own, ended with everything it started (xfw.run.task)
+    try:  # in a process group of its own, ended with everything it started (xfw.run.launch.task)
         code, stdout, stderr = run_task(cmd, timeout_s=timeout_s, env=env)
     except TaskTimeout:
         raise BackendError(f"backend {backend.name!r}: `{shlex.join(cmd)}` took over {timeout_s:g} s (ended, with "

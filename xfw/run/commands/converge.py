@@ -29,8 +29,8 @@ from xfw.report.converge_target import speed_of
 from xfw.report.decision import check_margin
 from xfw.report.results import RunResult
 from xfw.report.trust import MIN_WINDOW_S, TARGET_WINDOW_S
-from xfw.run import jobs, launcher
-from xfw.run import parity as par
+from xfw.run.launch import jobs, launcher
+from xfw.run.commands import parity as par
 from xfw.recipe import Recipe, RecipeError, load_recipe
 from xfw.recipe.spec import resolve_spec
 

@@ -1,5 +1,5 @@
-"""What one Slurm job runs (``python -m xfw.run.slurm_job PAYLOAD``, written by :mod:`xfw.run.slurm`):
-one run of one backend, as :func:`xfw.run.launcher.launch` runs it locally, into the ordinary run
+"""What one Slurm job runs (``python -m xfw.run.launch.slurm_job PAYLOAD``, written by :mod:`xfw.run.launch.slurm`):
+one run of one backend, as :func:`xfw.run.launch.launcher.launch` runs it locally, into the ordinary run
 directory. A path the job cannot reach (the checkout, the out directory, the backend's interpreter)
 ends it at once with one line naming the path (exit 3), which xfw reports as the run's reason.
 SIGTERM (scancel, the time limit) is Ctrl-C: the adapter is stopped and the run recorded as cut off."""
@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
             return 3
     signal.signal(signal.SIGTERM, _interrupt)
     from xfw.recipe.load import recipe_from_dict
-    from xfw.run import launcher
+    from xfw.run.launch import launcher
 
     recipe = recipe_from_dict(payload["recipe"], str(payload_path))
     backend = launcher.Backend(payload["backend"], payload["python"])

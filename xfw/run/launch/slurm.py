@@ -1,5 +1,5 @@
-"""The Slurm executor: each job of :func:`xfw.run.jobs.run_jobs` becomes one ``sbatch`` job that runs
-``python -m xfw.run.slurm_job PAYLOAD`` from the same (shared) checkout and writes the ordinary run
+"""The Slurm executor: each job of :func:`xfw.run.launch.jobs.run_jobs` becomes one ``sbatch`` job that runs
+``python -m xfw.run.launch.slurm_job PAYLOAD`` from the same (shared) checkout and writes the ordinary run
 directory; xfw watches the queue with ``squeue``/``scontrol``, never pickles anything, and keeps no
 cluster configuration (the Slurm client commands find theirs, ``SLURM_CONF`` included). docs/slurm.md.
 
@@ -28,7 +28,7 @@ from xfw.contract.atomic import UnreadableFile, read_json_object, write_json_ato
 from xfw.recipe.schema import to_dict
 from xfw.report.measure import summarize
 from xfw.report.results import RunResult
-from xfw.run import launcher
+from xfw.run.launch import launcher
 
 POLL_S = 1.0
 START_MARGIN_S = 120
@@ -135,7 +135,7 @@ def recorded_job(run_dir: Path) -> dict:
 
 
 class SlurmExecutor:
-    """Runs :class:`xfw.run.jobs.Job` s as Slurm jobs; the :class:`xfw.run.jobs.Executor` interface."""
+    """Runs :class:`xfw.run.launch.jobs.Job` s as Slurm jobs; the :class:`xfw.run.launch.jobs.Executor` interface."""
 
     name = "slurm"
 
@@ -201,8 +201,8 @@ class SlurmExecutor:
         script = run_dir / "slurm-job.sh"
         # a multi-node recipe: one job of parallel.nnodes nodes, srun starts xfw's node part on each
         many = "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " if job.recipe.parallel.nnodes > 1 else ""
-        script.write_text("#!/bin/sh\n# written by xfw (xfw/run/slurm.py): one run, as an ordinary run directory\n"
-                          f"exec {many}{shlex.quote(sys.executable)} -m xfw.run.slurm_job "
+        script.write_text("#!/bin/sh\n# written by xfw (xfw/run/launch/slurm.py): one run, as an ordinary run directory\n"
+                          f"exec {many}{shlex.quote(sys.executable)} -m xfw.run.launch.slurm_job "
                           f"{shlex.quote(str(run_dir / 'slurm-job.json'))}\n")
         argv = sbatch_argv(self.options, job.recipe, job.name, run_dir)
         done = _cmd(argv, timeout=60)

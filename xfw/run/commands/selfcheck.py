@@ -25,9 +25,9 @@ from xfw.contract import env as host
 from xfw.contract.atomic import UnreadableFile, read_json_object, write_json_atomic
 from xfw.report import selfcheck as judge
 from xfw.report.results import RunResult
-from xfw.run import launcher
-from xfw.run.jobs import Backends, Job, run_jobs
-from xfw.run.parity import export_initial_weights
+from xfw.run.launch import launcher
+from xfw.run.launch.jobs import Backends, Job, run_jobs
+from xfw.run.commands.parity import export_initial_weights
 from xfw.recipe import load_recipe
 
 FAMILY_RECIPES = {"llava": "recipes/tiny/llava_sft.yaml", "qwen2vl": "recipes/tiny/qwen2vl_sft.yaml",

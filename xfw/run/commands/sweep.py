@@ -12,7 +12,7 @@ group by (recipe, variant). A value list splits only at top-level commas, so a Y
 one value: ``--set lora.targets=[q_proj,v_proj],[q_proj]`` is two points.
 
 Resuming: rerunning the same command with the same ``--out`` keeps every run that settled for
-the same spec and runs the rest (:mod:`xfw.run.jobs`).
+the same spec and runs the rest (:mod:`xfw.run.launch.jobs`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xfw.report.results import RunResult
-from xfw.run import launcher
-from xfw.run.jobs import Backends, Job, jobs_for, run_jobs
+from xfw.run.launch import launcher
+from xfw.run.launch.jobs import Backends, Job, jobs_for, run_jobs
 from xfw.recipe import Recipe, RecipeError, load_recipe
 from xfw.recipe.yamlfile import YamlError, load_text
 

@@ -4,7 +4,7 @@ xfw's adapters run the lifeline themselves (:mod:`xfw.contract.lifeline`); a use
 not, and may not be Python at all. So the launcher starts the guard as the leader of the run's
 process group, and the guard starts the command in that group::
 
-    python -c "...; from xfw.run.guard import main; ..." -- torchrun --nproc_per_node=8 train.py ...
+    python -c "...; from xfw.run.launch.guard import main; ..." -- torchrun --nproc_per_node=8 train.py ...
 
 The guard watches the xfw process (the lifeline: it ends the whole group within seconds of xfw's
 death, SIGKILL included), waits for the command and exits as it did (the same code, or the same

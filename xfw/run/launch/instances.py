@@ -33,10 +33,10 @@ from typing import Callable
 
 from xfw.contract.atomic import write_json_atomic
 from xfw.recipe.names import MAX_NAME_CHARS
-from xfw.run.buildcheck import WHEEL_NAME, pip_error, wheel_problem
-from xfw.run.task import TaskTimeout, run_task
+from xfw.run.launch.buildcheck import WHEEL_NAME, pip_error, wheel_problem
+from xfw.run.launch.task import TaskTimeout, run_task
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 BUILDS_DIR = Path(".venv") / "builds"
 """Where built environments live, under the project root: one directory per instance name."""
 BUILD_FILE = "xfw-build.json"
@@ -299,7 +299,7 @@ def ensure_env(instance: Instance, log: Log, root: Path = PROJECT_ROOT) -> Path:
 
 
 def _step(instance: Instance, cmd: list[str], timeout_s: float, what: str, on_line=None) -> tuple[int, str]:
-    """One step of a build (xfw.run.task: its own process group, ended with xfw and with everything it
+    """One step of a build (xfw.run.launch.task: its own process group, ended with xfw and with everything it
     started); InstanceError in one line when it cannot start, runs past ``timeout_s`` or (without
     ``on_line``) fails."""
     try:

@@ -25,7 +25,7 @@ Throughput is flagged when it fell by more than ``max(ips_drop, noise_k × noise
 is the larger of the history's own scatter (1.4826 × MAD / median, once 3 nights exist) and the
 standard error of this run's mean step ((p90 − p10) / 2.563 / median / √steps); memory
 likewise with ``mem_growth`` and the history's scatter; a run that was ok and now is not is always
-flagged. A converge entry (``converge:`` in the suite) runs :func:`xfw.run.converge.run_converge` after
+flagged. A converge entry (``converge:`` in the suite) runs :func:`xfw.run.commands.converge.run_converge` after
 the ordinary entries; its speed runs are its history rows, with its final eval loss and time to target
 beside them (``xfw.report.history.converge_fields``), and a quality regression is flagged like a speed
 one (``xfw.report.verdicts.judge_quality``). The exit code is 1 when anything is flagged or failed, so
@@ -40,19 +40,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from xfw.contract import env as host
-from xfw.run import launcher
+from xfw.run.launch import launcher
 from xfw.report.converge import ConvergeReport
 from xfw.report.converge import write_outputs as write_converge
 from xfw.report.history import NIGHTS_DIR, History, converge_fields, row_from_result
 from xfw.report.selfcheck import NIGHT_DIR as SELFCHECK_DIR
 from xfw.report.verdicts import VERDICTS_FILE, Verdict, evaluate
-from xfw.run.jobs import Backends, Job, JobError, jobs_for, run_jobs, with_sibling_parts
+from xfw.run.launch.jobs import Backends, Job, JobError, jobs_for, run_jobs, with_sibling_parts
 from xfw.report.results import RunResult
 from xfw.contract.atomic import read_json_object, write_json_atomic
-from xfw.run.converge import run_converge, speed_jobs_for
+from xfw.run.commands.converge import run_converge, speed_jobs_for
 from xfw.recipe import PLAIN_NAME_RULE, is_plain_name
-from xfw.run.selfcheck import run_selfcheck
-from xfw.run.suite import Entry, Suite
+from xfw.run.commands.selfcheck import run_selfcheck
+from xfw.run.commands.suite import Entry, Suite
 
 NODE_WAIT_S = 300.0
 """How long node 0 waits for the other nodes' parts of a multi-node entry before recording its own."""
