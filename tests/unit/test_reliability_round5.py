@@ -391,7 +391,7 @@ def test_34_an_unrelated_wheel_never_starts_a_build(tmp_path):
 
 def test_35_a_converge_rerun_of_other_settings_refuses_before_anything_launches(tmp_path):
     from xfw.run.commands import converge as cv
-    from xfw.workflow.running import converge_jobs
+    from xfw.workflow.studies import converge_jobs
 
     chosen = cv.plan(CONVERGE_RECIPE, [], backends=("paddle", "torch"), seeds=2, steps=20, eval_every=10)
     out = tmp_path / "out"

@@ -14,7 +14,7 @@ Runs go one at a time (never side by side: they would share the machine). A fail
 result with a status; it never stops the others.
 
 The package: :mod:`~xfw.workflow.base` (the outcome, input checks, report writing, the guard every
-command runs under), :mod:`~xfw.workflow.running` (the commands that launch runs), :mod:`~xfw.workflow.builds` (bisect) and
+command runs under), :mod:`~xfw.workflow.running` (compare, sweep, maxbatch), :mod:`~xfw.workflow.studies` (parity, converge, nightly), :mod:`~xfw.workflow.builds` (bisect) and
 :mod:`~xfw.workflow.reading` (those that read runs or launch nothing).
 """
 
@@ -23,7 +23,8 @@ from xfw.workflow.base import (Outcome, UsageError, data_summary, load_all, prep
 from xfw.workflow.reading import (assemble, clean_envs, describe_backends, estimate, remove_env, report,
                                   selfcheck)
 from xfw.workflow.builds import ab_margin, ab_sequential_cli, bisect
-from xfw.workflow.running import compare, converge, default_out_dir, launch_commands, maxbatch, nightly, parity, sweep
+from xfw.workflow.running import compare, default_out_dir, launch_commands, maxbatch, sweep
+from xfw.workflow.studies import converge, nightly, parity
 
 __all__ = ["Outcome", "UsageError", "ab_margin", "ab_sequential_cli", "assemble", "bisect", "compare", "converge", "data_summary", "default_out_dir", "describe_backends",
            "clean_envs", "estimate", "launch_commands", "load_all", "maxbatch", "nightly", "parity", "prepare_backends", "remove_env", "report",
