@@ -35,7 +35,8 @@ TRAINING = {"compare", "run", "sweep", "nightly", "converge"}
 CHEAP = ["--set", "measure.warmup_steps=1", "--set", "measure.steps=2"]
 SELFCHECK_WHY = ("the full selfcheck trains 64 runs (about 9 minutes on 2 cores); tests/contract/test_selfcheck.py "
                  "runs its paths")
-BISECT_WHY = ("builds an environment for each Paddle version it visits (about 30 s and 700 MiB each) and A/Bs "
+BISECT_WHY = ("builds an environment for each Paddle version it visits (its time and size as measured: docs/builds.md, "
+              "Built environments) and A/Bs "
               "them; tests/unit/test_builds.py runs a bisect end to end, results/cpu/ab/ records this one")
 PRELUDE = [("README.md (make demo)", "xfw compare recipes/tiny/llava_sft.yaml --backends paddle,torch --out runs/demo")]
 """What ``make demo`` runs (README: "runs `xfw compare recipes/tiny/llava_sft.yaml --backends paddle,torch`",
