@@ -155,21 +155,50 @@ def test_a_slurmd_killed_under_its_job_is_recorded_as_node_failed(cluster, tmp_p
         subprocess.run([str(SETUP)], check=True, timeout=120)  # the node back (slurmd restarted, RESUME)
 
 
-@pytest.mark.xfail(strict=False, reason="KNOWN BROKEN since the round-five and data-step changes landed beside the "
-                   "executor (2026-11-28): the rerun resubmits the run instead of attaching to the job still running "
-                   "(seen twice: job 36 left, job 37 submitted); issue 40's note says so. Not yet diagnosed.")
+def _scontrol(action: str, job_id: str) -> None:
+    subprocess.run(["scontrol", action, job_id], check=True, capture_output=True, timeout=30)
+
+
+def _wait_gone(job_id: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < deadline, f"Slurm job {job_id} still queued"
+        time.sleep(0.5)
+
+
 def test_xfw_killed_and_rerun_attaches_to_its_job_and_runs_nothing_twice(cluster, tmp_path):
+    """xfw killed (SIGKILL) with two jobs in flight: one is still running when xfw runs again (it is held
+    suspended until the rerun says it attached), the other ended while no xfw watched. The rerun attaches to
+    the first, collects the second, and submits nothing."""
     out = tmp_path / "attach"
-    args = ("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", "--set", "measure.warmup_steps=1",
-            "--set", "measure.steps=150", "--out", str(out), "--executor", "slurm")
+    args = ("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", "--repeat", "2", "--set",
+            "measure.warmup_steps=1", "--set", "measure.steps=60", "--out", str(out), "--executor", "slurm")
     proc = start_xfw(*args)
-    run = out / "tiny-llava-sft" / "torch"
-    job_id = wait_running(run)
-    proc.kill()  # SIGKILL: no chance to cancel; the job runs on
+    running, ended = (out / "tiny-llava-sft" / f"torch-r{k}" for k in (0, 1))
+    ids = [wait_running(running), wait_running(ended)]
+    for job_id in ids:
+        _scontrol("suspend", job_id)  # both held: the kill below cannot race a job's end
+    proc.kill()  # SIGKILL: no chance to cancel; the jobs run on
     proc.communicate()
-    done = xfw(*args)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert f"attached to Slurm job {job_id}" in done.stderr
-    assert slurm_record(run)["job_id"] == job_id and slurm_record(run)["state"] == "COMPLETED"
-    assert [p.name for p in run.glob("slurm-*.out")] == [f"slurm-{job_id}.out"]
-    assert json.loads((run / "summary.json").read_text())["status"] == "ok"
+    _scontrol("resume", ids[1])
+    _wait_gone(ids[1])
+    rerun = start_xfw(*args)
+    lines = []
+    try:
+        for line in rerun.stdout:
+            lines.append(line)
+            if f"attached to Slurm job {ids[0]}" in line:
+                _scontrol("resume", ids[0])
+        rerun.wait(timeout=200)
+    finally:
+        if rerun.poll() is None:
+            rerun.kill()
+        subprocess.run(["scancel", *ids], capture_output=True)
+    output = "".join(lines)
+    assert rerun.returncode == 0, output[-4000:]
+    assert f"attached to Slurm job {ids[0]} (suspended)" in output
+    assert f"Slurm job {ids[1]} ended while no xfw watched it" in output
+    for run, job_id in zip((running, ended), ids):
+        assert slurm_record(run)["job_id"] == job_id and slurm_record(run)["state"] == "COMPLETED", output[-3000:]
+        assert [p.name for p in run.glob("slurm-*.out")] == [f"slurm-{job_id}.out"]
+        assert json.loads((run / "summary.json").read_text())["status"] == "ok"

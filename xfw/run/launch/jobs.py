@@ -122,9 +122,13 @@ def _old_spec(run_dir: Path) -> dict:
         return {"unreadable": True}
 
 
-def check_jobs(jobs: list[Job], *, force: bool, adapters: bool = True) -> None:
+def check_jobs(jobs: list[Job], *, force: bool, adapters: bool | None = None) -> None:
     """Refuse (JobError) before anything launches: a job whose directory holds a run of another spec
-    (unless ``force``), or one where an earlier command's adapter still runs after ORPHAN_WAIT_S."""
+    (unless ``force``), or one where an earlier command's adapter still runs after ORPHAN_WAIT_S.
+    ``adapters`` (default: when the jobs run here, not through an executor): whether to look for such
+    adapters at all. Under an executor the adapter seen is its job's, which the executor attaches to
+    (a loopback cluster's job runs on this host: waiting for it would outlive the job and resubmit it)."""
+    adapters = _EXECUTOR.get() is None if adapters is None else adapters
     different = [job.run_dir for job in jobs
                  if not force and (old := _old_spec(job.run_dir)) and
                  not same_spec(old, launcher.spec_for(job.recipe, job.backend, job.run_dir))]
@@ -232,7 +236,7 @@ def run_jobs(jobs: list[Job], backends: Backends, *, resume: bool, force: bool =
     so a kill loses nothing finished). Ctrl-C or SIGTERM raises :class:`JobsInterrupted`. Inside
     :func:`executing` the jobs run through that executor instead (a Slurm cluster)."""
     executor = _EXECUTOR.get()
-    check_jobs(jobs, force=force, adapters=executor is None)
+    check_jobs(jobs, force=force)
     if executor is not None:
         return _run_elsewhere(executor, jobs, backends, resume=resume, rendezvous=rendezvous, log=log,
                               on_result=on_result)

@@ -158,9 +158,13 @@ class SlurmExecutor:
                 while waiting and len(queued) < self.options.max_queued:
                     i = waiting.pop(0)
                     job = jobs[i]
-                    old = recorded_job(job.run_dir).get("job_id")
+                    record = recorded_job(job.run_dir)
+                    old = record.get("job_id") if self._same_payload(job, backends) else None
                     if old and old in live and live[old][0] in ACTIVE:
                         log(f"{job.name}: attached to Slurm job {old} ({live[old][0].lower()})")
+                        queued[old] = i
+                    elif old and "state" not in record:  # ended while no xfw watched (xfw killed): collect it
+                        log(f"{job.name}: Slurm job {old} ended while no xfw watched it; collecting its run")
                         queued[old] = i
                     else:
                         queued[self._submit(job, backends, rendezvous)] = i
@@ -188,16 +192,31 @@ class SlurmExecutor:
             raise
         return [results[i] for i in range(len(jobs))]
 
-    def _submit(self, job, backends: dict, rendezvous) -> str:
+    @staticmethod
+    def _payload(job, backends: dict, rendezvous) -> dict:
         backend, description = backends[job.backend]
+        run_dir = job.run_dir.resolve()
+        return {"recipe": to_dict(job.recipe), "backend": backend.name, "python": backend.python,
+                "description": description, "run_dir": str(run_dir), "repeat_index": job.repeat_index,
+                "variant": job.variant, "checkout": str(launcher.PROJECT_ROOT),
+                "rendezvous": {"master_port": rendezvous.master_port}}
+
+    def _same_payload(self, job, backends: dict) -> bool:
+        """The job recorded in the run directory runs this very job (same recipe, backend, interpreter,
+        variant): only then is it attached to or collected instead of submitted again."""
+        try:
+            old = read_json_object(job.run_dir.resolve() / "slurm-job.json")
+        except UnreadableFile:
+            return False
+        new = self._payload(job, backends, launcher.Rendezvous())
+        new = json.loads(json.dumps(new))  # as read back (tuples become lists)
+        return all(old.get(key) == new[key] for key in ("recipe", "backend", "python", "repeat_index", "variant"))
+
+    def _submit(self, job, backends: dict, rendezvous) -> str:
         run_dir = job.run_dir.resolve()
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "summary.json").unlink(missing_ok=True)  # a resubmitted job's old outcome is not its own
-        write_json_atomic(run_dir / "slurm-job.json", {
-            "recipe": to_dict(job.recipe), "backend": backend.name, "python": backend.python,
-            "description": description, "run_dir": str(run_dir), "repeat_index": job.repeat_index,
-            "variant": job.variant, "checkout": str(launcher.PROJECT_ROOT),
-            "rendezvous": {"master_port": rendezvous.master_port}})
+        write_json_atomic(run_dir / "slurm-job.json", self._payload(job, backends, rendezvous))
         script = run_dir / "slurm-job.sh"
         # a multi-node recipe: one job of parallel.nnodes nodes, srun starts xfw's node part on each
         many = "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " if job.recipe.parallel.nnodes > 1 else ""
