@@ -28,7 +28,7 @@ from xfw import terminal
 from xfw.cliargs import (RepeatOrAuto, LAYOUT_NAMES, _backend_list, _backend_names, _fail, _finish, _interpreters, _log, _one_backend,
                          _progress, _with_repeat, as_option, force_option, launcher, out_option, overrides_of,
                          python_option, rendezvous_options, repeat_option, set_option, workflow, count_type, _instances,
-                         executor_options)
+                         executor_options, pairs_type)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -121,7 +121,7 @@ def run(recipe, backend, overrides, comparison, repeat, pythons, out_dir, node_r
 @click.option("--margin", default="0.05", show_default=True, metavar="DELTA",
               help="With --ab: a relative ips margin; builds within ±DELTA (0.05 = 5%) count as the same "
                    "(docs/builds.md says why 5%).")
-@click.option("--max-pairs", "max_pairs", type=count_type("repeat"), default=None, metavar="N",
+@click.option("--max-pairs", "max_pairs", type=pairs_type(), default=None, metavar="N",
               help="With --ab: sequential pairs: start at --repeat (3 if not given), add 3 at a time until decided "
                    "or N pairs are spent (alpha spent across looks).")
 @executor_options

@@ -11,7 +11,7 @@ import click
 
 from xfw.cliargs import (_backend_list, _backend_names, _fail, _finish, _interpreters, _log, _pairs, _progress,
                          _with_repeat, as_option, count_type, executor_options, force_option, launcher,
-                         python_option, rendezvous_options, set_option, workflow)
+                         pairs_type, python_option, rendezvous_options, set_option, workflow)
 
 
 @click.command()
@@ -94,7 +94,7 @@ def converge(recipe, backends, seeds, max_seeds, margin, direction, steps, eval_
 @click.option("--repeat", default="5", show_default=True, metavar="N|auto",
               help="Alternated pairs per judgement, at least 3; auto: start at 3 and add 3 at a time until decided "
                    "(needs --max-pairs).")
-@click.option("--max-pairs", "max_pairs", type=count_type("repeat"), default=None, metavar="N",
+@click.option("--max-pairs", "max_pairs", type=pairs_type(), default=None, metavar="N",
               help="The most pairs one judgement may spend (with --repeat auto; alpha is spent across its looks).")
 @click.option("--margin", default="0.05", show_default=True, metavar="DELTA",
               help="Relative ips margin: a build within ±DELTA (0.05 = 5%) of another counts as the same "

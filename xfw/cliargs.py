@@ -143,6 +143,14 @@ def count_type(name: str) -> click.IntRange:
     return click.IntRange(1, COUNT_BOUNDS[name])
 
 
+def pairs_type() -> click.IntRange:
+    """``--max-pairs``: at least the pairs an A/B starts with (xfw.report.ab.MIN_PAIRS), so the range its help
+    shows is the one the check keeps (issue 42: help and check agree)."""
+    from xfw.report.ab import MIN_PAIRS
+
+    return click.IntRange(MIN_PAIRS, COUNT_BOUNDS["repeat"])
+
+
 class RepeatOrAuto(click.ParamType):
     """compare's --repeat: a count within its bound, or ``auto`` (sequential A/B pairs, with --max-pairs)."""
 
@@ -176,10 +184,6 @@ def _executor():
     if chosen.get("executor", "local") == "local":
         return None
     from xfw.run.launch import slurm
-
-    if ctx.params.get("ab") or ctx.command.name == "bisect":  # pairs in one job on one node: not built yet
-        raise slurm.SlurmError("--executor slurm: an A/B's alternated pairs must run on one node, which the Slurm "
-                               "executor does not do yet; run --ab and bisect with --executor local (docs/slurm.md)")
 
     return slurm.SlurmExecutor(slurm.SlurmOptions(
         partition=chosen.get("partition"), account=chosen.get("account"), qos=chosen.get("qos"),

@@ -148,3 +148,109 @@ def test_xfw_env_says_what_it_probes_as_it_goes(monkeypatch):
     assert seen[0][1].startswith("xfw env: probing paddle (1 of 2)") and "probed in" in seen[2][1]
     assert seen[3][1].startswith("xfw env: probing jax (2 of 2)") and "jax not available" in seen[5][1]
     assert outcome.exit_code == 1 and "jax: NOT AVAILABLE" in outcome.text
+
+
+# --- A/B and bisect pages (issue 42): each names what it compares and suggests a step that applies ------------------
+
+BUILDS = ["paddle@3.0.0", "paddle"]
+BACKPORT = ("Paddle 3.0.0 on a CPU: causal attention's GPU-only fused softmax replaced by the plain masked softmax "
+            "Paddle 3.3 runs there (xfw_paddle.devices.backport_cpu_causal_softmax)")
+
+
+def _build_rows(names=BUILDS, notes=("fp32 throughout; " + BACKPORT, "fp32 throughout"), losses=(6.3, 6.4),
+                published_block=None):
+    import dataclasses
+
+    from tests.unit.test_reports_round2 import cpu_result
+    from xfw.report.compare import compare_runs
+
+    runs = []
+    for name, note, loss in zip(names, notes, losses):
+        r = cpu_result(name, 100.0, peak_mib=10, after_mib=5)
+        r.measurement = dataclasses.replace(r.measurement, loss_first=loss)
+        r.applied["notes"] = note
+        if published_block is not None:
+            r.setup["comparison"] = published_block
+        runs.append(r)
+    return compare_runs(runs, list(names))
+
+
+def test_an_ab_page_and_its_chart_name_two_builds_show_the_backport_and_suggest_no_cross_framework_step(
+        tmp_path, monkeypatch):
+    from xfw.report import comparison, contrast
+    from xfw.report.table import to_markdown
+
+    rows = _build_rows()
+    assert comparison.compared(BUILDS) == "two builds of paddle" and comparison.compared(NAMES) == "two frameworks"
+    assert plot.chart_title(rows, BUILDS) == "Training speed of two builds of paddle"
+    assert plot.chart_title(_build_rows(NAMES, notes=("a", "b")), list(NAMES)) == "Training speed by framework"
+    titles = []
+    monkeypatch.setattr("matplotlib.axes.Axes.set_title", lambda self, text, **kw: titles.append(text))
+    plot.plot_comparison(rows, BUILDS, tmp_path / "chart.png")
+    assert titles[0].startswith("Training speed of two builds of paddle\n")
+    page = to_markdown(contrast.contrast_page(rows, BUILDS))
+    heading = page.splitlines()[2]
+    assert heading.startswith("**Two builds of paddle: paddle@3.0.0 against paddle") and "framework comparison" not in heading
+    # the backport that changes 3.0.0's attention path: in the heading, the warnings and the settings, not only summary.json
+    assert f"paddle@3.0.0 only: {BACKPORT}" in heading
+    assert any(line.startswith("- ⚠ tiny-llava-sft: the builds did not run the same code here") and BACKPORT in line
+               for line in page.splitlines())
+    assert next(x for x in page.splitlines() if x.startswith("| adapter_notes |")).endswith("⚠ differs |")
+    # first losses of two builds: no `xfw parity` (a check across frameworks) and no "the frameworks draw them"
+    assert "xfw parity" not in page and "the two builds of paddle drew" in page
+    # two frameworks: their adapters' notes differ by nature, shown and never flagged
+    (row,) = _build_rows(NAMES, notes=("fp32 throughout", "fp32 throughout; autograd anomaly detection on"))
+    assert "adapter_notes" in row.settings and "adapter_notes" not in row.differing
+
+
+def test_published_settings_are_listed_once_when_both_builds_share_them_and_by_build_where_they_differ():
+    from xfw.report import comparison
+    from xfw.report.table import Bullets
+
+    block = {"kind": "like-for-like", "row": "llava7b-sft", "file": "recipes/published/llava7b_sft.yaml",
+             "not_applied": [{"key": "env.FLAGS_x", "value": "1", "source": "o/r@abc:run.sh#L1"}],
+             "not_reproduced": [{"what": "its own loop", "source": "o/r@abc:run.sh#L2"}]}
+    rows = _build_rows(published_block=block)
+    bullets = {b.name: b.items for b in comparison.blocks(rows, BUILDS) if isinstance(b, Bullets)}
+    assert bullets["not_applied"] == ["both builds: env.FLAGS_x = 1 (o/r@abc:run.sh#L1)"]
+    assert bullets["not_reproduced"] == ["both builds: its own loop (o/r@abc:run.sh#L2)"]
+    assert comparison.once({"a": ["x", "y"], "b": ["x", "z"]}, "both sides") == [
+        ("both sides", "x"), ("a", "y"), ("b", "z")]
+
+
+def test_a_bisect_page_names_its_framework_counts_from_1_and_an_undecided_range_suggests_more_pairs():
+    from tests.unit.test_builds import _measure, _names
+    from xfw.report.bisect import bisect_page, headline
+    from xfw.report.table import Bullets
+    from xfw.run.commands import bisect as bs
+
+    names, positions = _names(8)
+    undecided, result = (bs.search(names, names[0], names[-1], _measure(5, 0.18, 0.4, seed=seed, positions=positions),
+                                   bs.Plan(start=3, max_pairs=6)) for seed in (0, 2))
+    assert (undecided.outcome, result.outcome) == ("undecided", "range")
+    page = bisect_page(result, "tiny")
+    assert page.title == "Bisect over 8 builds of fw: tiny"
+    table = next(b for b in page.blocks if getattr(b, "name", "") == "bisect")
+    for record in table.records:  # the page's positions are bisect.json's: 1-based, as the builds list
+        assert names[record["position"] - 1] == record["build"]
+    listed = next(b for b in page.blocks if isinstance(b, Bullets) and b.name == "builds").items
+    assert listed[0].startswith(f"position 1: {names[0]}")
+    # more pairs apply (a new --out: bisect.json is keyed by --max-pairs), over the range it could not split
+    assert f"Next: `xfw bisect RECIPE --builds FILE --good {result.last_good} --bad {result.first_bad} --repeat auto " \
+           "--max-pairs 12 --out ANOTHER_DIR`" in headline(result)
+    assert f"--good {names[0]} --bad {names[-1]} --repeat auto --max-pairs 12" in headline(undecided)
+    skipped = bs.search(names[:3], names[0], names[2], _measure(1, 0.3, 0.01, positions=positions, skip={names[1]}),
+                        bs.Plan(start=3, max_pairs=6))
+    assert skipped.outcome == "range" and "Next: fix the builds that did not build or run" in headline(skipped)
+
+
+def test_max_pairs_help_shows_the_range_its_check_keeps():
+    from click.testing import CliRunner
+
+    from xfw.cli import main
+
+    for command in (["bisect"], ["compare"]):
+        assert "[3<=x<=1000]" in CliRunner().invoke(main, [*command, "--help"]).output
+    refused = CliRunner().invoke(main, ["bisect", "r.yaml", "--builds", "b", "--good", "a", "--bad", "c",
+                                        "--max-pairs", "2"])
+    assert refused.exit_code == 2 and "2 is not in the range 3<=x<=1000" in refused.output

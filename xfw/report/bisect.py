@@ -33,15 +33,28 @@ def headline(result) -> str:
     if result.outcome == "undecided":
         said = f" {end.phrase(result.good, result.bad, worse='slower', better='faster')}." if end else ""
         return (f"Undecided: {result.bad} against {result.good} could not be decided within {result.max_pairs} pairs "
-                f"({result.why}): no change is not shown either; give --repeat auto with a larger --max-pairs.{said}")
+                f"({result.why}): no change is not shown either. Next: {next_step(result)}.{said}")
     if result.outcome == "range":
         return (f"Undecided within {result.last_good} … {result.first_bad}: the change ({result.direction}) lies after "
                 f"{result.last_good} and at or before {result.first_bad}, builds this bisect could not split: "
-                f"{result.why}. No single build is named.")
+                f"{result.why}. No single build is named. Next: {next_step(result)}.")
     confirm = next(d for d in reversed(result.decisions) if d.role in ("confirm", "ends") and d.has_change)
     line = _d(confirm, confirm.against[0]).phrase(confirm.against[0], confirm.build, worse="slower", better="faster")
     return (f"First build with the change: {result.first_bad}; the last build without it: {result.last_good}. "
             f"Confirmed: {line}. {len(result.decisions)} judgements.")
+
+
+def next_step(result) -> str:
+    """What applies after an undecided bisect: the same builds (or the range it could not split) with more pairs,
+    in another directory (this one's bisect.json is keyed by its --max-pairs and refuses other settings)."""
+    pairs_help = any(d.verdict == "undecided" or (d.role == "confirm" and d.verdict != "skipped" and not d.has_change)
+                     for d in result.decisions)
+    if not pairs_help:  # only builds that did not run stand in the way
+        return "fix the builds that did not build or run (each one's reason is in the table), then bisect again"
+    good, bad = (result.good, result.bad) if result.outcome == "undecided" else (result.last_good, result.first_bad)
+    return (f"`xfw bisect RECIPE --builds FILE --good {good} --bad {bad} --repeat auto --max-pairs "
+            f"{2 * result.max_pairs} --out ANOTHER_DIR` (more pairs; a new --out, as this one's bisect.json holds "
+            "these settings)")
 
 
 def _cell(d) -> str:
@@ -76,8 +89,9 @@ def bisect_page(result, recipe: str, planted: list[str] = ()) -> Page:
     header = list(records[0]) if records else ["step"]
     blocks += [Table(header=header, cells=cells, records=records, name="bisect"),
                Paragraph(rule(result), muted=True),
-               Heading("Builds, in order", 3),
+               Heading("Builds, in order (positions count from 1, as in the table and bisect.json)", 3),
                Bullets([f"position {i + 1}: {name}" + (" (good)" if name == result.good else " (bad)"
                                                         if name == result.bad else "")
                         for i, name in enumerate(result.builds)], name="builds")]
-    return Page(title=f"Bisect of two builds' range of one framework: {recipe}", blocks=blocks)
+    framework = result.builds[0].partition("@")[0] if result.builds else "one framework"
+    return Page(title=f"Bisect over {len(result.builds)} builds of {framework}: {recipe}", blocks=blocks)

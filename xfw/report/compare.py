@@ -387,6 +387,7 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
                 row.differing.append(key)
                 if comparison.kind_of(row) != "published":  # a published row differs by design, each value sourced
                     row.warnings.append(f"{key} differs: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    comparison.add_notes(row, backends)
     add_recipe_settings(row)
     comparison.add_mechanisms(row)
     compare_data(row)

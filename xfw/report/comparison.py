@@ -33,6 +33,33 @@ KINDS = {
 DESCRIPTIVE = {"sharding_detail", "attention_impl", "master_weights", "master_grads", "device"}
 
 
+def one_framework(backends) -> str:
+    """``paddle`` when the first two backends are builds of one framework (``paddle@3.2.0``, ``paddle``): the
+    contrast is between builds, not frameworks, and every page and chart of it says so; "" otherwise."""
+    names = list(backends)[:2]
+    if len(names) < 2 or names[0].partition("@")[0] != names[1].partition("@")[0]:
+        return ""
+    return names[0].partition("@")[0]
+
+
+def compared(backends) -> str:
+    """What a page or chart compares, in a few words: ``two builds of paddle`` or ``two frameworks``
+    (``paddle against torch``); one backend compares nothing."""
+    names = list(backends)
+    if len(names) < 2:
+        return f"one backend ({names[0]})" if names else "no backend"
+    framework = one_framework(names)
+    return f"two builds of {framework}" if framework else "two frameworks"
+
+
+def both(backends) -> str:
+    """The word for every side at once: ``both builds``, ``both sides`` or ``all 3 sides``."""
+    names = list(backends)
+    if len(names) > 2:
+        return f"all {len(names)} sides"
+    return "both builds" if one_framework(names) else "both sides"
+
+
 def kind_of(row) -> str:
     """``like-for-like`` | ``published`` | ``mixed`` (sides from different comparisons: warned)."""
     kinds = {s.setup.get("comparison", {}).get("kind", "like-for-like") for s in row.sides.values() if s.setup}
@@ -62,6 +89,8 @@ def differences(rows) -> list[str]:
             if key.startswith(_NOT_NAMED) or key in out:
                 continue
             values = row.settings.get(key) or {}
+            if key == "adapter_notes":  # what one build's adapter did that the other's did not, not every note
+                values = {f"{b} only:": "; ".join(parts) for b, parts in one_side_notes(row).items()}
             out[key] = f"{key} ({', '.join(f'{b} {v}' for b, v in values.items())})" if values else key
     return list(out.values())
 
@@ -114,9 +143,10 @@ def title(rows) -> str:
         applied, total = applied_count(rows)
         return KINDS[kind] + (f"; published settings: {applied} of {total} applied here" if total else "")
     different = differences(rows)
+    which = "" if one_framework(sides) else " (the framework comparison)"  # two builds: their heading says so first
     if not different:
-        return KINDS[kind]
-    return ("Like-for-like comparison (the framework comparison): the same recipe, data and settings on both sides, "
+        return f"Like-for-like comparison: one algorithm on {both(sides)}{which}"
+    return (f"Like-for-like comparison{which}: the same recipe, data and settings on {both(sides)}, "
             f"except {'; '.join(different)} (see the warnings)")
 
 
@@ -171,6 +201,30 @@ def add_mechanisms(row) -> None:
     if kind_of(row) == "mixed":
         row.warnings.append("the sides come from different comparisons (like-for-like and published): "
                             "this contrast compares neither")
+
+
+def one_side_notes(row) -> dict[str, list[str]]:
+    """Each side's adapter notes (``applied.notes``, ``; ``-separated) that another side lacks: backend -> parts."""
+    parts = {name: [p.strip() for p in str(s.applied.get("notes") or "").split(";") if p.strip()]
+             for name, s in row.sides.items() if s.applied}
+    out = {name: [p for p in mine if any(p not in theirs for other, theirs in parts.items() if other != name)]
+           for name, mine in parts.items()}
+    return {name: found for name, found in out.items() if found} if len(parts) > 1 else {}
+
+
+def add_notes(row, backends: list[str]) -> None:
+    """Each side's adapter notes (``applied.notes``) as the ``adapter_notes`` setting. Between two builds of one
+    framework a note one build has and the other lacks (Paddle 3.0's CPU backport of causal attention) is a difference in what ran: flagged and
+    warned about, so the page says it (two frameworks' adapters note different things by nature)."""
+    notes = {name: str(s.applied["notes"]) for name, s in row.sides.items() if s.applied and s.applied.get("notes")}
+    if not notes:
+        return
+    row.settings["adapter_notes"] = notes
+    only = one_side_notes(row) if one_framework(backends) else {}
+    if only:
+        row.differing.append("adapter_notes")
+        row.warnings.append("the builds did not run the same code here: " + "; ".join(
+            f"{name} only: {'; '.join(parts)}" for name, parts in only.items()) + " (each adapter's own note)")
 
 
 def result_variables(row) -> list[str]:
@@ -235,6 +289,20 @@ def _fmt(value) -> str:
     return "–" if value is None else f"{value:,.1f}"
 
 
+def once(per_side: dict[str, list[str]], everyone: str) -> list[tuple[str, str]]:
+    """Each entry once, with the sides that have it: ``everyone`` (``both builds``) where every side does,
+    else their names; first-seen order. Two builds given one published file list its settings once, not per build."""
+    sides = list(per_side)
+    out: dict[str, list[str]] = {}
+    for b in sides:
+        for text in per_side[b]:
+            out.setdefault(text, [])
+            if b not in out[text]:
+                out[text].append(b)
+    return [(everyone if len(sides) > 1 and len(who) == len(sides) else ", ".join(who), text)
+            for text, who in out.items()]
+
+
 def blocks(rows, backends: list[str]) -> list:
     """Per row with a published file: what each side ran differently and where each value comes from."""
     out: list = []
@@ -246,16 +314,22 @@ def blocks(rows, backends: list[str]) -> list:
         kind = kind_of(row)
         first = next(d for d in described.values() if d.get("file"))
         out.append(Heading(f"{row.model} {row.stage}: {kind} (seed row {first.get('row')}, {first.get('file')})", 4))
-        applied_cells, left_out, unreproduced, honoured, replaced, recorded = [], [], [], [], [], []
+        lists: dict[str, dict[str, list[str]]] = {k: {} for k in ("set", "replaced", "left_out", "unreproduced",
+                                                                   "recorded", "honoured")}
         for b, d in described.items():
-            applied_cells += [[b, e["key"], str(e["value"]), e["source"]] for e in d.get("set", [])]
-            replaced += [f"{b}: {e['key']} ran as {'(not set)' if e.get('ran') is None else e['ran']}, not the "
-                         f"published {e['value']} ({e['source']}): this run's own --set" for e in d.get("replaced", [])]
-            left_out += [f"{b}: {e['key']} = {e['value']} ({e['source']})" for e in d.get("not_applied", [])]
-            unreproduced += [f"{b}: {e['what']} ({e['source']})" for e in d.get("not_reproduced", [])]
-            recorded += [f"{b}: {e['key']} = {e['value']}: {e['text']}" for e in d.get("recorded", [])]
-            side = row.sides[b]
-            honoured += [f"{b}: {k}: {why}" for k, why in (side.applied.get("not_honoured") or {}).items()]
+            lists["set"][b] = ["\t".join((e["key"], str(e["value"]), e["source"])) for e in d.get("set", [])]
+            lists["replaced"][b] = [f"{e['key']} ran as {'(not set)' if e.get('ran') is None else e['ran']}, not the "
+                                    f"published {e['value']} ({e['source']}): this run's own --set"
+                                    for e in d.get("replaced", [])]
+            lists["left_out"][b] = [f"{e['key']} = {e['value']} ({e['source']})" for e in d.get("not_applied", [])]
+            lists["unreproduced"][b] = [f"{e['what']} ({e['source']})" for e in d.get("not_reproduced", [])]
+            lists["recorded"][b] = [f"{e['key']} = {e['value']}: {e['text']}" for e in d.get("recorded", [])]
+            lists["honoured"][b] = [f"{k}: {why}" for k, why in (row.sides[b].applied.get("not_honoured") or {}).items()]
+        everyone = both(described)
+        applied_cells = [[who, *text.split("\t")] for who, text in once(lists["set"], everyone)]
+        replaced, left_out, unreproduced, recorded, honoured = (
+            [f"{who}: {text}" for who, text in once(lists[k], everyone)]
+            for k in ("replaced", "left_out", "unreproduced", "recorded", "honoured"))
         if applied_cells:
             out.append(Table(header=["Side", "Setting", "Value", "Source"], cells=applied_cells,
                              records=[dict(zip(("side", "setting", "value", "source"), c)) for c in applied_cells],

@@ -231,10 +231,11 @@ def inapplicable(rows: list[ComparisonRow]) -> list[str]:
 def builds_heading(backends: list[str]) -> str:
     """When the contrast is between two builds of one framework (``paddle@3.2.0`` against ``paddle``), the
     heading says so first: a reader must not take it for the framework comparison."""
-    if len(backends) < 2 or backends[0].partition("@")[0] != backends[1].partition("@")[0]:
+    framework = comparison.one_framework(backends)
+    if not framework:
         return ""
-    return (f"Two builds of {backends[0].partition('@')[0]}: {backends[0]} against {backends[1]}, the same recipe "
-            "and settings on both (the contrast is between the builds, not between frameworks). ")
+    return (f"Two builds of {framework}: {backends[0]} against {backends[1]} (the contrast is between the builds, "
+            "not between frameworks). ")
 
 
 def test_device_flag(rows: list[ComparisonRow]) -> str:

@@ -53,11 +53,24 @@ def _shown(side) -> bool:
         v is None or (math.isfinite(v) and 0 <= v < MAX_DRAWN_IPS) for v in values)
 
 
+def chart_title(rows: list[ComparisonRow], backends: list[str]) -> str:
+    """What the chart compares (xfw.report.comparison.compared): two builds of one framework, two frameworks,
+    one backend; and a deliberate difference (a per-backend override) where the sides have one."""
+    what = comparison.compared(backends)
+    title = {"two frameworks": "Training speed by framework"}.get(what, f"Training speed of {what}")
+    deliberate = list(dict.fromkeys(k.removeprefix("override.") for r in rows for k in r.deliberate_by))
+    if deliberate:
+        title += f", with a deliberate difference: {', '.join(deliberate)}"
+    return title
+
+
 def plot_comparison(rows: list[ComparisonRow], backends: list[str], path: str | Path, *,
-                    title: str = "Training speed by framework") -> Path:
+                    title: str | None = None) -> Path:
     """Readable for any number of rows: the figure widens with the rows and their labels, labels are
     one key per line (rotated when crowded), a failed side's status is written upright in its slot,
-    and repeats draw an error bar from the lowest to the highest ips."""
+    and repeats draw an error bar from the lowest to the highest ips. ``title``: by default what the
+    chart compares (:func:`chart_title`)."""
+    title = title or chart_title(rows, backends)
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never open a window
@@ -110,7 +123,7 @@ def plot_comparison(rows: list[ComparisonRow], backends: list[str], path: str | 
         subtitle += ("\n" if subtitle else "") + f"each bar {ONE_RUN} (--repeat 3 to see it)"
     if len({(r.model, r.stage) for r in rows}) == 1 and any(strip_common([r.variant for r in rows])):
         title += f": {rows[0].model} {rows[0].stage}"  # the labels then show only the sweep point
-    ax.set_title(f"{title} ({comparison.short_name(rows)})\n{subtitle}".strip(), fontsize=10, wrap=True)
+    ax.set_title(f"{title}\n({comparison.short_name(rows)})\n{subtitle}".strip(), fontsize=10, wrap=True)
     ax.set_ylim(0, tallest * (1.5 if crowded else 1.35))
     ax.legend()
     ax.spines[["top", "right"]].set_visible(False)

@@ -74,7 +74,8 @@ def knob_not_run(row: ComparisonRow, key: str) -> str:
 
 
 _SETTING_NOTES = {"mem_source": "differs: each framework's own memory figure (an extra in the CSV, extra_own_*), "
-                                "not the memory compared above"}
+                                "not the memory compared above",
+                  "adapter_notes": "each adapter's own record of what it ran (applied.notes in summary.json)"}
 
 
 def _start(setup: dict) -> str:

@@ -4,6 +4,7 @@ how much its step time moved (:func:`noise_notes`), a warning when a window is t
 
 from __future__ import annotations
 
+from xfw.report import comparison
 from xfw.report.compare import ComparisonRow, is_parsed, row_name
 
 MIN_WINDOW_S = 5.0
@@ -51,6 +52,13 @@ def starting_points(rows: list[ComparisonRow]) -> list[str]:
         if max(losses) - min(losses) <= 1e-3 * max(abs(v) for v in losses):
             continue
         weights = {s.setup.get("weights") or "random" for s in sides}
+        framework = comparison.one_framework([s.backend for s in sides])
+        if framework and weights == {"random"}:  # two builds: cross-framework parity is no next step here
+            out.append(f"{row_name(row)}: first losses differ (" + ", ".join(f"{s.backend} {s.loss_first:.4g}"
+                                                                        for s in sides) + f"): the two builds of "
+                       f"{framework} drew the recipe's seeded random weights, or computed the first step, differently "
+                       "(model.weights: random); the speed and memory compared do not depend on it.")
+            continue
         parity = row.parity or {}
         losses_checked = (f"the parity run ({parity.get('path')}) started both from one exported file and passed: "
                           "the losses agree there" if parity.get("status") == "passed" else
