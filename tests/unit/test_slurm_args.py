@@ -47,12 +47,3 @@ def test_every_unfinished_slurm_state_is_recorded_as_a_failure_never_as_ok():
     assert slurm.ENDED_AS["CANCELLED"][1] == "cut off" and slurm.ENDED_AS["TIMEOUT"] == ("timeout", "timeout")
     assert slurm.ENDED_AS["NODE_FAIL"] == ("crashed", "node failed")
     assert all(status != "ok" for status, _ in slurm.ENDED_AS.values())
-
-
-def test_an_ab_under_slurm_is_refused_before_anything_runs():
-    from click.testing import CliRunner
-
-    from xfw import cli
-
-    done = CliRunner().invoke(cli.main, ["compare", "recipes/tiny/llava_sft.yaml", "--ab", "--executor", "slurm"])
-    assert done.exit_code == 2 and "an A/B's alternated pairs must run on one node" in done.output

@@ -62,6 +62,9 @@ class Job:
     repeat_index: int = 0
     label: str = ""
     """How log lines name the job (default: the run directory's last two parts)."""
+    together: str = ""
+    """Jobs with the same non-empty value run one after another, in their order, in one place (an A/B's
+    alternated pairs: alternation only cancels drift on one machine); an executor keeps them on one node."""
 
     def __post_init__(self):  # an instance (paddle@3.2.0) runs with its adapter's knobs under its own
         object.__setattr__(self, "recipe", instances.fold(self.recipe, self.backend))
@@ -74,14 +77,16 @@ class Job:
 def jobs_for(recipe: Recipe, backends: list[str], root: Path, groups: tuple[str, ...] = (), *,
              variant: dict | None = None, label: str = "", node_rank: int = 0, alternate: bool = False) -> list[Job]:
     """Every repeat of ``recipe`` on every backend, repeats outermost (so the sides alternate). A
-    multi-node recipe's jobs are this node's parts (``node_rank``). Each job holds ``recipe`` as
+    multi-node recipe's jobs are this node's parts (``node_rank``). ``alternate`` (an A/B): the jobs are
+    ``together`` (one node, in this order, under any executor). Each job holds ``recipe`` as
     loaded; its backend's override (``backends.<name>.override``, which may change its repeats) is
     applied where it runs (``launcher.spec_for`` and ``launcher.launch``: :mod:`xfw.recipe.overrides`)."""
     node = node_rank if recipe.parallel.nnodes > 1 else None
     repeats = {name: backend_recipe(instances.fold(recipe, name), name).measure.repeat for name in backends}
     return [Job(recipe=recipe, backend=name, run_dir=run_dir_for(root, groups, name, k, repeats[name], node),
                 variant=dict(variant or {}), repeat_index=k,
-                label=f"{label} / {name if repeats[name] == 1 else f'{name}-r{k}'}" if label else "")
+                label=f"{label} / {name if repeats[name] == 1 else f'{name}-r{k}'}" if label else "",
+                together=str(root.joinpath(*groups)) if alternate else "")
             for k in range(max(repeats.values(), default=0)) for name in ab_order(backends, k, alternate)
             if k < repeats[name]]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import shutil
 import subprocess
@@ -29,6 +30,7 @@ from xfw.recipe.schema import to_dict
 from xfw.report.measure import summarize
 from xfw.report.results import RunResult
 from xfw.run.launch import launcher
+from xfw.run.launch.jobs import SETTLED
 
 POLL_S = 1.0
 START_MARGIN_S = 120
@@ -94,10 +96,11 @@ def check_jobs(options: SlurmOptions, partition: dict, recipes: list) -> None:
                              f"{recipe.name} asks parallel.nnodes={recipe.parallel.nnodes}")
 
 
-def sbatch_argv(options: SlurmOptions, recipe, label: str, run_dir: Path) -> list[str]:
-    """The sbatch command line of one job (pure: unit-tested). ``--no-requeue``: a job whose node failed is
-    recorded as such, never silently run again over its own run directory (the same command resubmits it)."""
-    minutes = options.time_min or math.ceil((recipe.measure.timeout_s + START_MARGIN_S) / 60)
+def sbatch_argv(options: SlurmOptions, recipe, label: str, run_dir: Path, runs: int = 1) -> list[str]:
+    """The sbatch command line of one job of ``runs`` runs (pure: unit-tested); its script and output in
+    ``run_dir``. ``--no-requeue``: a job whose node failed is recorded as such, never silently run again
+    over its own run directory (the same command resubmits it)."""
+    minutes = options.time_min or math.ceil((recipe.measure.timeout_s * runs + START_MARGIN_S) / 60)
     argv = ["sbatch", "--parsable", f"--job-name=xfw:{label}"[:120], f"--time={minutes}",
             f"--nodes={recipe.parallel.nnodes}", "--ntasks-per-node=1", "--no-requeue", f"--output={run_dir}/slurm-%j.out",
             f"--chdir={launcher.PROJECT_ROOT}"]
@@ -151,39 +154,42 @@ class SlurmExecutor:
         log = self.log or log
         live = _queue([recorded_job(job.run_dir).get("job_id", "") for job in jobs
                        if recorded_job(job.run_dir).get("job_id")])
-        waiting, queued, results = list(range(len(jobs))), {}, {}
+        waiting, queued, results = units_of(jobs), {}, {}
         seen: dict[str, str] = {}
         try:
             while waiting or queued:
                 while waiting and len(queued) < self.options.max_queued:
-                    i = waiting.pop(0)
-                    job = jobs[i]
-                    record = recorded_job(job.run_dir)
-                    old = record.get("job_id") if self._same_payload(job, backends) else None
+                    unit = waiting.pop(0)
+                    name = unit_name(jobs, unit)
+                    record = recorded_job(jobs[unit[0]].run_dir)
+                    old = record.get("job_id") if all(
+                        recorded_job(jobs[i].run_dir).get("job_id") == record.get("job_id") and
+                        self._same_payload(jobs[i], backends) for i in unit) else None
                     if old and old in live and live[old][0] in ACTIVE:
-                        log(f"{job.name}: attached to Slurm job {old} ({live[old][0].lower()})")
-                        queued[old] = i
+                        log(f"{name}: attached to Slurm job {old} ({live[old][0].lower()})")
+                        queued[old] = unit
                     elif old and "state" not in record:  # ended while no xfw watched (xfw killed): collect it
-                        log(f"{job.name}: Slurm job {old} ended while no xfw watched it; collecting its run")
-                        queued[old] = i
+                        log(f"{name}: Slurm job {old} ended while no xfw watched it; collecting its run")
+                        queued[old] = unit
                     else:
-                        queued[self._submit(job, backends, rendezvous)] = i
+                        queued[self._submit([jobs[i] for i in unit], backends, rendezvous)] = unit
                 states = _queue(list(queued))
-                for job_id, i in list(queued.items()):
+                for job_id, unit in list(queued.items()):
                     state, reason, nodes = states.get(job_id, ("", "", ""))
                     said = f"{state.lower()} ({reason})" if state == "PENDING" else \
                         f"running on {nodes}" if state == "RUNNING" else state.lower()
                     if state in ACTIVE:
                         if seen.get(job_id) != said:
-                            log(f"{jobs[i].name}: Slurm job {job_id} {said}")
+                            log(f"{unit_name(jobs, unit)}: Slurm job {job_id} {said}")
                             seen[job_id] = said
                         continue
                     del queued[job_id]
-                    results[i] = self._ended(jobs[i], job_id, log)
-                    if on_result is not None:
-                        on_result(jobs[i], results[i])
+                    for i in unit:
+                        results[i] = self._ended(jobs[i], job_id, log, together=len(unit) > 1)
+                        if on_result is not None:
+                            on_result(jobs[i], results[i])
                 if queued:
-                    time.sleep(POLL_S)
+                    time.sleep(poll_s())
         except KeyboardInterrupt:
             cancel = list(queued)
             if cancel:
@@ -212,29 +218,37 @@ class SlurmExecutor:
         new = json.loads(json.dumps(new))  # as read back (tuples become lists)
         return all(old.get(key) == new[key] for key in ("recipe", "backend", "python", "repeat_index", "variant"))
 
-    def _submit(self, job, backends: dict, rendezvous) -> str:
-        run_dir = job.run_dir.resolve()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "summary.json").unlink(missing_ok=True)  # a resubmitted job's old outcome is not its own
-        write_json_atomic(run_dir / "slurm-job.json", self._payload(job, backends, rendezvous))
-        script = run_dir / "slurm-job.sh"
+    def _submit(self, unit: list, backends: dict, rendezvous) -> str:
+        """One Slurm job running ``unit`` (one job, or an A/B's jobs in their order) on one node."""
+        for job in unit:
+            run_dir = job.run_dir.resolve()
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "summary.json").unlink(missing_ok=True)  # a resubmitted job's old outcome is not its own
+            write_json_atomic(run_dir / "slurm-job.json", self._payload(job, backends, rendezvous))
+        where = job_dir(unit)
+        script = where / "slurm-job.sh"
         # a multi-node recipe: one job of parallel.nnodes nodes, srun starts xfw's node part on each
-        many = "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " if job.recipe.parallel.nnodes > 1 else ""
-        script.write_text("#!/bin/sh\n# written by xfw (xfw/run/launch/slurm.py): one run, as an ordinary run directory\n"
-                          f"exec {many}{shlex.quote(sys.executable)} -m xfw.run.launch.slurm_job "
-                          f"{shlex.quote(str(run_dir / 'slurm-job.json'))}\n")
-        argv = sbatch_argv(self.options, job.recipe, job.name, run_dir)
+        many = "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " if unit[0].recipe.parallel.nnodes > 1 else ""
+        payloads = " ".join(shlex.quote(str(job.run_dir.resolve() / "slurm-job.json")) for job in unit)
+        script.write_text("#!/bin/sh\n# written by xfw (xfw/run/launch/slurm.py): "
+                          f"{'one run' if len(unit) == 1 else f'{len(unit)} runs in this order'}, each an ordinary "
+                          f"run directory\nexec {many}{shlex.quote(sys.executable)} -m xfw.run.launch.slurm_job {payloads}\n")
+        name = unit[0].name if len(unit) == 1 else f"{where.name} (A/B)"
+        argv = sbatch_argv(self.options, unit[0].recipe, name, where, runs=len(unit))
         done = _cmd(argv, timeout=60)
         if done.returncode != 0:
-            raise SlurmError(f"sbatch refused {job.name}: {done.stderr.strip().splitlines()[-1:] or ['no reason']}")
+            raise SlurmError(f"sbatch refused {name}: {done.stderr.strip().splitlines()[-1:] or ['no reason']}")
         job_id = done.stdout.strip().split(";")[0]
-        write_json_atomic(run_dir / "slurm.json", {"job_id": job_id, "submitted_unix": time.time(),
-                                                   "sbatch": argv})
+        for job in unit:
+            write_json_atomic(job.run_dir.resolve() / "slurm.json", {
+                "job_id": job_id, "submitted_unix": time.time(), "sbatch": argv,
+                **({"together": [str(j.run_dir.resolve()) for j in unit]} if len(unit) > 1 else {})})
         return job_id
 
-    def _ended(self, job, job_id: str, log: Callable[[str], None]) -> RunResult:
-        """The run of an ended job: its own summary when Slurm says it completed, else recorded with
-        Slurm's state and reason (the summary's measurements kept)."""
+    def _ended(self, job, job_id: str, log: Callable[[str], None], together: bool = False) -> RunResult:
+        """The run of an ended job: its own summary when Slurm says it completed (or, in a job of several
+        runs, when the run itself ended before the job did), else recorded with Slurm's state and reason
+        (the summary's measurements kept)."""
         run_dir = job.run_dir.resolve()
         state, reason = final_state(job_id)
         record = {**recorded_job(run_dir), "state": state, "reason": reason}
@@ -243,11 +257,11 @@ class SlurmExecutor:
             result = RunResult.load(run_dir)
         except (UnreadableFile, OSError, KeyError, ValueError):
             result = None
-        if state in ("COMPLETED", "") and result is not None:
+        if result is not None and (state in ("COMPLETED", "") or (together and result.status in SETTLED)):
             log(f"{job.name}: Slurm job {job_id} done: {result.status}")
             return result
         status, called = ENDED_AS.get(state, ("crashed", "lost"))
-        out = run_dir / f"slurm-{job_id}.out"
+        out = (run_dir.parent if together else run_dir) / f"slurm-{job_id}.out"
         last = out.read_text(errors="replace").strip().splitlines()[-1:] if out.exists() else []
         why = f"{called}: Slurm job {job_id} {state or 'left the queue without a result'}" + \
               (f" ({reason})" if reason and reason != "None" else "") + (f"; {last[0]}" if last else "")
@@ -261,3 +275,36 @@ class SlurmExecutor:
         result.save(run_dir)
         log(f"{job.name}: {why}")
         return result
+
+
+def units_of(jobs: list) -> list[list[int]]:
+    """The Slurm jobs to submit, as lists of indices into ``jobs``: one each, but jobs ``together`` (an
+    A/B's alternated pairs) in one, in their order (pure: unit-tested)."""
+    units: list[list[int]] = []
+    by_key: dict[str, list[int]] = {}
+    for i, job in enumerate(jobs):
+        if job.together and job.together in by_key:
+            by_key[job.together].append(i)
+            continue
+        units.append([i])
+        if job.together:
+            by_key[job.together] = units[-1]
+    return units
+
+
+def unit_name(jobs: list, unit: list[int]) -> str:
+    return jobs[unit[0]].name if len(unit) == 1 else \
+        f"{Path(jobs[unit[0]].together).name} (A/B: {len(unit)} runs in one job)"
+
+
+def job_dir(unit: list) -> Path:
+    """Where a Slurm job's script and output go: the run directory, or for runs together their common parent."""
+    return unit[0].run_dir.resolve() if len(unit) == 1 else Path(unit[0].together).resolve()
+
+
+def poll_s() -> float:
+    """Seconds between two looks at the queue: POLL_S, or ``XFW_SLURM_POLL_S`` (tests, a busy scheduler)."""
+    try:
+        return max(0.05, float(os.environ.get("XFW_SLURM_POLL_S", POLL_S)))
+    except ValueError:
+        return POLL_S

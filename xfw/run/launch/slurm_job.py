@@ -28,7 +28,18 @@ def _first_node_addr() -> str:
 
 
 def main(argv: list[str]) -> int:
-    payload_path = Path(argv[0])
+    """Each payload's run in turn (several: an A/B's alternated pairs, in their order on this node); a run
+    cut off (scancel, the time limit) ends the job there."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    code = 0
+    for path in argv:
+        code = _one(Path(path)) or code
+        if code == 130:
+            break
+    return code
+
+
+def _one(payload_path: Path) -> int:
     try:
         payload = json.loads(payload_path.read_text())
     except (OSError, ValueError, IndexError) as err:
@@ -39,7 +50,6 @@ def main(argv: list[str]) -> int:
         if not os.path.exists(path):
             print(f"xfw slurm job on {os.uname().nodename}: cannot reach the {what} {path}", flush=True)
             return 3
-    signal.signal(signal.SIGTERM, _interrupt)
     from xfw.recipe.load import recipe_from_dict
     from xfw.run.launch import launcher
 

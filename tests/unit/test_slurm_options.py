@@ -1,0 +1,34 @@
+"""The Slurm executor's pure decisions (xfw.run.launch.slurm): which runs share one job (an A/B's alternated
+pairs), the time such a job asks for, and the options a suite file's ``slurm:`` section gives. The real
+cluster is exercised in tests/contract/test_slurm.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from xfw.recipe.load import load_recipe
+from xfw.run.launch import jobs, slurm
+
+from conftest import ROOT
+
+RECIPE = ROOT / "recipes" / "tiny" / "llava_sft.yaml"
+
+
+def test_an_ab_is_one_slurm_job_in_its_alternated_order_and_other_runs_one_job_each(tmp_path):
+    recipe = load_recipe(RECIPE, ["measure.repeat=3"])
+    ab = jobs.jobs_for(recipe, ["torch@a", "torch"], tmp_path, ("r",), alternate=True)
+    assert slurm.units_of(ab) == [[0, 1, 2, 3, 4, 5]]
+    assert [j.run_dir.name for j in ab] == ["torch@a-r0", "torch-r0", "torch-r1", "torch@a-r1", "torch@a-r2",
+                                           "torch-r2"]
+    assert slurm.job_dir([ab[i] for i in range(6)]) == (tmp_path / "r").resolve()
+    plain = jobs.jobs_for(recipe, ["torch@a", "torch"], tmp_path, ("r",))
+    assert slurm.units_of(plain) == [[i] for i in range(6)]
+    two = ab + jobs.jobs_for(recipe, ["torch@a", "torch"], tmp_path, ("s",), alternate=True)
+    assert slurm.units_of(two) == [list(range(6)), list(range(6, 12))]
+
+
+def test_a_job_of_several_runs_asks_for_each_runs_timeout():
+    recipe = load_recipe(RECIPE, ["measure.timeout_s=600"])
+    assert "--time=12" in slurm.sbatch_argv(slurm.SlurmOptions(), recipe, "x", Path("/o"))
+    assert "--time=62" in slurm.sbatch_argv(slurm.SlurmOptions(), recipe, "x", Path("/o"), runs=6)
+    assert "--time=30" in slurm.sbatch_argv(slurm.SlurmOptions(time_min=30), recipe, "x", Path("/o"), runs=6)
