@@ -254,3 +254,25 @@ def test_max_pairs_help_shows_the_range_its_check_keeps():
     refused = CliRunner().invoke(main, ["bisect", "r.yaml", "--builds", "b", "--good", "a", "--bad", "c",
                                         "--max-pairs", "2"])
     assert refused.exit_code == 2 and "2 is not in the range 3<=x<=1000" in refused.output
+
+
+def test_a_converge_page_and_chart_name_a_deliberate_difference_and_a_differing_mechanism_never_one_algorithm(
+        tmp_path, monkeypatch):
+    from tests.unit.test_converge_report import curves_from, paired, report_of, seeds
+    from xfw.report import converge_plot
+
+    ref = seeds()
+    curves = curves_from(ref, paired(ref, 1.0))
+    plain = report_of(curves)
+    assert converge_plot.page(plain).blocks[0].text.startswith(
+        "Like-for-like comparison: one algorithm on both sides (the framework comparison). Recipe")
+    changed = report_of(curves, deliberate={"torch": ["optimizer.lr"]},
+                        settings_differences=["mechanism attention_kernel differs: paddle=sdpa_math, torch=sdpa: flash"])
+    first = converge_plot.page(changed).blocks[0].text
+    assert first.startswith("Like-for-like comparison with a deliberate difference (torch: optimizer.lr), and differing "
+                            "mechanism attention_kernel (not one algorithm on both sides). Recipe")
+    assert "compared:" not in first  # named once, not twice in one paragraph
+    titles = []
+    monkeypatch.setattr("matplotlib.figure.Figure.suptitle", lambda self, text, **kw: titles.append(text))
+    converge_plot.write_chart(changed, tmp_path / "converge.png")
+    assert titles and "deliberate difference (torch: optimizer.lr)" in titles[0]

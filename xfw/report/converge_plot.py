@@ -46,12 +46,21 @@ def what_compared(r) -> str:
     """The comparison in words: a deliberate difference or a differing mechanism is named, never hidden
     behind "like-for-like"."""
     overrides = [f"{b}: {', '.join(keys)}" for b, keys in r.deliberate.items() if keys]
-    if overrides:
-        return "deliberate difference (" + "; ".join(overrides) + ")"
     differing = [d.split(" differs")[0] for d in r.settings_differences if " differs" in d]
+    if overrides:  # both named: a deliberate difference does not hide a mechanism that also differs
+        return "deliberate difference (" + "; ".join(overrides) + ")" + (
+            f", and differing {', '.join(differing)}" if differing else "")
     if differing:
         return f"{r.comparison}, with differing " + ", ".join(differing)
     return r.comparison
+
+
+def _kind(r) -> str:
+    """The first words of the page: the comparison, and "one algorithm on both sides" only where nothing differs."""
+    if what_compared(r) == r.comparison:
+        return KINDS.get(r.comparison, r.comparison + " comparison")
+    return f"{r.comparison.capitalize()} comparison with a {what_compared(r).removeprefix(r.comparison + ', with ')}" \
+        " (not one algorithm on both sides)"
 
 
 def page(r, chart: Path | None = None) -> Page:
@@ -60,8 +69,7 @@ def page(r, chart: Path | None = None) -> Page:
     ref, other = r.backends
     d = r.decision
     blocks: list = [
-        Paragraph(f"{KINDS.get(r.comparison, r.comparison + ' comparison')}. Recipe {r.recipe}: "
-                  f"{ref} (the reference: it exported the start) and {other}; compared: {what_compared(r)}; "
+        Paragraph(f"{_kind(r)}. Recipe {r.recipe}: {ref} (the reference: it exported the start) and {other}; "
                   f"{len(r.curves.get(ref, {}))} seeds, {r.steps} steps of {r.samples_per_step:,} samples, "
                   f"eval every {r.eval_every} steps."),
         Bullets(r.headline, title="Result", name="headline"),
@@ -300,7 +308,7 @@ def write_chart(report, path: str | Path) -> Path:
     for ax in axes:
         if ax.lines:
             ax.legend(fontsize=8)
-    fig.suptitle(f"{report.recipe} ({report.comparison}): lines are the mean over seeds, bands the lowest to "
+    fig.suptitle(f"{report.recipe} ({what_compared(report)}): lines are the mean over seeds, bands the lowest to "
                  "highest seed; right: each seed's paired difference", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
