@@ -1,7 +1,7 @@
 """Stage ``lora`` in Flax NNX: low-rank adapters beside the family's LoRA module's linears, as peft adds them.
 
-Every ``nnx.Linear`` under ``LORA_MODULE`` (``xfw.contract.families``) whose attribute name is one of
-``lora.targets`` is replaced by :class:`LoRALinear`: the frozen linear kept as ``base_layer`` (peft's
+Every ``nnx.Linear`` under ``LORA_MODULE`` (``xfw.contract.families``) whose dotted name is one of
+``lora.targets`` or ends with ``.TARGET`` (peft's rule: ``to_out.0``) is replaced by :class:`LoRALinear`: the frozen linear kept as ``base_layer`` (peft's
 name, which ``xfw.contract.hf_names.peft_to_canonical`` folds away), ``lora_A`` (``[r, in]`` in the
 checkpoint, initialised as peft does: uniform in +-1/sqrt(in)) and ``lora_B`` (zeros), the output
 ``base(x) + lora_B(lora_A(x)) * alpha / r``. Dropout on the adapters' input is not wired in.
@@ -45,9 +45,13 @@ def add_lora(model, spec: dict) -> None:
     if lora["dropout"]:
         raise Unsupported(f"lora.dropout {lora['dropout']}: adapter dropout is not wired into the JAX adapter; use 0")
     target = _module(model, families.lora_module(arch))
+    def matched(path) -> str | None:  # peft's rule: the module's dotted name is the target or ends with ".target"
+        dotted = ".".join(str(p) for p in path)
+        return next((t for t in lora["targets"] if dotted == t or dotted.endswith("." + t)), None)
+
     found = [(path, node) for path, node in nnx.iter_graph(target)
-             if isinstance(node, nnx.Linear) and path and str(path[-1]) in lora["targets"]]
-    missing = sorted(set(lora["targets"]) - {str(p[-1]) for p, _ in found})
+             if isinstance(node, nnx.Linear) and path and matched(path)]
+    missing = sorted(set(lora["targets"]) - {matched(p) for p, _ in found})
     if missing:
         raise InvalidSpec(f"lora.targets: {missing[0]!r} matches no linear under {families.lora_module(arch)}")
     rngs = nnx.Rngs(params=spec["measure"]["seed"] + 1)
@@ -55,4 +59,8 @@ def add_lora(model, spec: dict) -> None:
         parent = target
         for part in path[:-1]:
             parent = parent[part] if isinstance(part, int) else getattr(parent, part)
-        setattr(parent, str(path[-1]), LoRALinear(node, lora["r"], lora["alpha"], rngs))
+        adapted = LoRALinear(node, lora["r"], lora["alpha"], rngs)
+        if isinstance(path[-1], int):  # a list slot (diffusers' to_out.0)
+            parent[path[-1]] = adapted
+        else:
+            setattr(parent, str(path[-1]), adapted)

@@ -41,7 +41,7 @@ from xfw.contract.env import cpu_model, package_versions
 from xfw.contract.harness import InvalidSpec, Unsupported, loader_settings, wants_grad_norm
 from xfw_jax import model as models
 from xfw_jax import parallel
-from xfw_jax.families import family_module
+from xfw_jax.families import FAMILIES, NOT_PORTED, NOT_PORTED_VARIANTS, family_module
 
 KNOBS = set(knob_declaration.adapter_declaration(__file__))
 REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable", "everything_saveable")
@@ -64,6 +64,7 @@ def describe() -> dict:
         "backend": "jax", "framework": "jax", "framework_version": jax.__version__,
         "framework_commit": getattr(jaxlib.version, "_git_hash", None) if hasattr(jaxlib, "version") else None,
         "versions": _library_versions(), "device": f"{device.platform}:0", "device_name": _device_name(),
+        "families": sorted(FAMILIES), "unsupported": {**NOT_PORTED, **NOT_PORTED_VARIANTS},
         "launcher": ["{python}", "-m", "xfw_jax.launch", "--nnodes", "{nnodes}", "--node_rank", "{node_rank}",
                      "--master_addr", "{master_addr}", "--master_port", "{master_port}",
                      "--nproc_per_node", "{nproc}", "--"],
@@ -244,7 +245,7 @@ class JaxSession:
         compute = "bfloat16" if self.compute_dtype is not None else "float32"
         notes = self.precision_note
         if self.remat_policy:
-            notes += f"; nnx.remat per decoder layer, policy {self.remat_policy}"
+            notes += f"; nnx.remat per block (decoder layer; UNet ResNet and transformer block), policy {self.remat_policy}"
         if self.max_grad_norm:
             notes += f"; optax.clip_by_global_norm({self.max_grad_norm:g})"
         if self.record_grad_norm:

@@ -13,11 +13,13 @@ from types import ModuleType
 
 from xfw.contract.harness import Unsupported
 
-FAMILIES = {"llava": "xfw_jax.families.llava"}
-NOT_PORTED = {
+FAMILIES = {"llava": "xfw_jax.families.llava", "sd15": "xfw_jax.families.sd15"}
+NOT_PORTED = {  # what --describe lists as unsupported, and each run of it says (exit 3, ``unsupported``)
     "qwen2vl": "Qwen2-VL (3-D rotary positions, windowed vision merger) is not ported to the JAX adapter yet",
-    "sd15": "Stable Diffusion 1.5 (UNet, VAE, CLIP text encoder, noise scheduler) is not ported to the JAX adapter yet",
     "sd3": "Stable Diffusion 3 (MMDiT, three text encoders, flow matching) is not ported to the JAX adapter yet",
+}
+NOT_PORTED_VARIANTS = {  # a ported family's variant that is not (``model.arch``), said by the family's build
+    "llava (anyres: LLaVA-NeXT)": "LLaVA-NeXT (AnyRes tiles, image newline) is not ported to the JAX adapter yet",
 }
 
 

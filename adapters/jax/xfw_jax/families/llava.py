@@ -72,10 +72,10 @@ class CLIPAttention(nnx.Module):
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (c.linear(h, h) for _ in range(4))
         self.dtype = c.dtype
 
-    def __call__(self, x):
+    def __call__(self, x, mask=None):  # mask [B or 1, 1, S, S], True: attend (the text encoder's causal mask)
         b, s, h = x.shape
         split = lambda t: t.reshape(b, s, self.heads, h // self.heads)  # noqa: E731
-        out = _attention(split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x)), None,
+        out = _attention(split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x)), mask,
                          self.dtype or x.dtype)
         return self.out_proj(out.reshape(b, s, h))
 
@@ -97,8 +97,8 @@ class CLIPEncoderLayer(nnx.Module):
         self.mlp = CLIPMLP(v, c)
         self.layer_norm2 = c.layer_norm(v["hidden_size"], v["layer_norm_eps"])
 
-    def __call__(self, x):
-        x = x + self.self_attn(self.layer_norm1(x).astype(x.dtype))
+    def __call__(self, x, mask=None):
+        x = x + self.self_attn(self.layer_norm1(x).astype(x.dtype), mask)
         return x + self.mlp(self.layer_norm2(x).astype(x.dtype))
 
 
@@ -290,7 +290,9 @@ class LlavaForConditionalGeneration(nnx.Module):
 
 def build(arch: dict, *, dtype=None, param_dtype=jnp.float32, seed: int = 0) -> LlavaForConditionalGeneration:
     if arch.get("anyres"):
-        raise Unsupported("LLaVA-NeXT (AnyRes tiles, image newline) is not ported to the JAX adapter yet")
+        from xfw_jax.families import NOT_PORTED_VARIANTS
+
+        raise Unsupported(NOT_PORTED_VARIANTS["llava (anyres: LLaVA-NeXT)"])
     if arch["text"]["tie_word_embeddings"]:
         raise Unsupported("tied word embeddings are not ported to the JAX adapter yet")
     return LlavaForConditionalGeneration(arch, dtype=dtype, param_dtype=param_dtype, seed=seed)
