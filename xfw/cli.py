@@ -275,8 +275,9 @@ def assemble(node_dirs, out_dir, force) -> None:
 
 
 @main.command(name="env")
-@click.option("--backends", default="paddle,torch", show_default=True,
-              help="Backends to describe (instances too: paddle@3.2.0 builds its environment first).")
+@click.option("--backends", default=None,
+              help="Backends to describe (instances too: paddle@3.2.0 builds its environment first; default: "
+                   "paddle, torch and every other adapter whose .venv/NAME exists, e.g. jax).")
 @python_option
 @click.option("--remove", "remove", default=None, metavar="NAME",
               help="Delete the built environment of instance NAME (e.g. paddle@3.2.0) and say what it freed.")
@@ -289,7 +290,8 @@ def env_command(backends, pythons, remove, clean) -> None:
         _finish(lambda: workflow.clean_envs())
     if remove is not None:
         _finish(lambda: workflow.remove_env(remove))
-    _finish(lambda: workflow.describe_backends(_backend_names(backends), _interpreters(pythons, backends), log=_log))
+    names = _backend_names(backends) if backends is not None else launcher.env_backends()
+    _finish(lambda: workflow.describe_backends(names, _interpreters(pythons, backends), log=_log))
 
 
 from xfw import cli_studies  # noqa: E402  (registered below; it never imports this module)

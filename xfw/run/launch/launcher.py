@@ -86,6 +86,13 @@ def known_adapters(root: Path = PROJECT_ROOT) -> list[str]:
     return sorted(p.parent.name for p in root.glob("adapters/*/xfw_*") if p.name == f"xfw_{p.parent.name}")
 
 
+def env_backends(root: Path = PROJECT_ROOT) -> list[str]:
+    """What ``xfw env`` describes when not told: paddle and torch (said NOT AVAILABLE when missing), then
+    every other adapter whose environment ``.venv/NAME`` exists (jax once scripts/setup_jax.sh made it)."""
+    return ["paddle", "torch"] + [name for name in known_adapters(root)
+                                  if name not in ("paddle", "torch") and (root / ".venv" / name).is_dir()]
+
+
 def resolve_backend(name: str, interpreters: dict[str, str], root: Path = PROJECT_ROOT) -> Backend:
     """The interpreter of backend ``name``: ``--python NAME=PATH``, else ``.venv/NAME`` (a bare
     adapter) or the instance's own environment (built by ``instances.ensure_env`` beforehand, or
