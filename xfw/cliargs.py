@@ -5,6 +5,7 @@ workflow's outcome is printed. :mod:`xfw.cli` declares the commands themselves."
 from __future__ import annotations
 
 import importlib
+import shlex
 import sys
 from pathlib import Path
 
@@ -122,6 +123,12 @@ def _finish(call) -> None:
             outcome = call()
     except (workflow.UsageError, slurm.SlurmError) as err:
         _fail(str(err))
+    except slurm.Detached as gone:  # --detach: submitted; the report job writes the report (docs/slurm.md)
+        terminal.echo(f"detached: Slurm job(s) {' '.join(gone.job_ids)} submitted; report job {gone.report_id} runs "
+                      f"after them (afterany) and writes the report ({gone.where}/slurm-report-{gone.report_id}.out)",
+                      err=True)
+        terminal.echo(f"to attach or report before then: xfw {shlex.join(gone.command)}", err=True)
+        sys.exit(0)
     except KeyboardInterrupt:
         terminal.exit_interrupted()
     if outcome.text:
@@ -181,15 +188,20 @@ def _executor():
     """The --executor of this command (executor_options), or None (here, one run at a time)."""
     ctx = click.get_current_context(silent=True)
     chosen = (ctx.meta if ctx else {}).get("xfw.executor", {})
-    if chosen.get("executor", "local") == "local":
-        return None
     from xfw.run.launch import slurm
+
+    if chosen.get("executor", "local") == "local":
+        if chosen.get("detach"):
+            raise slurm.SlurmError("--detach: only with --executor slurm (a local run has nothing to leave running)")
+        return None
 
     return slurm.SlurmExecutor(slurm.SlurmOptions(
         partition=chosen.get("partition"), account=chosen.get("account"), qos=chosen.get("qos"),
         time_min=chosen.get("time_min"), gpus_per_node=chosen.get("gpus_per_node"),
         cpus_per_task=chosen.get("cpus_per_task"), exclusive=chosen.get("exclusive", True),
-        sbatch_args=tuple(chosen.get("sbatch_args", ())), max_queued=chosen.get("max_queued") or 64), log=_log)
+        sbatch_args=tuple(chosen.get("sbatch_args", ())), max_queued=chosen.get("max_queued") or 64,
+        constraint=chosen.get("constraint"), detach=bool(chosen.get("detach"))), log=_log,
+        command=[arg for arg in sys.argv[1:] if arg != "--detach"])
 
 
 def executor_options(fn):
@@ -215,9 +227,12 @@ def executor_options(fn):
                                       help="Whole nodes per job (default: exclusive: a shared node is no measurement).")),
         ("--sbatch-arg", dict(multiple=True, metavar="ARG", help="Extra sbatch argument, e.g. --sbatch-arg=--constraint=h800. Repeatable.")),
         ("--max-queued", dict(type=click.IntRange(1), default=None, metavar="N", help="Jobs in the queue at once (default 64).")),
+        ("--constraint", dict(default=None, metavar="FEATURES", help="Node type/features every job asks for (sbatch --constraint).")),
+        ("--detach", dict(is_flag=True, default=None, help="Submit the jobs and a report job after them, and return "
+                                                           "(Slurm; the same command without --detach attaches).")),
     ]
     keys = ["executor", "partition", "account", "qos", "time_min", "gpus_per_node", "cpus_per_task", "exclusive",
-            "sbatch_args", "max_queued"]
+            "sbatch_args", "max_queued", "constraint", "detach"]
     for (flag, kwargs), key in zip(reversed(options), reversed(keys)):
         fn = click.option(flag, key, expose_value=False, callback=keep(key), **kwargs)(fn)
     return fn

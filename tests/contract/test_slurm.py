@@ -1,7 +1,7 @@
 """xfw under a real Slurm 22.05 (scripts/setup_slurm.sh: slurmctld and two slurmd on loopback, n1 and n2):
-jobs are submitted through the real sbatch/squeue/scancel, no mocked scheduler. A two-job compare, a
-two-node recipe, the tiny nightly, a job scancelled mid-run, a slurmd killed under a running job, and
-xfw killed and rerun (it attaches; nothing runs twice)."""
+jobs are submitted through the real sbatch/squeue/scancel, no mocked scheduler. A detached two-job compare
+(its report job writes the report), a job past its time limit, a two-node recipe, a job scancelled mid-run,
+a slurmd killed under a running job, and xfw killed and rerun (it attaches; nothing runs twice)."""
 
 from __future__ import annotations
 
@@ -45,14 +45,17 @@ def cluster():
     subprocess.run([str(SETUP)], check=True, timeout=120)  # a node a test took down comes back
 
 
+FAST_POLL = {**os.environ, "XFW_SLURM_POLL_S": "0.3"}  # the queue looked at often: tests wait less
+
+
 def xfw(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "xfw.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=FAST_POLL)
 
 
 def start_xfw(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "xfw.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, env=FAST_POLL)
 
 
 def slurm_record(run_dir: Path) -> dict:
@@ -70,23 +73,61 @@ def wait_running(run_dir: Path, steps: int = 3, timeout: float = 120) -> str:
     raise AssertionError(f"no running job in {run_dir}")
 
 
-def test_a_two_job_compare_runs_as_slurm_jobs_and_records_job_and_node(cluster, tmp_path):
+def _scontrol(action: str, job_id: str) -> None:
+    subprocess.run(["scontrol", action, job_id], check=True, capture_output=True, timeout=30)
+
+
+def _wait_gone(job_id: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < deadline, f"Slurm job {job_id} still queued"
+        time.sleep(0.5)
+
+
+def test_a_detached_two_job_compare_returns_at_once_and_its_report_job_writes_the_report(cluster, tmp_path):
+    """--detach: two jobs and a report job after them (afterany) submitted, xfw returns; the report job (the
+    same command without --detach) collects both runs and writes the usual report."""
     out = tmp_path / "cmp"
+    started = time.monotonic()
     done = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", "--repeat", "2", *SHORT, "--out",
-               str(out), "--executor", "slurm", "--partition", "debug")
+               str(out), "--executor", "slurm", "--partition", "debug", "--detach")
     assert done.returncode == 0, done.stderr[-4000:]
+    assert not (out / "report.md").exists() and time.monotonic() - started < 60
+    said = [line for line in done.stderr.splitlines() if line.startswith("detached: Slurm job(s) ")]
+    assert said, done.stderr[-3000:]
+    report_id = said[0].split("report job ")[1].split()[0]
+    assert "to attach or report before then: xfw compare " in done.stderr and "--detach" not in done.stderr
+    _wait_gone(report_id, timeout=300)
+    report_log = (out / "tiny-llava-sft" / f"slurm-report-{report_id}.out").read_text()
     runs = sorted((out / "tiny-llava-sft").glob("torch-r*"))
     assert len(runs) == 2
     ids = set()
     for run in runs:
         record, env = slurm_record(run), json.loads((run / "env.json").read_text())
         summary = json.loads((run / "summary.json").read_text())
-        assert record["state"] == "COMPLETED" and summary["status"] == "ok"
+        assert record["state"] == "COMPLETED" and summary["status"] == "ok", report_log[-3000:]
         assert env["slurm"]["job_id"] == record["job_id"] and env["slurm"]["node"] in ("n1", "n2")
         assert (run / f"slurm-{record['job_id']}.out").exists()
+        assert f"Slurm job {record['job_id']} ended while no xfw watched it" in report_log
         ids.add(record["job_id"])
-    assert len(ids) == 2
-    assert "Slurm job" in done.stderr and (out / "report.md").exists()
+    assert len(ids) == 2 and ids == set(said[0].split("job(s) ")[1].split(" submitted")[0].split())
+    assert (out / "report.md").exists(), report_log[-3000:]
+
+
+def test_a_job_past_its_time_limit_is_a_timeout_with_slurms_reason_and_no_other_result_is_lost(cluster, tmp_path):
+    """--time 1: one side's job runs far past its minute (its own timeout, a per-backend override, is longer)
+    and Slurm ends it; it is recorded as a timeout with Slurm's reason, the other side's run stays ok."""
+    out = tmp_path / "late"
+    done = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", f"torch@slow={sys.executable},torch", *SHORT,
+               "--set", "measure.timeout_s=60", "--set", "backends.torch@slow.override.measure.steps=100000",
+               "--set", "backends.torch@slow.override.measure.timeout_s=600", "--time", "1", "--out", str(out),
+               "--executor", "slurm")
+    slow, fine = out / "tiny-llava-sft" / "torch@slow", out / "tiny-llava-sft" / "torch"
+    summary = json.loads((slow / "summary.json").read_text())
+    assert summary["status"] == "timeout" and "TIMEOUT (TimeLimit)" in summary["reason"], done.stderr[-3000:]
+    assert slurm_record(slow)["state"] == "TIMEOUT" and "--time=1" in slurm_record(slow)["sbatch"]
+    assert json.loads((fine / "summary.json").read_text())["status"] == "ok"
+    assert (out / "report.md").exists()
 
 
 def test_bad_slurm_input_is_one_line_exit_2_and_nothing_submitted(cluster, tmp_path):
@@ -153,17 +194,6 @@ def test_a_slurmd_killed_under_its_job_is_recorded_as_node_failed(cluster, tmp_p
         if proc.poll() is None:
             proc.kill()
         subprocess.run([str(SETUP)], check=True, timeout=120)  # the node back (slurmd restarted, RESUME)
-
-
-def _scontrol(action: str, job_id: str) -> None:
-    subprocess.run(["scontrol", action, job_id], check=True, capture_output=True, timeout=30)
-
-
-def _wait_gone(job_id: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip():
-        assert time.monotonic() < deadline, f"Slurm job {job_id} still queued"
-        time.sleep(0.5)
 
 
 def test_xfw_killed_and_rerun_attaches_to_its_job_and_runs_nothing_twice(cluster, tmp_path):

@@ -32,3 +32,21 @@ def test_a_job_of_several_runs_asks_for_each_runs_timeout():
     assert "--time=12" in slurm.sbatch_argv(slurm.SlurmOptions(), recipe, "x", Path("/o"))
     assert "--time=62" in slurm.sbatch_argv(slurm.SlurmOptions(), recipe, "x", Path("/o"), runs=6)
     assert "--time=30" in slurm.sbatch_argv(slurm.SlurmOptions(time_min=30), recipe, "x", Path("/o"), runs=6)
+
+
+def test_a_node_type_constraint_is_passed_to_sbatch():
+    recipe = load_recipe(RECIPE)
+    argv = slurm.sbatch_argv(slurm.SlurmOptions(constraint="h800&ib"), recipe, "x", Path("/o"))
+    assert "--constraint=h800&ib" in argv and argv[-1] == "/o/slurm-job.sh"
+    assert not any(a.startswith("--constraint") for a in slurm.sbatch_argv(slurm.SlurmOptions(), recipe, "x", Path("/o")))
+
+
+def test_detach_without_the_slurm_executor_is_one_line_exit_2(tmp_path):
+    from click.testing import CliRunner
+
+    from xfw import cli
+
+    done = CliRunner().invoke(cli.main, ["compare", str(RECIPE), "--out", str(tmp_path / "o"), "--detach"])
+    assert done.exit_code == 2 and done.output.strip().splitlines()[-1] == \
+        "error: --detach: only with --executor slurm (a local run has nothing to leave running)"
+    assert not (tmp_path / "o").exists()

@@ -47,6 +47,14 @@ class SlurmError(ValueError):
     """Bad Slurm input found before anything was submitted; one line naming the option."""
 
 
+class Detached(Exception):
+    """``--detach``: the jobs (``job_ids``) and the report job after them are submitted; nothing to wait for."""
+
+    def __init__(self, job_ids: list[str], report_id: str, command: list[str], where: Path):
+        super().__init__(f"submitted Slurm job(s) {' '.join(job_ids)}")
+        self.job_ids, self.report_id, self.command, self.where = job_ids, report_id, command, where
+
+
 @dataclass(frozen=True)
 class SlurmOptions:
     partition: str | None = None
@@ -59,6 +67,10 @@ class SlurmOptions:
     exclusive: bool = True
     sbatch_args: tuple[str, ...] = ()
     max_queued: int = 64
+    constraint: str | None = None
+    """``--constraint``: the node type/feature every job asks for (``h800``, ``h800&ib``)."""
+    detach: bool = False
+    """Submit every job and a report job after them (``afterany``), then return (:class:`Detached`)."""
 
 
 def _cmd(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
@@ -106,7 +118,8 @@ def sbatch_argv(options: SlurmOptions, recipe, label: str, run_dir: Path, runs: 
             f"--chdir={launcher.PROJECT_ROOT}"]
     argv += [f"--{key}={value}" for key, value in (("partition", options.partition), ("account", options.account),
                                                    ("qos", options.qos), ("gpus-per-node", options.gpus_per_node),
-                                                   ("cpus-per-task", options.cpus_per_task)) if value]
+                                                   ("cpus-per-task", options.cpus_per_task),
+                                                   ("constraint", options.constraint)) if value]
     argv += ["--exclusive"] if options.exclusive else []
     return argv + list(options.sbatch_args) + [str(run_dir / "slurm-job.sh")]
 
@@ -142,11 +155,49 @@ class SlurmExecutor:
 
     name = "slurm"
 
-    def __init__(self, options: SlurmOptions, log: Callable[[str], None] | None = None):
+    def __init__(self, options: SlurmOptions, log: Callable[[str], None] | None = None,
+                 command: list[str] | None = None):
         self.options = options
         self.partition = check_cluster(options)
         self.log = log
         """Where the jobs' states go; None: the log each run_jobs call passes (compare passes a silent one)."""
+        self.command = command or []
+        """``--detach``: the xfw arguments the report job runs (this command without ``--detach``)."""
+
+    def _existing(self, jobs: list, unit: list[int], backends: dict, live: dict) -> tuple[str | None, str]:
+        """The job recorded for ``unit`` that this command takes over: (id, 'attached') while queued or running,
+        (id, 'collect') when it ended while no xfw watched; (None, '') when it must be submitted."""
+        record = recorded_job(jobs[unit[0]].run_dir)
+        old = record.get("job_id") if all(recorded_job(jobs[i].run_dir).get("job_id") == record.get("job_id") and
+                                          self._same_payload(jobs[i], backends) for i in unit) else None
+        if old and old in live and live[old][0] in ACTIVE:
+            return old, "attached"
+        return (old, "collect") if old and "state" not in record else (None, "")
+
+    def _detach(self, jobs: list, backends: dict, rendezvous, live: dict, log: Callable[[str], None]) -> None:
+        """Submit every job not queued yet and the report job after all of them; raise :class:`Detached`."""
+        ids = []
+        for unit in units_of(jobs):
+            old, _ = self._existing(jobs, unit, backends, live)
+            ids.append(old or self._submit([jobs[i] for i in unit], backends, rendezvous))
+            log(f"{unit_name(jobs, unit)}: Slurm job {ids[-1]}" + (" (already submitted)" if old else ""))
+        where = Path(os.path.commonpath([str(job.run_dir.resolve()) for job in jobs]))
+        script = where / "slurm-report.sh"
+        script.write_text("#!/bin/sh\n# written by xfw (xfw/run/launch/slurm.py): after the runs' jobs, the same "
+                          "command attaches to them and writes the report\n"
+                          f"exec {shlex.quote(sys.executable)} -m xfw.cli {shlex.join(self.command)}\n")
+        minutes = self.options.time_min or max(
+            math.ceil((job.recipe.measure.timeout_s + START_MARGIN_S) / 60) for job in jobs)
+        argv = ["sbatch", "--parsable", "--job-name=xfw:report", f"--time={3 * minutes}", "--nodes=1",
+                "--ntasks=1", "--no-requeue", f"--dependency=afterany:{':'.join(dict.fromkeys(ids))}",
+                f"--output={where}/slurm-report-%j.out", f"--chdir={Path.cwd()}"]
+        argv += [f"--{key}={value}" for key, value in (("partition", self.options.partition),
+                                                       ("account", self.options.account),
+                                                       ("qos", self.options.qos)) if value]
+        done = _cmd([*argv, str(script)], timeout=60)
+        if done.returncode != 0:
+            raise SlurmError(f"sbatch refused the report job: {done.stderr.strip().splitlines()[-1:] or ['no reason']}")
+        raise Detached(list(dict.fromkeys(ids)), done.stdout.strip().split(";")[0], self.command, where)
 
     def run(self, jobs: list, backends: dict, *, rendezvous, log: Callable[[str], None],
             on_result: Callable | None) -> list[RunResult]:
@@ -154,6 +205,8 @@ class SlurmExecutor:
         log = self.log or log
         live = _queue([recorded_job(job.run_dir).get("job_id", "") for job in jobs
                        if recorded_job(job.run_dir).get("job_id")])
+        if self.options.detach and jobs:
+            self._detach(jobs, backends, rendezvous, live, log)
         waiting, queued, results = units_of(jobs), {}, {}
         seen: dict[str, str] = {}
         try:
@@ -161,14 +214,11 @@ class SlurmExecutor:
                 while waiting and len(queued) < self.options.max_queued:
                     unit = waiting.pop(0)
                     name = unit_name(jobs, unit)
-                    record = recorded_job(jobs[unit[0]].run_dir)
-                    old = record.get("job_id") if all(
-                        recorded_job(jobs[i].run_dir).get("job_id") == record.get("job_id") and
-                        self._same_payload(jobs[i], backends) for i in unit) else None
-                    if old and old in live and live[old][0] in ACTIVE:
+                    old, how = self._existing(jobs, unit, backends, live)
+                    if how == "attached":
                         log(f"{name}: attached to Slurm job {old} ({live[old][0].lower()})")
                         queued[old] = unit
-                    elif old and "state" not in record:  # ended while no xfw watched (xfw killed): collect it
+                    elif how == "collect":  # ended while no xfw watched (xfw killed, --detach): collect it
                         log(f"{name}: Slurm job {old} ended while no xfw watched it; collecting its run")
                         queued[old] = unit
                     else:
