@@ -190,6 +190,14 @@ def _executor():
     chosen = (ctx.meta if ctx else {}).get("xfw.executor", {})
     from xfw.run.launch import slurm
 
+    if ctx is not None and ctx.params.get("suite"):  # a suite's slurm: section; the command line overrides it
+        from xfw.run.commands.suite import SuiteError, suite_slurm
+
+        try:
+            chosen = {**suite_slurm(ctx.params["suite"]), **chosen}
+        except SuiteError as err:
+            raise slurm.SlurmError(str(err)) from None
+
     if chosen.get("executor", "local") == "local":
         if chosen.get("detach"):
             raise slurm.SlurmError("--detach: only with --executor slurm (a local run has nothing to leave running)")
@@ -214,8 +222,9 @@ def executor_options(fn):
             return value
         return callback
     options = [
-        ("--executor", dict(type=click.Choice(["local", "slurm"]), default="local", show_default=True,
-                            help="Where the runs go: here one at a time, or each run a Slurm job (docs/slurm.md).")),
+        ("--executor", dict(type=click.Choice(["local", "slurm"]), default=None,
+                            help="Where the runs go: here one at a time (default: local, or a suite's slurm.executor), "
+                                 "or each run a Slurm job (docs/slurm.md).")),
         ("--partition", dict(default=None, metavar="NAME", help="Slurm partition (default: the cluster's default).")),
         ("--account", dict(default=None, metavar="NAME", help="Slurm account to charge.")),
         ("--qos", dict(default=None, metavar="NAME", help="Slurm quality of service.")),

@@ -92,8 +92,8 @@ def test_the_core_never_branches_on_a_backend_name():
 def test_cli_commands_and_options_are_frozen():
     # Changing the CLI breaks users' nightly scripts: update this test deliberately.
     commands = {name: sorted(p.name for p in cmd.params) for name, cmd in cli.main.commands.items()}
-    slurm = {"account", "cpus_per_task", "exclusive", "executor", "gpus_per_node", "max_queued", "partition", "qos",
-             "sbatch_args", "time_min"}  # --executor and Slurm's options (docs/slurm.md), on every many-run command
+    slurm = {"account", "constraint", "cpus_per_task", "detach", "exclusive", "executor", "gpus_per_node", "max_queued",
+             "partition", "qos", "sbatch_args", "time_min"}  # --executor and Slurm's options (docs/slurm.md), on every many-run command
     for name in ("compare", "sweep", "maxbatch", "converge", "bisect", "nightly", "selfcheck"):
         assert slurm <= set(commands[name]), name
         commands[name] = sorted(set(commands[name]) - slurm)

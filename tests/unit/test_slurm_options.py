@@ -50,3 +50,54 @@ def test_detach_without_the_slurm_executor_is_one_line_exit_2(tmp_path):
     assert done.exit_code == 2 and done.output.strip().splitlines()[-1] == \
         "error: --detach: only with --executor slurm (a local run has nothing to leave running)"
     assert not (tmp_path / "o").exists()
+
+
+def test_a_suites_slurm_section_gives_the_executor_options():
+    from xfw.run.commands.suite import slurm_section
+
+    assert slurm_section(None, "s.yaml") == {}
+    assert slurm_section({"executor": "slurm", "partition": "h800", "account": "bench", "qos": "high", "time": 90,
+                          "gpus_per_node": 8, "cpus_per_task": 16, "exclusive": False, "max_queued": 4,
+                          "sbatch_args": ["--constraint=h800"], "constraint": "ib"}, "s.yaml") == {
+        "executor": "slurm", "partition": "h800", "account": "bench", "qos": "high", "time_min": 90,
+        "gpus_per_node": 8, "cpus_per_task": 16, "exclusive": False, "max_queued": 4,
+        "sbatch_args": ("--constraint=h800",), "constraint": "ib"}
+
+
+def test_a_bad_slurm_value_in_a_suite_is_one_line_naming_the_file_and_key():
+    import pytest
+
+    from xfw.run.commands.suite import SuiteError, slurm_section
+
+    for data, key in (({"executor": "pbs"}, "slurm.executor: local or slurm"), ({"time": 0}, "slurm.time: a whole"),
+                      ({"time": "90"}, "slurm.time: a whole"), ({"gpus_per_node": True}, "slurm.gpus_per_node: a whole"),
+                      ({"exclusive": "yes"}, "slurm.exclusive: true or false"), ({"partition": ""}, "slurm.partition: "),
+                      ({"sbatch_args": "--x"}, "slurm.sbatch_args: a list"), ({"nodes": 2}, "slurm.nodes: unknown key"),
+                      ([1], "slurm: a mapping")):
+        with pytest.raises(SuiteError) as err:
+            slurm_section(data, "suites/x.yaml")
+        assert str(err.value).startswith(f"suites/x.yaml: {key}") and "\n" not in str(err.value)
+
+
+def test_the_command_line_overrides_a_suites_slurm_section(tmp_path):
+    """The suite says slurm (so, with no Slurm here, the night stops before anything runs); --executor local
+    on the command line overrides it (here shown by --detach, which only a Slurm night takes); a bad value is
+    the nightly's one line, exit 2."""
+    from click.testing import CliRunner
+
+    from xfw import cli
+
+    suite = tmp_path / "s.yaml"
+    suite.write_text((ROOT / "suites" / "cpu_smoke.yaml").read_text().replace(
+        "entries:", "slurm: {executor: slurm, partition: nowhere}\nentries:", 1))
+    runner, history = CliRunner(), str(tmp_path / "h")
+    no_slurm = {"PATH": str(tmp_path)}
+    done = runner.invoke(cli.main, ["nightly", str(suite), "--history", history], env=no_slurm)
+    assert done.exit_code == 2 and "error: --executor slurm: no sbatch" in done.output
+    done = runner.invoke(cli.main, ["nightly", str(suite), "--history", history, "--executor", "local", "--detach"])
+    assert done.exit_code == 2 and "error: --detach: only with --executor slurm" in done.output
+    suite.write_text(suite.read_text().replace("partition: nowhere", "time: -3"))
+    done = runner.invoke(cli.main, ["nightly", str(suite), "--history", history])
+    assert done.exit_code == 2 and done.output.strip().splitlines()[-1] == \
+        f"error: {suite}: slurm.time: a whole number >= 1 (minutes), got -3"
+    assert not (tmp_path / "h").exists()

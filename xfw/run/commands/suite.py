@@ -6,6 +6,7 @@ A suite is a YAML file (``suites/cpu_smoke.yaml``)::
     backends: [paddle, torch]
     set: [measure.steps=8]            # applied to every entry (before the entry's own `set`)
     regression: {window: 7, ips_drop: 0.25, mem_growth: 0.10, noise_k: 3}
+    slurm: {executor: slurm, partition: h800, time: 90}   # optional: where the runs go (docs/slurm.md)
     entries:
       - recipe: ../recipes/tiny/llava_sft.yaml     # relative to the suite file
       - recipe: ../recipes/tiny/sd15_lora.yaml
@@ -68,9 +69,11 @@ class Suite:
     """The suite's own ``set`` (applied to every entry before the entry's and the command line's)."""
     selfcheck: tuple[tuple[str, ...], tuple[str, ...]] | None = None
     """(families, settings paths) ``xfw selfcheck`` runs before the entries (fp32 first), or None."""
+    slurm: dict = field(default_factory=dict)
+    """Its ``slurm:`` section (:func:`slurm_section`): where the night's runs go; the command line overrides."""
 
 
-_TOP_KEYS = {"name", "backends", "set", "regression", "entries", "description", "selfcheck"}
+_TOP_KEYS = {"name", "backends", "set", "regression", "entries", "description", "selfcheck", "slurm"}
 _ENTRY_KEYS = {"recipe", "set", "label", "converge"}
 CONVERGE_DEFAULTS = {"seeds": 3, "steps": 300, "eval_every": 25, "eval_samples": None, "target": None}
 """A converge entry's keys and their defaults (``xfw converge``'s options)."""
@@ -174,6 +177,48 @@ def _converge_plan(data, where: str, recipe_path: str, overrides: tuple[str, ...
         raise SuiteError(f"{where}.converge: {err}") from None
 
 
+SLURM_KEYS = {"executor": "choice", "partition": "name", "account": "name", "qos": "name", "constraint": "name",
+              "time": "count", "gpus_per_node": "count", "cpus_per_task": "count", "max_queued": "count",
+              "exclusive": "flag", "sbatch_args": "list"}
+"""A suite's ``slurm:`` keys (docs/slurm.md), the same as the many-run commands' options; ``time`` in minutes."""
+
+
+def slurm_section(data, source: str) -> dict:
+    """A suite's ``slurm:`` section as the executor options it gives (``time`` as ``time_min``); SuiteError
+    names the file and the key of a bad value."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SuiteError(f"{source}: slurm: a mapping such as {{executor: slurm, partition: h800, time: 90}}")
+    chosen = {}
+    for key, value in data.items():
+        kind, where = SLURM_KEYS.get(key), f"{source}: slurm.{key}"
+        if kind is None:
+            raise SuiteError(f"{where}: unknown key (known: {', '.join(sorted(SLURM_KEYS))})")
+        if kind == "choice" and value not in ("local", "slurm"):
+            raise SuiteError(f"{where}: local or slurm, got {value!r}")
+        if kind == "name" and (not isinstance(value, str) or not value.strip() or len(value) > 200):
+            raise SuiteError(f"{where}: a non-empty name, got {value!r}")
+        if kind == "count" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise SuiteError(f"{where}: a whole number >= 1{' (minutes)' if key == 'time' else ''}, got {value!r}")
+        if kind == "flag" and not isinstance(value, bool):
+            raise SuiteError(f"{where}: true or false, got {value!r}")
+        if kind == "list" and (not isinstance(value, list) or not all(isinstance(v, str) and v for v in value)):
+            raise SuiteError(f"{where}: a list of sbatch arguments such as [--constraint=h800], got {value!r}")
+        chosen["time_min" if key == "time" else key] = tuple(value) if kind == "list" else value
+    return chosen
+
+
+def suite_slurm(path: str | Path) -> dict:
+    """Only the ``slurm:`` section of the suite at ``path`` (the CLI builds its executor before the night
+    loads its recipes); {} when the file cannot be read (load_suite then says why)."""
+    try:
+        data = load_file(Path(path), "suite file")
+    except YamlError:
+        return {}
+    return slurm_section(data.get("slurm"), str(path)) if isinstance(data, dict) else {}
+
+
 def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Suite:
     """Parse and validate a suite and every entry's recipe; SuiteError lists every problem."""
     path = Path(path)
@@ -247,4 +292,5 @@ def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     if problems:
         raise SuiteError("\n".join(problems))
     return Suite(name=name, path=path, backends=tuple(backends), entries=tuple(entries), regression=policy,
-                 overrides=tuple(common), selfcheck=_selfcheck(data.get("selfcheck"), source))
+                 overrides=tuple(common), selfcheck=_selfcheck(data.get("selfcheck"), source),
+                 slurm=slurm_section(data.get("slurm"), source))

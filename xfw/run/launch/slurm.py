@@ -30,7 +30,6 @@ from xfw.recipe.schema import to_dict
 from xfw.report.measure import summarize
 from xfw.report.results import RunResult
 from xfw.run.launch import launcher
-from xfw.run.launch.jobs import SETTLED
 
 POLL_S = 1.0
 START_MARGIN_S = 120
@@ -299,6 +298,8 @@ class SlurmExecutor:
         """The run of an ended job: its own summary when Slurm says it completed (or, in a job of several
         runs, when the run itself ended before the job did), else recorded with Slurm's state and reason
         (the summary's measurements kept)."""
+        from xfw.run.launch.jobs import SETTLED  # here: xfw --help imports this module, not the report's
+
         run_dir = job.run_dir.resolve()
         state, reason = final_state(job_id)
         record = {**recorded_job(run_dir), "state": state, "reason": reason}
