@@ -266,6 +266,13 @@ def test_a_converge_page_and_chart_name_a_deliberate_difference_and_a_differing_
     plain = report_of(curves)
     assert converge_plot.page(plain).blocks[0].text.startswith(
         "Like-for-like comparison: one algorithm on both sides (the framework comparison). Recipe")
+    # the final row's cell is the headline's verdict, to the printed digit (it read +0.00% beside +3.4e-05%)
+    ref_fp32 = seeds()
+    fp32 = report_of(curves_from(ref_fp32, [v * (1 + 3e-7) for v in ref_fp32]))
+    cell = str(converge_plot._verdict_table(fp32).cells[-1][-1])
+    estimate, interval = cell.split(": ", 1)[1].split(" (")
+    assert f"{estimate} (95.0% interval {interval.rstrip(')')})" in fp32.headline[1], (cell, fp32.headline[1])
+    assert "e-05%" in estimate and "0.00%" not in cell
     changed = report_of(curves, deliberate={"torch": ["optimizer.lr"]},
                         settings_differences=["mechanism attention_kernel differs: paddle=sdpa_math, torch=sdpa: flash"])
     first = converge_plot.page(changed).blocks[0].text

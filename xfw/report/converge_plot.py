@@ -20,7 +20,7 @@ import numpy as np
 
 from xfw.report.comparison import KINDS
 from xfw.report.converge_target import no_speed
-from xfw.report.decision import Decision
+from xfw.report.decision import Decision, fmt_pct, fmt_signed
 from xfw.report.plot import backend_color
 from xfw.report.table import Bullets, Heading, Image, Page, Paragraph, Strong, Table, to_csv
 
@@ -95,7 +95,7 @@ def page(r, chart: Path | None = None) -> Page:
         + ("Two-sided (is either side worse?), α = " if r.direction == "two-sided" else
            f"One-sided (only: is {b} worse?), α = ") + f"{r.level:g}"
         + (f", spent over at most {r.max_looks} looks (this is look {r.look})" if r.max_looks > 1 else "")
-        + (f"; smallest difference this n could detect: {d.detectable:.2%}" if d and d.detectable else "")
+        + (f"; smallest difference this n could detect: {fmt_pct(d.detectable)}" if d and d.detectable else "")
         + ". A seed that diverged counts as an infinitely higher loss for its side. Time to target = mean samples "
         "to target / the side's ips; its interval combines the seeds' spread of samples with the ips interval "
         "(approximate), given only when every seed reached the target.", muted=True))
@@ -111,7 +111,7 @@ def _decision_cell(d: dict | None, a: str, b: str) -> str:
         return f"{word} (diverged in {x.diverged} of {x.n})"
     if x.low is None:
         return f"{word} (n={x.n}, no interval)"
-    return f"{word}: {x.estimate:+.2%} ({x.low:+.2%}…{x.high:+.2%})"
+    return f"{word}: {fmt_signed(x.estimate)} ({fmt_signed(x.low)}…{fmt_signed(x.high)})"
 
 
 def _verdict_table(r) -> Table:
@@ -121,7 +121,7 @@ def _verdict_table(r) -> Table:
     for p in r.points:
         side = [f"{_loss(p.mean[x])} ± {_loss(p.std[x])} ({p.n[x]})" if p.mean[x] is not None else "—"
                 for x in r.backends]
-        diff = f"{p.diff:+.4g} ({p.rel_diff:+.2%})" if p.diff is not None and p.rel_diff is not None else \
+        diff = f"{p.diff:+.4g} ({fmt_signed(p.rel_diff)})" if p.diff is not None and p.rel_diff is not None else \
             _loss(p.diff)
         cell = _decision_cell(p.decision, a, b)
         cells.append([str(p.step), f"{p.samples:,}", *side, diff, fmt_p(p.p) if p.p is not None else "—",

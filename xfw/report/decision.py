@@ -140,6 +140,11 @@ def _signed(x: float) -> str:
     return ("+" if x >= 0 else "−") + text
 
 
+fmt_pct, fmt_signed = _pct, _signed
+"""A share as every verdict line prints it (1e-05%, 4.2%; signed +3.4e-05%, −6.7%): a page or cell repeating a
+verdict's figure uses these, so a cell never reads +0.00% beside a verdict of +3.4e-05%."""
+
+
 def log_ratios(a_values, b_values) -> list[float]:
     """Pair by position: ln(b/a), with +inf where B diverged, -inf where A did, nan where both.
 
