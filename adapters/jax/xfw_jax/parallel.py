@@ -33,6 +33,9 @@ DETAIL = {"none": "data parallel: parameters and optimizer state replicated, gra
           "stage2": "optimizer state and gradients sharded over the data axis (ZeRO-2)",
           "stage3": "parameters, gradients and optimizer state sharded over the data axis (FSDP)"}
 COORDINATOR = "XFW_JAX_COORDINATOR"
+FIXED_SHAPES = ("sd15",)
+"""Families whose prepared samples all have one shape (SD1.5: images resized and cropped to the preset's size,
+captions padded to the tokenizer's max_length), so the ranks' micro-batches make one global array."""
 
 
 class Layout:
@@ -44,9 +47,10 @@ class Layout:
             self.device = jax.devices()[0]
             self.impl, self.detail = "none", "one process, one device"
             return
-        if spec["data"]["kind"] != "synthetic":
+        if spec["data"]["kind"] != "synthetic" and spec["model"]["family"] not in FIXED_SHAPES:
             raise Unsupported(f"parallel: {n} processes on prepared data: the ranks' micro-batches differ in "
-                              "length, and one global JAX batch needs one shape; synthetic data only for now")
+                              "length, and one global JAX batch needs one shape; synthetic data, or a family "
+                              f"whose prepared samples have one shape ({', '.join(FIXED_SHAPES)}), only for now")
         if self.sharding not in IMPLS:
             raise Unsupported(f"parallel.sharding {self.sharding!r} is not mapped by the JAX adapter")
         if COORDINATOR not in os.environ or "RANK" not in os.environ:

@@ -97,6 +97,10 @@ class JaxSession:
         if unknown:
             raise InvalidSpec(f"backends.jax.{unknown[0]}: unknown knob (known: {', '.join(sorted(KNOBS))})")
         self.spec = spec
+        attn = knobs.get("attn_implementation", "xla")
+        if attn != "xla":
+            raise Unsupported(f"backends.jax.attn_implementation {attn!r}: XLA has no fused attention kernel to "
+                              "switch off (attention is einsum and softmax, fused by XLA like the rest); only 'xla'")
         self.family = family_module(spec["model"]["family"])
         self.compute_dtype, self.param_dtype, self.masters, self.precision_note = _precision(spec)
         self.layout = parallel.Layout(spec)  # ranks, mesh, sharding (xfw_jax.parallel)
