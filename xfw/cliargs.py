@@ -150,12 +150,27 @@ def count_type(name: str) -> click.IntRange:
     return click.IntRange(1, COUNT_BOUNDS[name])
 
 
-def pairs_type() -> click.IntRange:
+class _PairsRange(click.IntRange):
     """``--max-pairs``: at least the pairs an A/B starts with (xfw.report.ab.MIN_PAIRS), so the range its help
-    shows is the one the check keeps (issue 42: help and check agree)."""
-    from xfw.report.ab import MIN_PAIRS
+    shows is the one the check keeps (issue 42: help and check agree). The minimum is read when first needed
+    (the command's help, or a value to check): ``xfw --help`` imports no report module."""
 
-    return click.IntRange(MIN_PAIRS, COUNT_BOUNDS["repeat"])
+    def __init__(self) -> None:
+        super().__init__(1, COUNT_BOUNDS["repeat"])
+
+    @property
+    def min(self) -> int:
+        from xfw.report.ab import MIN_PAIRS
+
+        return MIN_PAIRS
+
+    @min.setter
+    def min(self, _value) -> None:
+        pass
+
+
+def pairs_type() -> click.IntRange:
+    return _PairsRange()
 
 
 class RepeatOrAuto(click.ParamType):
