@@ -198,6 +198,9 @@ def test_an_ab_page_and_its_chart_name_two_builds_show_the_backport_and_suggest_
     assert next(x for x in page.splitlines() if x.startswith("| adapter_notes |")).endswith("⚠ differs |")
     # first losses of two builds: no `xfw parity` (a check across frameworks) and no "the frameworks draw them"
     assert "xfw parity" not in page and "the two builds of paddle drew" in page
+    for row in rows:  # nor a "no parity run" line: parity compares frameworks
+        row.parity = {"status": "none", "path": None, "note": ""}
+    assert "Parity:" not in to_markdown(contrast.contrast_page(rows, BUILDS))
     # two frameworks: their adapters' notes differ by nature, shown and never flagged
     (row,) = _build_rows(NAMES, notes=("fp32 throughout", "fp32 throughout; autograd anomaly detection on"))
     assert "adapter_notes" in row.settings and "adapter_notes" not in row.differing

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from xfw.report.comparison import one_framework
 from xfw.report.compare import ComparisonRow, row_name
 from xfw.report.table import Heading, Paragraph, Table
 
@@ -47,8 +48,8 @@ def settings_blocks(rows: list[ComparisonRow], backends: list[str]) -> list:
             f"All {len(names)} rows" if len(group) == len(rows) else
             ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else ""))
         blocks.append(Heading(heading, level=4))
-        if row.parity is not None:
-            blocks.append(Paragraph(parity_line(row.parity)))
+        if row.parity is not None and not (one_framework(backends) and row.parity["status"] == "none"):
+            blocks.append(Paragraph(parity_line(row.parity)))  # two builds: no cross-framework parity to miss
         if row.data_line:
             blocks.append(Paragraph(row.data_line))
         if row.settings:
