@@ -8,9 +8,13 @@ report runs/sweep-demo`` reads what the sweep before it wrote). Commands that tr
 change what the command does). A command that cannot run here is skipped with the reason, and the
 skipped list is printed: a GPU-sized model, a dataset or checkpoint path that does not exist, a
 placeholder, several nodes, a file that is the user's own, or ``make`` (its compare is run as the
-README says it runs it). Each must exit 0, or the code its document gives. Most of the time is the
-frameworks starting (about 23 of them train: 7.5 minutes in a row on 2 cores), so the commands run
-as two parts that share no ``runs/`` directory (:func:`parts`), one per worker: about 4 minutes each.
+README says it runs it). Each must exit 0, or the code its document gives. A command another contract
+test already runs as written is not run twice (:data:`COVERED`, checked against that test's source), and
+one written in two documents (``xfw env`` and ``.venv/torch/bin/xfw env``) runs once. Counts that only
+repeat a path run at their smallest: ``--repeat 2`` (the fewest that give a spread; ``--ab`` keeps its 3
+pairs). Most of the time is the frameworks starting (each training command starts one process per
+backend to describe it, then its runs), so the commands run as :data:`PARTS` parts that share no
+``runs/`` directory (:func:`parts`), each a class: ``--dist loadscope`` spreads them over the workers.
 """
 
 from __future__ import annotations
@@ -41,6 +45,19 @@ BISECT_WHY = ("builds an environment for each Paddle version it visits (its time
 PRELUDE = [("README.md (make demo)", "xfw compare recipes/tiny/llava_sft.yaml --backends paddle,torch --out runs/demo")]
 """What ``make demo`` runs (README: "runs `xfw compare recipes/tiny/llava_sft.yaml --backends paddle,torch`",
 writing runs/demo), before the commands that read runs/demo."""
+
+
+COVERED = {
+    "xfw compare recipes/tiny/llava_sft.yaml --explain":
+        ("tests/contract/test_explain_both_backends.py",
+         '"compare", "recipes/tiny/llava_sft.yaml", "--backends", "paddle,torch", "--explain"'),
+    "xfw parity recipes/tiny/llava_sft.yaml --backends jax,torch --steps 10":
+        ("tests/contract/test_jax_adapter.py", '"parity", RECIPE, "--backends", "jax,torch", "--steps", "10"'),
+    "xfw compare recipes/tiny/llava_sft.yaml --backends jax,torch":
+        ("tests/contract/test_jax_adapter.py", '"compare", RECIPE, "--backends", "jax,torch"'),
+}
+"""Documented commands (as :func:`same_command` writes them) that another contract test runs as written,
+with the text of that call in its source (checked below, so the coverage cannot silently go): not run twice."""
 
 
 def documented_commands() -> list[tuple[str, str]]:
@@ -114,6 +131,8 @@ def runnable(argv: list[str]) -> list[str]:
     sub = argv[3]
     if sub in TRAINING and "--print-command" not in argv and "--report-only" not in argv:
         argv += CHEAP
+    if sub == "compare" and "--repeat" in argv and "--ab" not in argv:
+        argv += ["--repeat", "2"]  # the fewest that give a median and spread (an A/B needs its 3 pairs)
     if sub == "parity":
         argv += ["--steps", "2"]  # the last --steps counts: two steps already compare losses and gradients
     if sub == "converge":  # the last of each counts: two seeds of two steps already give a verdict and a target
@@ -124,9 +143,10 @@ def runnable(argv: list[str]) -> list[str]:
     return argv
 
 
-PARTS = 2
-"""The commands run as this many independent parts, each in a class of its own (``make test``'s
-``--dist loadscope`` gives each class to a worker), so the documents' commands use both cores."""
+PARTS = 6
+"""The commands run as this many independent parts, each a class of its own (``make test``'s ``--dist
+loadscope`` gives each class to a worker): parts of about 2-3 minutes that the workers fit beside the
+other long modules (two parts of 9-10 minutes each were the suite's two longest items)."""
 RUNS = re.compile(r"(?<![\w/.])runs/[^/\s,]+")
 
 
@@ -134,34 +154,76 @@ DEFAULTS = {"--backends": "paddle,torch"}
 """Options given their default value, which do not make a command another command."""
 
 
+def same_command(line: str) -> str:
+    """The command but for its --out, an option given its default, and where the ``xfw`` it calls lives."""
+    argv, kept = words(line), []
+    for i, a in enumerate(argv):
+        before = argv[i - 1] if i else None
+        default_option = a in DEFAULTS and i + 1 < len(argv) and argv[i + 1] == DEFAULTS[a]
+        if a == "--out" or before == "--out" or default_option or (before in DEFAULTS and a == DEFAULTS[before]):
+            continue
+        kept.append("xfw" if i == 0 and a.endswith("/xfw") else a)
+    return " ".join(kept)
+
+
 def unique_commands() -> list[tuple[str, str]]:
-    """(document, line) in document order, the same command (but for its --out, or an option given
-    its default) kept once."""
+    """(document, line) in document order, the same command (:func:`same_command`) kept once."""
     seen, out = set(), []
     for doc, line in PRELUDE + documented_commands():
-        argv, kept = words(line), []
-        for i, a in enumerate(argv):
-            before = argv[i - 1] if i else None
-            default_option = a in DEFAULTS and i + 1 < len(argv) and argv[i + 1] == DEFAULTS[a]
-            if a == "--out" or before == "--out" or default_option or (before in DEFAULTS and a == DEFAULTS[before]):
-                continue
-            kept.append(a)
-        same = " ".join(kept)
+        same = same_command(line)
         if same not in seen:
             seen.add(same)
             out.append((doc, line))
     return out
 
 
+def covered_by(line: str) -> str | None:
+    """The contract test that runs this documented command as written, or None."""
+    found = COVERED.get(same_command(line))
+    return found and f"run as written by {found[0]} (COVERED)"
+
+
+def _option(argv: list[str], names: tuple[str, ...], default: str) -> str:
+    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in names), default)
+
+
 def _cost(argv: list[str]) -> int:
-    """About how long a command takes, in tenths of a training run: a training command costs a run per
-    backend and repeat (a built instance, ``paddle@3.2.2``, one more for its environment), others 1."""
-    if len(argv) < 2 or argv[1] not in TRAINING or skip_reason(argv):
+    """About how long a command takes, in framework processes started (each one imports Paddle, PyTorch or
+    JAX: most of the time on CPU), plus one for the CLI itself. A training command describes each backend,
+    then runs it per recipe, repeat, sweep point and process; a built instance (``paddle@3.2.2``) checks its
+    environment; explain profiles each run again; parity exports a start; converge runs the speed window,
+    exports a start per seed and trains a curve per seed and backend (two seeds, its longest runs)."""
+    sub = argv[1] if len(argv) > 1 else ""
+    if sub not in TRAINING | {"parity", "explain"} or skip_reason(argv) or "--print-command" in argv:
         return 1
-    backends = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--backends", "--backend")), "paddle,torch")
-    repeat = next((int(argv[i + 1]) for i, a in enumerate(argv[:-1]) if a == "--repeat" and argv[i + 1].isdigit()), 1)
-    names = backends.split(",")
-    return 1 + 5 * len(names) * repeat + 5 * sum("@" in n for n in names)
+    if "--report-only" in argv:
+        return 2
+    names = _option(argv, ("--backends", "--backend"), "paddle,torch").split(",")
+    repeat = max(int(r) for r in [_option(argv, ("--repeat",), "1"), *runnable(argv)[-1:]] if r.isdigit())
+    recipes = max(1, len(_recipes(argv)))
+    points = 1
+    for i, a in enumerate(argv[:-1]):
+        if a == "--set" and sub == "sweep":
+            points *= len(argv[i + 1].split(","))
+    processes = 2 if "parallel.nproc_per_node=2" in " ".join(argv) else 1.5 if "nproc_per_node=1,2" in " ".join(argv) \
+        else 1
+    runs = len(names) * repeat * recipes * points * processes * (2 if sub == "explain" or "--explain" in argv else 1)
+    if sub == "parity":
+        runs = len(names) + 1
+    if sub == "converge" or sub == "nightly" and "converge" in " ".join(argv):
+        runs = 4 * (len(names) * 3 + 2)  # speed + 2 seeds per backend, 2 exports; curves evaluate every step
+    if sub == "nightly" and "converge" not in " ".join(argv):
+        runs = len(names) * 3  # the smoke suite's three entries
+    return int(1 + len(names) + sum("@" in n for n in names) + runs)
+
+
+def directories(line: str) -> set[str]:
+    """The ``runs/<name>`` directories a command names, and parity's default one (what compare --parity reads)."""
+    found = set(RUNS.findall(line))
+    argv = words(line)
+    if len(argv) > 2 and argv[1] == "parity" and not skip_reason(argv):
+        found |= set(RUNS.findall(" ".join(runnable(argv)[3:])))
+    return found
 
 
 def parts(commands: list[tuple[str, str]], n: int) -> list[list[tuple[str, str]]]:
@@ -177,7 +239,7 @@ def parts(commands: list[tuple[str, str]], n: int) -> list[list[tuple[str, str]]
 
     first: dict[str, int] = {}
     for i, (_, line) in enumerate(commands):
-        for directory in RUNS.findall(line):
+        for directory in directories(line):
             group[root(i)] = root(first.setdefault(directory, i))
     members: dict[int, list[int]] = {}
     for i in range(len(commands)):
@@ -209,7 +271,7 @@ def run_part(part: int, scratch: Path, capsys) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for doc, line in parts(unique_commands(), PARTS)[part]:
         argv = words(line)
-        reason = skip_reason(argv) or unwritten_input(argv, scratch)
+        reason = skip_reason(argv) or covered_by(line) or unwritten_input(argv, scratch)
         if reason:
             skipped.append(f"{doc}: {line[:100]} -- {reason}")
             continue
@@ -221,36 +283,72 @@ def run_part(part: int, scratch: Path, capsys) -> list[str]:
     with capsys.disabled():
         print(f"\npart {part}: {len(ran)} documented commands ran in {time.monotonic() - started:.0f} s:", *ran,
               f"{len(skipped)} skipped:", *skipped, sep="\n  ")
-    assert len(ran) >= 8, ran  # the extraction found the documents' commands
+    assert ran  # the extraction found this part's commands (test_the_parts_... checks every part has one)
     return failures
 
 
-class TestDocumentedCommandsPart0:
+class Part:
+    part = 0
+
     def test_every_documented_cpu_command_exits_as_documented(self, tmp_path, capsys):
-        failures = run_part(0, make_scratch(tmp_path), capsys)
+        failures = run_part(self.part, make_scratch(tmp_path), capsys)
         assert not failures, "\n".join(failures)
 
 
-class TestDocumentedCommandsPart1:
-    def test_every_documented_cpu_command_exits_as_documented(self, tmp_path, capsys):
-        failures = run_part(1, make_scratch(tmp_path), capsys)
-        assert not failures, "\n".join(failures)
+class TestDocumentedCommandsPart0(Part):
+    part = 0
+
+
+class TestDocumentedCommandsPart1(Part):
+    part = 1
+
+
+class TestDocumentedCommandsPart2(Part):
+    part = 2
+
+
+class TestDocumentedCommandsPart3(Part):
+    part = 3
+
+
+class TestDocumentedCommandsPart4(Part):
+    part = 4
+
+
+class TestDocumentedCommandsPart5(Part):
+    part = 5
 
 
 def test_the_parts_share_no_run_directory_and_keep_every_command():
     commands = unique_commands()
     split = parts(commands, PARTS)
     assert sorted(c for p in split for c in p) == sorted(commands) and all(split)
-    for p in split:  # each part in document order
+    assert len([c for c in globals() if c.startswith("TestDocumentedCommandsPart")]) == PARTS
+    for p in split:  # each part in document order, with a command to run
         assert [commands.index(c) for c in p] == sorted(commands.index(c) for c in p)
-    dirs = [{d for _, line in p for d in RUNS.findall(line)} for p in split]
-    assert not dirs[0] & dirs[1], dirs
+        assert any(not skip_reason(words(line)) and not covered_by(line) for _, line in p)
+    assert sum(not skip_reason(words(line)) and not covered_by(line) for _, line in commands) >= 30
+    dirs = [{d for _, line in p for d in directories(line)} for p in split]
+    assert all(not dirs[a] & dirs[b] for a in range(PARTS) for b in range(a)), dirs
+    lora = next(line for _, line in commands if line.startswith("xfw parity recipes/tiny/llava_lora.yaml"))
+    assert directories(lora) == {"runs/parity-tiny-llava-lora"}  # goes with the compare --parity that reads it
     assert any("runs/nightly" in line and "--report-only" in line for _, line in commands)
     with_nightly = [p for p in split if any("runs/nightly" in line for _, line in p)]
     assert len(with_nightly) == 1  # the night and the report of it (another document) stay together
     assert unique_commands().count(PRELUDE[0]) == 1
     explains = [line for _, line in commands if line.startswith("xfw compare recipes/tiny/llava_sft.yaml") and "--explain" in line]
     assert len(explains) == 1  # README's and docs/explain.md's differ only by the default --backends
+    assert [doc for doc, line in commands if same_command(line) == "xfw env"] == ["README.md"]  # gpu.md's too
+
+
+def test_what_another_test_runs_is_still_run_there_as_written():
+    """Each :data:`COVERED` command is documented, and the test named for it still makes that call."""
+    documented = {same_command(line) for _, line in documented_commands()}
+    for command, (test, call) in COVERED.items():
+        assert command in documented, command  # a stale entry would hide nothing, but says what is not true
+        assert call in (ROOT / test).read_text(encoding="utf-8"), (test, call)
+    assert runnable(words("xfw compare recipes/tiny/llava_sft.yaml --repeat 3"))[-2:] == ["--repeat", "2"]
+    assert "--repeat" not in runnable(words("xfw compare r.yaml --backends paddle@3.2.2,paddle --ab --repeat 3"))[-4:]
 
 
 def test_the_extraction_classifies_what_cannot_run_here():
