@@ -136,7 +136,9 @@ def runnable(argv: list[str]) -> list[str]:
     if sub == "parity":
         argv += ["--steps", "2"]  # the last --steps counts: two steps already compare losses and gradients
     if sub == "converge":  # the last of each counts: two seeds of two steps already give a verdict and a target
-        argv += ["--seeds", "2", "--steps", "2", "--eval-every", "2"]
+        argv += [*(["--seeds", "2"] if "auto" not in argv else []), "--steps", "2", "--eval-every", "2"]
+        if "--max-seeds" in argv:  # sequential: auto's start (2 seeds), then at most one added seed, not up to 8
+            argv += ["--max-seeds", "3"]
     if sub == "parity" and "--out" not in argv:  # its default, runs/parity-<name>, is what compare --parity reads
         name = yaml.safe_load(_recipes(argv)[0].read_text())["name"]
         argv += ["--out", f"runs/parity-{name}"]
@@ -184,7 +186,8 @@ def covered_by(line: str) -> str | None:
 
 
 def _option(argv: list[str], names: tuple[str, ...], default: str) -> str:
-    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in names), default)
+    """The value of the last of ``names`` given (click keeps the last), or ``default``."""
+    return next((argv[i + 1] for i in reversed(range(len(argv) - 1)) if argv[i] in names), default)
 
 
 def _cost(argv: list[str]) -> int:
@@ -199,7 +202,7 @@ def _cost(argv: list[str]) -> int:
     if "--report-only" in argv:
         return 2
     names = _option(argv, ("--backends", "--backend"), "paddle,torch").split(",")
-    repeat = max(int(r) for r in [_option(argv, ("--repeat",), "1"), *runnable(argv)[-1:]] if r.isdigit())
+    repeat = int(_option(runnable(argv), ("--repeat",), "1"))
     recipes = max(1, len(_recipes(argv)))
     points = 1
     for i, a in enumerate(argv[:-1]):
@@ -348,6 +351,8 @@ def test_what_another_test_runs_is_still_run_there_as_written():
         assert command in documented, command  # a stale entry would hide nothing, but says what is not true
         assert call in (ROOT / test).read_text(encoding="utf-8"), (test, call)
     assert runnable(words("xfw compare recipes/tiny/llava_sft.yaml --repeat 3"))[-2:] == ["--repeat", "2"]
+    auto = runnable(words("xfw converge r.yaml --seeds auto --max-seeds 8"))
+    assert auto[auto.index("--seeds") + 1] == "auto" and auto.count("--seeds") == 1 and auto[-2:] == ["--max-seeds", "3"]
     assert "--repeat" not in runnable(words("xfw compare r.yaml --backends paddle@3.2.2,paddle --ab --repeat 3"))[-4:]
 
 
