@@ -1,7 +1,8 @@
 """xfw under a real Slurm 22.05 (scripts/setup_slurm.sh: slurmctld and two slurmd on loopback, n1 and n2):
 jobs are submitted through the real sbatch/squeue/scancel, no mocked scheduler. A detached two-job compare
-(its report job writes the report), a job past its time limit, a two-node recipe, a job scancelled mid-run,
-a slurmd killed under a running job, and xfw killed and rerun (it attaches; nothing runs twice)."""
+(its report job writes the report), a job past its time limit, a nightly whose suite has a slurm: section,
+a two-node recipe, a job scancelled mid-run and a slurmd killed under another (one command), and xfw killed
+and rerun (it attaches; nothing runs twice)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from conftest import ROOT, require_interpreter
 pytestmark = pytest.mark.contract
 SETUP = ROOT / "scripts" / "setup_slurm.sh"
 SLURM_DIR = Path(os.environ.get("XFW_SLURM_DIR", "/var/lib/xfw-slurm"))
-SHORT = ["--set", "measure.warmup_steps=1", "--set", "measure.steps=3"]
+SHORT = ["--set", "measure.warmup_steps=1", "--set", "measure.steps=2"]
 LONG = ["--set", "measure.warmup_steps=1", "--set", "measure.steps=5000", "--set", "measure.timeout_s=300"]
 
 
@@ -84,39 +85,45 @@ def _wait_gone(job_id: str, timeout: float = 120) -> None:
         time.sleep(0.5)
 
 
-def test_a_detached_two_job_compare_returns_at_once_and_its_report_job_writes_the_report(cluster, tmp_path):
-    """--detach: two jobs and a report job after them (afterany) submitted, xfw returns; the report job (the
-    same command without --detach) collects both runs and writes the usual report."""
-    out = tmp_path / "cmp"
+def test_a_detached_nightly_from_its_suites_slurm_section_returns_at_once_and_its_report_job_reports(cluster,
+                                                                                                   tmp_path):
+    """A two-entry suite whose slurm: section chooses the executor, partition, time and shared nodes (the
+    command line's --time wins over the suite's), run with --detach: two jobs and a report job after them
+    (afterany) submitted, xfw returns; the report job (the same command without --detach) writes the night's
+    history and report from the two runs."""
+    recipe = ROOT / "recipes" / "tiny" / "llava_sft.yaml"
+    suite = tmp_path / "two.yaml"
+    suite.write_text("name: slurm-two\nbackends: [torch]\nset: [measure.warmup_steps=1, measure.steps=2]\n"
+                     "slurm: {executor: slurm, partition: debug, time: 5, exclusive: false}\n"
+                     f"entries:\n  - {{recipe: {recipe}, label: a}}\n  - {{recipe: {recipe}, label: b}}\n")
+    history = tmp_path / "h"
     started = time.monotonic()
-    done = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", "--repeat", "2", *SHORT, "--out",
-               str(out), "--executor", "slurm", "--partition", "debug", "--detach")
+    done = xfw("nightly", str(suite), "--history", str(history), "--time", "6", "--detach")
     assert done.returncode == 0, done.stderr[-4000:]
-    assert not (out / "report.md").exists() and time.monotonic() - started < 60
+    assert time.monotonic() - started < 60 and not (history / "history.jsonl").exists()
     said = [line for line in done.stderr.splitlines() if line.startswith("detached: Slurm job(s) ")]
     assert said, done.stderr[-3000:]
-    report_id = said[0].split("report job ")[1].split()[0]
-    assert "to attach or report before then: xfw compare " in done.stderr and "--detach" not in done.stderr
+    ids, report_id = said[0].split("job(s) ")[1].split(" submitted")[0].split(), said[0].split("report job ")[1].split()[0]
+    assert len(ids) == 2 and f"to attach or report before then: xfw nightly {suite}" in done.stderr
+    assert "--detach" not in done.stderr.split("to attach or report before then:")[1]
     _wait_gone(report_id, timeout=300)
-    report_log = (out / "tiny-llava-sft" / f"slurm-report-{report_id}.out").read_text()
-    runs = sorted((out / "tiny-llava-sft").glob("torch-r*"))
-    assert len(runs) == 2
-    ids = set()
-    for run in runs:
-        record, env = slurm_record(run), json.loads((run / "env.json").read_text())
-        summary = json.loads((run / "summary.json").read_text())
-        assert record["state"] == "COMPLETED" and summary["status"] == "ok", report_log[-3000:]
-        assert env["slurm"]["job_id"] == record["job_id"] and env["slurm"]["node"] in ("n1", "n2")
-        assert (run / f"slurm-{record['job_id']}.out").exists()
-        assert f"Slurm job {record['job_id']} ended while no xfw watched it" in report_log
-        ids.add(record["job_id"])
-    assert len(ids) == 2 and ids == set(said[0].split("job(s) ")[1].split(" submitted")[0].split())
-    assert (out / "report.md").exists(), report_log[-3000:]
+    (report_log,) = [p.read_text() for p in history.rglob(f"slurm-report-{report_id}.out")]
+    records = {p.parent.parent.name: json.loads(p.read_text()) for p in history.rglob("slurm.json")}
+    assert sorted(records) == ["a", "b"] and sorted(r["job_id"] for r in records.values()) == sorted(ids)
+    for record in records.values():
+        assert "--time=6" in record["sbatch"] and "--partition=debug" in record["sbatch"]
+        assert "--exclusive" not in record["sbatch"]
+    for summary in history.rglob("summary.json"):
+        assert json.loads(summary.read_text())["status"] == "ok", report_log[-3000:]
+    nights = [json.loads(line) for line in (history / "history.jsonl").read_text().splitlines()]
+    assert {row["entry"] for row in nights} == {"a", "b"}, report_log[-3000:]
+    assert (history / "report.html").exists()
 
 
 def test_a_job_past_its_time_limit_is_a_timeout_with_slurms_reason_and_no_other_result_is_lost(cluster, tmp_path):
-    """--time 1: one side's job runs far past its minute (its own timeout, a per-backend override, is longer)
-    and Slurm ends it; it is recorded as a timeout with Slurm's reason, the other side's run stays ok."""
+    """--time 1 (Slurm's smallest limit: it rounds seconds up to a minute): one side's job runs far past it
+    (its own timeout, a per-backend override, is longer) and Slurm ends it; it is recorded as a timeout with
+    Slurm's reason, the other side's run stays ok."""
     out = tmp_path / "late"
     done = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", f"torch@slow={sys.executable},torch", *SHORT,
                "--set", "measure.timeout_s=60", "--set", "backends.torch@slow.override.measure.steps=100000",
@@ -131,22 +138,24 @@ def test_a_job_past_its_time_limit_is_a_timeout_with_slurms_reason_and_no_other_
 
 
 def test_bad_slurm_input_is_one_line_exit_2_and_nothing_submitted(cluster, tmp_path):
-    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    from click.testing import CliRunner  # in this process: one start-up for every case
+
+    from xfw import cli
+
+    runner, recipe = CliRunner(), str(ROOT / "recipes" / "tiny" / "llava_sft.yaml")
     for extra, key in ((["--partition", "no-such-partition"], "--partition"),
                        (["--time", "1", "--set", "measure.timeout_s=600"], "--time"),
                        (["--set", "parallel.nnodes=3", "--set", "batch.global=12", "--master-port", "29123"],
                         "--partition")):
-        done = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", "--out", str(tmp_path / "bad"),
-                   "--executor", "slurm", *extra)
-        assert done.returncode == 2, done.stderr
-        assert done.stderr.strip().splitlines()[-1].startswith(f"error: {key}"), done.stderr
-    no_slurm = tmp_path / "bin"
-    no_slurm.mkdir()
-    done = subprocess.run([sys.executable, "-m", "xfw.cli", "compare", "recipes/tiny/llava_sft.yaml", "--out",
-                           str(tmp_path / "bad"), "--executor", "slurm"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PATH": str(no_slurm)})
-    assert done.returncode == 2 and "--executor slurm: no sbatch" in done.stderr
-    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+        done = runner.invoke(cli.main, ["compare", recipe, "--backends", "torch", "--out", str(tmp_path / "bad"),
+                                        "--executor", "slurm", *extra])
+        assert done.exit_code == 2, done.output
+        assert done.output.strip().splitlines()[-1].startswith(f"error: {key}"), done.output
+    done = runner.invoke(cli.main, ["compare", recipe, "--out", str(tmp_path / "bad"), "--executor", "slurm"],
+                         env={"PATH": str(tmp_path)})
+    assert done.exit_code == 2 and "--executor slurm: no sbatch" in done.output
+    queued = subprocess.run(["squeue", "-h", "-o", "%o"], capture_output=True, text=True).stdout  # others' jobs may run
+    assert str(tmp_path) not in queued and not list(tmp_path.rglob("slurm*"))
 
 
 def test_a_two_node_recipe_is_one_job_on_both_nodes_assembled(cluster, tmp_path):
@@ -164,35 +173,40 @@ def test_a_two_node_recipe_is_one_job_on_both_nodes_assembled(cluster, tmp_path)
     assert "2 processes" in done.stdout
 
 
-def test_a_scancelled_job_is_cut_off_with_slurms_reason(cluster, tmp_path):
-    out = tmp_path / "cancel"
-    proc = start_xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", *LONG, "--out", str(out),
-                     "--executor", "slurm")
-    run = out / "tiny-llava-sft" / "torch"
-    job_id = wait_running(run)
-    subprocess.run(["scancel", job_id], check=True)
-    output = proc.communicate(timeout=120)[0]
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "crashed" and "cut off" in summary["reason"] and "CANCELLED" in summary["reason"], output
-    assert slurm_record(run)["state"] == "CANCELLED"
-
-
-def test_a_slurmd_killed_under_its_job_is_recorded_as_node_failed(cluster, tmp_path):
-    out = tmp_path / "nodefail"
-    proc = start_xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", *LONG, "--out", str(out),
-                     "--executor", "slurm")
-    run = out / "tiny-llava-sft" / "torch"
-    wait_running(run)
-    node = json.loads((run / "env.json").read_text())["slurm"]["node"]
-    os.kill(int((SLURM_DIR / "run" / f"slurmd-{node}.pid").read_text()), signal.SIGKILL)
+def _end_adapter(run_dir: Path) -> None:
+    """A job's adapter its dead slurmd no longer watches ends with the test, not minutes later."""
     try:
+        pid = int(json.loads((run_dir / "adapter.json").read_text())["process"].split(":")[0])
+        os.killpg(pid, signal.SIGKILL)
+    except (OSError, ValueError, KeyError):
+        pass
+
+
+def test_a_scancelled_job_is_cut_off_and_a_slurmd_killed_under_another_is_node_failed(cluster, tmp_path):
+    """One command, two jobs (one per node): one scancelled mid-run, the other's slurmd killed. Each is
+    recorded with Slurm's own state and reason, neither as a finished run."""
+    out = tmp_path / "faults"
+    proc = start_xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", "--repeat", "2", *LONG,
+                     "--out", str(out), "--executor", "slurm")
+    cancelled, failed = (out / "tiny-llava-sft" / f"torch-r{k}" for k in (0, 1))
+    job_id = wait_running(cancelled)
+    wait_running(failed)
+    node = json.loads((failed / "env.json").read_text())["slurm"]["node"]
+    try:
+        os.kill(int((SLURM_DIR / "run" / f"slurmd-{node}.pid").read_text()), signal.SIGKILL)
+        subprocess.run(["scancel", job_id], check=True)
         output = proc.communicate(timeout=200)[0]
-        summary = json.loads((run / "summary.json").read_text())
+        summary = json.loads((cancelled / "summary.json").read_text())
+        assert summary["status"] == "crashed" and "cut off" in summary["reason"] and \
+            "CANCELLED" in summary["reason"], output
+        assert slurm_record(cancelled)["state"] == "CANCELLED"
+        summary = json.loads((failed / "summary.json").read_text())
         assert summary["status"] == "crashed" and summary["reason"].startswith("node failed"), output
-        assert slurm_record(run)["state"] == "NODE_FAIL"
+        assert slurm_record(failed)["state"] == "NODE_FAIL"
     finally:
         if proc.poll() is None:
             proc.kill()
+        _end_adapter(failed)
         subprocess.run([str(SETUP)], check=True, timeout=120)  # the node back (slurmd restarted, RESUME)
 
 
@@ -202,12 +216,13 @@ def test_xfw_killed_and_rerun_attaches_to_its_job_and_runs_nothing_twice(cluster
     the first, collects the second, and submits nothing."""
     out = tmp_path / "attach"
     args = ("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", "--repeat", "2", "--set",
-            "measure.warmup_steps=1", "--set", "measure.steps=60", "--out", str(out), "--executor", "slurm")
+            "measure.warmup_steps=1", "--set", "measure.steps=40", "--out", str(out), "--executor", "slurm")
     proc = start_xfw(*args)
     running, ended = (out / "tiny-llava-sft" / f"torch-r{k}" for k in (0, 1))
-    ids = [wait_running(running), wait_running(ended)]
-    for job_id in ids:
-        _scontrol("suspend", job_id)  # both held: the kill below cannot race a job's end
+    ids = []
+    for run in (running, ended):  # each held as soon as it runs: the kill below cannot race a job's end
+        ids.append(wait_running(run))
+        _scontrol("suspend", ids[-1])
     proc.kill()  # SIGKILL: no chance to cancel; the jobs run on
     proc.communicate()
     _scontrol("resume", ids[1])
