@@ -249,7 +249,8 @@ class JaxSession:
         compute = "bfloat16" if self.compute_dtype is not None else "float32"
         notes = self.precision_note
         if self.remat_policy:
-            notes += f"; nnx.remat per block (decoder layer; UNet ResNet and transformer block), policy {self.remat_policy}"
+            notes += (f"; nnx.remat per block (a decoder layer; a UNet ResNet or transformer block), "
+                      f"policy {self.remat_policy}")
         if self.max_grad_norm:
             notes += f"; optax.clip_by_global_norm({self.max_grad_norm:g})"
         if self.record_grad_norm:
