@@ -208,15 +208,16 @@ def _cost(argv: list[str]) -> int:
     for i, a in enumerate(argv[:-1]):
         if a == "--set" and sub == "sweep":
             points *= len(argv[i + 1].split(","))
-    processes = 2 if "parallel.nproc_per_node=2" in " ".join(argv) else 1.5 if "nproc_per_node=1,2" in " ".join(argv) \
+    # two ranks and their launcher: 3; a sweep over 1,2 processes: 2 on average; explain: a profiled run as well
+    processes = 3 if "parallel.nproc_per_node=2" in " ".join(argv) else 2 if "nproc_per_node=1,2" in " ".join(argv) \
         else 1
-    runs = len(names) * repeat * recipes * points * processes * (2 if sub == "explain" or "--explain" in argv else 1)
+    runs = len(names) * repeat * recipes * points * processes * (4 if sub == "explain" or "--explain" in argv else 1)
     if sub == "parity":
         runs = len(names) + 1
     if sub == "converge" or sub == "nightly" and "converge" in " ".join(argv):
-        runs = 4 * (len(names) * 3 + 2)  # speed + 2 seeds per backend, 2 exports; curves evaluate every step
+        runs = 3 * (len(names) * 3 + 2)  # speed + 2 seeds per backend, 2 exports; curves evaluate every step
     if sub == "nightly" and "converge" not in " ".join(argv):
-        runs = len(names) * 3  # the smoke suite's three entries
+        runs = len(names) * 3 * 2  # the smoke suite's three entries, each recorded into the history
     return int(1 + len(names) + sum("@" in n for n in names) + runs)
 
 
