@@ -69,30 +69,47 @@ def test_parity_jax_torch_ten_fp32_steps_pass(tmp_path):
     assert report["backends"][0] == "jax"  # the reference: the JAX side exported the shared start
 
 
-def test_sd15_lora_exports_the_very_names_and_shapes_diffusers_has(tmp_path):
-    """Tiny SD1.5 in Flax NNX (UNet, VAE, CLIP text, peft's adapters on to_q/to_k/to_v/to_out.0): its exported
-    start holds every tensor the PyTorch adapter's diffusers/transformers/peft model holds, under the same
-    name and shape, so one file starts both (the losses' parity over 10 steps: results/cpu/jax/parity_sd15_*;
-    not run here: XLA compiles the UNet's gradient program in 70-80 s on 2 loaded cores)."""
+# The JAX model's canonical names and shapes, traced abstractly (nnx.eval_shape: no storage, no compile; the
+# very functions --export-weights writes the file with). Building SD1.5's values eagerly takes 45-50 s.
+JAX_NAMES = """
+import json, sys
+from flax import nnx
+from xfw_jax import model, names
+spec = json.load(open(sys.argv[1]))
+abstract = nnx.eval_shape(lambda: model.build_model(spec, weights=False))
+shapes = {names.canonical(p): names.canonical_shape(p, v.get_value().shape) for p, v in model.params(abstract)}
+print(json.dumps(shapes))
+"""
+
+
+def test_sd15_lora_has_the_very_names_and_shapes_diffusers_has(tmp_path):
+    """Tiny SD1.5 in Flax NNX (UNet, VAE, CLIP text, peft's adapters on to_q/to_k/to_v/to_out.0) holds every
+    tensor the PyTorch adapter's diffusers/transformers/peft model exports, under the same name and shape, so
+    one file starts both (the losses' parity over 10 steps: results/cpu/jax/parity_sd15_*; not run here: XLA
+    compiles the UNet's gradient program in 70-80 s on 2 loaded cores)."""
     from safetensors.numpy import load_file
 
     from xfw.recipe import load_recipe
     from xfw.recipe.spec import resolve_spec
 
-    files = {}
+    specs = {}
     for backend in ("jax", "torch"):
-        python = require_interpreter(backend)
+        specs[backend] = tmp_path / f"{backend}.json"
         spec = resolve_spec(load_recipe(str(ROOT / "recipes/tiny/sd15_lora.yaml"), []), backend=backend, run_id="t")
-        (tmp_path / f"{backend}.json").write_text(json.dumps(spec))
-        out = subprocess.run([str(python), "-m", f"xfw_{backend}", "--export-weights", str(tmp_path / backend),
-                              "--spec", str(tmp_path / f"{backend}.json")], capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-3000:]
-        exported = load_file(str(tmp_path / backend / "model.safetensors"))
-        files[backend] = {k: v.shape for k, v in exported.items()}
-    assert files["jax"] == files["torch"]
-    assert any(k.endswith("to_out.0.lora_A.weight") for k in files["jax"])  # peft's suffix rule reached to_out.0
+        specs[backend].write_text(json.dumps(spec))
+    out = subprocess.run([str(require_interpreter("torch")), "-m", "xfw_torch", "--export-weights",
+                          str(tmp_path / "torch"), "--spec", str(specs["torch"])], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    torch_names = {k: list(v.shape) for k, v in load_file(str(tmp_path / "torch" / "model.safetensors")).items()}
+    out = subprocess.run([str(require_interpreter("jax")), "-c", JAX_NAMES, str(specs["jax"])], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    jax_names = {k: list(v) for k, v in json.loads(out.stdout).items()}
+    assert jax_names == torch_names
+    assert any(k.endswith("to_out.0.lora_A.weight") for k in jax_names)  # peft's suffix rule reached to_out.0
     sd15 = presets.count_params(presets.resolve_arch("tiny-sd15", {}, None, None))
-    assert sum(int(np.prod(v)) for k, v in files["jax"].items() if "lora_" not in k) == sd15["total"]
+    assert sum(int(np.prod(v)) for k, v in jax_names.items() if "lora_" not in k) == sd15["total"]
 
 
 def test_explain_times_the_step_by_its_parts(tmp_path):
