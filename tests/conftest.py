@@ -24,6 +24,21 @@ FAKES = Path(__file__).resolve().parent / "fakes"
 TEST_DATA_CACHE = os.environ["XFW_CACHE_DIR"] = tempfile.mkdtemp(prefix="xfw-test-data-")
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Longest scopes first (tests/durations.json, measured by scripts/test_durations.py), so the two workers of
+    ``--dist loadscope`` finish together; the order inside a scope is kept, and unknown scopes go last."""
+    import json
+
+    known = json.loads((ROOT / "tests" / "durations.json").read_text(encoding="utf-8"))
+    position = {item.nodeid: i for i, item in enumerate(items)}
+
+    def scope(item) -> str:
+        return item.nodeid.rsplit("::", 1)[0] if "::" in item.nodeid.split("[", 1)[0].split("::", 1)[1] else \
+            item.nodeid.split("::", 1)[0]
+
+    items.sort(key=lambda item: (-known.get(scope(item), 0.0), position[item.nodeid]))
+
+
 def pytest_sessionfinish(session, exitstatus):
     import shutil
 

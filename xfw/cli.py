@@ -168,7 +168,9 @@ def explain_command(recipe, backends, overrides, comparison, repeat, pythons, ou
         from xfw.contract.explain import category_rules
 
         _interpreters(pythons, backends)  # the list parsed, every instance's path checked
-        known = launcher.known_adapters()
+        from xfw.run.launch.instances import known_adapters
+
+        known = known_adapters()
         unknown = [i.name for i in _instances(backends) if i.adapter not in known]
         if unknown:
             _fail(f"--backends {unknown[0]}: no adapter of that name (known: {', '.join(known)})")
@@ -290,7 +292,9 @@ def env_command(backends, pythons, remove, clean) -> None:
         _finish(lambda: workflow.clean_envs())
     if remove is not None:
         _finish(lambda: workflow.remove_env(remove))
-    names = _backend_names(backends) if backends is not None else launcher.env_backends()
+    from xfw.run.launch.instances import env_backends
+
+    names = _backend_names(backends) if backends is not None else env_backends()
     _finish(lambda: workflow.describe_backends(names, _interpreters(pythons, backends), log=_log))
 
 

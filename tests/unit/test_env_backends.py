@@ -1,7 +1,7 @@
 """``xfw env`` with no --backends: paddle and torch always (said NOT AVAILABLE when missing), then every
 other adapter whose environment exists, so a machine that ran scripts/setup_jax.sh sees jax listed."""
 
-from xfw.run.launch.launcher import env_backends
+from xfw.run.launch.instances import env_backends
 
 
 def _adapter(root, name, env=False):

@@ -143,7 +143,7 @@ def prepare_backends(names: list[str], interpreters: dict[str, str], recipes: li
             out[name] = (launcher.Backend(name, ""), {"command": True})
             continue
         adapter = instances.adapter_of(name)
-        known = launcher.known_adapters()
+        known = instances.known_adapters()
         if adapter != name and adapter not in known and name not in interpreters:
             problems.append(f"--backends {name}: unknown adapter {adapter!r} before the @ (known: {', '.join(known)})")
             continue
@@ -208,7 +208,7 @@ def refuse_stray_overrides(recipe: Recipe, backend_names: list[str]) -> None:
 def refuse_unknown_overrides(recipe: Recipe, root: Path = launcher.PROJECT_ROOT) -> None:
     """``xfw validate`` (no backends given): an override of a backend that is no adapter xfw has (nor an
     instance of one, nor a command) is refused in one line: misspelt, it would change nothing."""
-    known = launcher.known_adapters(root)
+    known = instances.known_adapters(root)
     for name in backend_overrides(recipe):
         if instances.adapter_of(name) not in known and "command" not in recipe.backends.get(name, {}):
             raise UsageError(f"{recipe.name}: backends.{name}.{OVERRIDE}: {name!r} is no backend xfw has (adapters: "

@@ -408,3 +408,15 @@ def remove_env(name: str, root: Path = PROJECT_ROOT) -> str:
     size = size_on_disk(target)
     shutil.rmtree(target)
     return f"removed {target} ({fmt_size(size)})"
+
+
+def known_adapters(root: Path = PROJECT_ROOT) -> list[str]:
+    """The adapters this project has (``adapters/NAME/xfw_NAME``)."""
+    return sorted(p.parent.name for p in root.glob("adapters/*/xfw_*") if p.name == f"xfw_{p.parent.name}")
+
+
+def env_backends(root: Path = PROJECT_ROOT) -> list[str]:
+    """What ``xfw env`` describes when not told: paddle and torch (said NOT AVAILABLE when missing), then
+    every other adapter whose environment ``.venv/NAME`` exists (jax once scripts/setup_jax.sh made it)."""
+    return ["paddle", "torch"] + [name for name in known_adapters(root)
+                                  if name not in ("paddle", "torch") and (root / ".venv" / name).is_dir()]

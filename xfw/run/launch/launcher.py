@@ -81,18 +81,6 @@ class Progress(Protocol):
     def finished(self, result: RunResult) -> None: ...
 
 
-def known_adapters(root: Path = PROJECT_ROOT) -> list[str]:
-    """The adapters this project has (``adapters/NAME/xfw_NAME``)."""
-    return sorted(p.parent.name for p in root.glob("adapters/*/xfw_*") if p.name == f"xfw_{p.parent.name}")
-
-
-def env_backends(root: Path = PROJECT_ROOT) -> list[str]:
-    """What ``xfw env`` describes when not told: paddle and torch (said NOT AVAILABLE when missing), then
-    every other adapter whose environment ``.venv/NAME`` exists (jax once scripts/setup_jax.sh made it)."""
-    return ["paddle", "torch"] + [name for name in known_adapters(root)
-                                  if name not in ("paddle", "torch") and (root / ".venv" / name).is_dir()]
-
-
 def resolve_backend(name: str, interpreters: dict[str, str], root: Path = PROJECT_ROOT) -> Backend:
     """The interpreter of backend ``name``: ``--python NAME=PATH``, else ``.venv/NAME`` (a bare
     adapter) or the instance's own environment (built by ``instances.ensure_env`` beforehand, or
@@ -117,7 +105,7 @@ def resolve_backend(name: str, interpreters: dict[str, str], root: Path = PROJEC
             raise BackendError(f"--python {name}={python}: not an executable file")
         return Backend(name, str(python))
     python = root / ".venv" / name / "bin" / "python"
-    known = known_adapters(root)
+    known = instances.known_adapters(root)
     if not python.exists() and name not in known:
         raise BackendError(f"unknown backend {name!r} (known: {', '.join(known)}; an instance of one is "
                            f"ADAPTER@VERSION, or NAME with --python {name}=/path/to/python)")
