@@ -392,6 +392,12 @@ def compare_row(recipe: str, runs: list[RunResult], backends: list[str]) -> Comp
     comparison.add_mechanisms(row)
     compare_data(row)
     deliberate_differences(row)
+    node_types = {r.node_type for r in runs if r.backend in sides and r.node_type}
+    if len(node_types) > 1:  # first: it changes what every other figure of the row means (issue 40)
+        by_side = {name: sorted({r.node_type for r in runs if r.backend == name and r.node_type}) for name in sides}
+        row.warnings.insert(0, "the runs measured on different node types (" + "; ".join(
+            f"{name}: {', '.join(kinds)}" for name, kinds in by_side.items() if kinds)
+            + "): speed and memory are not like-for-like; pin one node type (--constraint)")
     sources = {s.memory_source for s in sides.values() if s.ok and s.memory_source}  # a parsed log has none
     if len(sources) > 1:
         row.warnings.append("memory is measured from different sources (" + ", ".join(sorted(sources))

@@ -112,7 +112,7 @@ def row_from_result(result: RunResult, spec: dict, *, night: str, night_started_
         "framework_version": applied.get("framework_version"), "device_name": applied.get("device_name"),
         "build": (env.get("backend") or {}).get("build"), "interpreter": env.get("interpreter"),
         "versions": {k.removeprefix("version_"): v for k, v in applied.items() if k.startswith("version_")},
-        "host": env.get("host", {}).get("hostname"), "python": env.get("python"),
+        "host": env.get("host", {}).get("hostname"), "node_type": result.node_type, "python": env.get("python"),
         "xfw_git_sha": env.get("xfw_git_sha"), "wall_time_s": result.wall_time_s, "run_dir": run_dir,
     }
 
@@ -153,7 +153,7 @@ FUTURE_SLACK_S = 86400.0
 """A night may start at most this far after the reader's clock (clocks of two hosts disagree a little;
 a row dated 2099 was not written by a night)."""
 TEXT_FIELDS = ("status", "reason", "suite", "recipe", "preset", "stage", "workload", "mem_source", "memory_source",
-               "device_name", "framework_version", "host", "python", "xfw_git_sha", "run_dir", "sharding", "dtype",
+               "device_name", "framework_version", "host", "node_type", "python", "xfw_git_sha", "run_dir", "sharding", "dtype",
                "amp_level", "mfu_peak", "quality_workload", "target_source", "converge_verdict", "converge_worse",
                "converge_reference", "converge_status", "converge_reason", "converge_dir")
 NUMBER_FIELDS = ("ips", "tokens_per_s", "step_time_median_s", "step_time_p10_s", "step_time_p90_s",

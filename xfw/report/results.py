@@ -41,6 +41,20 @@ _SUMMARY_TYPES = {"backend": str, "recipe": str, "preset": str, "stage": str, "s
                   "variant": dict}
 
 
+def node_type(env: dict, applied: dict | None = None) -> str | None:
+    """A node's kind, as a speed comparison must hold it equal: the accelerator model (the adapter's
+    ``device_name``) and, when the device is not the host CPU itself, the host CPU model — two H800 nodes
+    with different CPUs feed their GPUs differently. Not the hostname: two nodes of one type are one kind.
+    None when the run recorded neither (a run directory without env.json)."""
+    backend = env.get("backend") if isinstance(env.get("backend"), dict) else {}
+    host = env.get("host") if isinstance(env.get("host"), dict) else {}
+    device = (applied or {}).get("device_name") or backend.get("device_name")
+    cpu = host.get("cpu")
+    if not isinstance(device, str) or not device:
+        return cpu if isinstance(cpu, str) and cpu else None
+    return device if not isinstance(cpu, str) or not cpu or cpu == device else f"{device} (host {cpu})"
+
+
 @dataclass(kw_only=True)
 class RunResult:
     backend: str
@@ -81,6 +95,11 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def node_type(self) -> str | None:
+        """What kind of node the run measured on (:func:`node_type`); None when env.json is missing."""
+        return node_type(self.env, self.applied)
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)

@@ -236,11 +236,18 @@ def evaluate(rows: list[dict], night: str, policy: RegressionPolicy) -> list[Ver
         if n != night:
             continue
         earlier = [folded[(p, entry, backend)] for p in previous_nights if (p, entry, backend) in folded]
-        same = [r for r in earlier if r.get("workload") == current.get("workload")][-policy.window:]
+        same = [r for r in earlier if r.get("workload") == current.get("workload") and same_node_type(r, current)
+                ][-policy.window:]
         verdicts.extend(_judge(entry, backend, current, same, earlier, policy))
         if isinstance(current.get("converge"), dict):  # a converge entry: its learning curves too
             verdicts.extend(judge_quality(entry, backend, current, earlier, policy))
     return verdicts
+
+
+def same_node_type(row: dict, current: dict) -> bool:
+    """A night is a baseline only if it measured on the same node type (a row from before node types were
+    recorded has none, and is taken as the same)."""
+    return row.get("node_type") is None or current.get("node_type") is None or row["node_type"] == current["node_type"]
 
 
 def _num(value: float, digits: int = 4) -> str:
@@ -346,7 +353,10 @@ def _judge(entry: str, backend: str, current: dict, same: list[dict], earlier: l
         verdict = "ok" if status in _QUIET_STATUSES else "failed"
         return [Verdict(**base, metric="status", verdict=verdict, note=f"{status}: {current.get('reason', '')}")]
     if not same:
-        note = ("the workload changed since the last night (model, batch, precision, parallel layout or steps): "
+        other_node = [r for r in earlier if r.get("workload") == current.get("workload") and not same_node_type(r, current)]
+        note = (f"earlier nights of this workload measured on another node type ({other_node[-1]['node_type']}; "
+                f"this night: {current['node_type']}): not compared" if other_node else
+                "the workload changed since the last night (model, batch, precision, parallel layout or steps): "
                 "not compared" if earlier else "no earlier night to compare with")
         return [Verdict(**base, metric="ips", verdict="incomparable" if earlier else "new",
                         value=current.get("ips"), note=note)]
