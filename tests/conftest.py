@@ -22,6 +22,9 @@ FAKES = Path(__file__).resolve().parent / "fakes"
 # Real data the tests prepare (the tiny recipes' fixtures, in-test data) goes to one directory per
 # test session (per worker), shared by its tests and every xfw process they start, never ~/.cache.
 TEST_DATA_CACHE = os.environ["XFW_CACHE_DIR"] = tempfile.mkdtemp(prefix="xfw-test-data-")
+# Each backend's --describe answer, kept per worker session for the next xfw command that asks the same question
+# (same interpreter, adapter files, packages and environment: xfw.run.launch.described); never across sessions.
+DESCRIBED = os.environ["XFW_DESCRIBE_CACHE"] = tempfile.mkdtemp(prefix="xfw-test-described-")
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -43,6 +46,7 @@ def pytest_sessionfinish(session, exitstatus):
     import shutil
 
     shutil.rmtree(TEST_DATA_CACHE, ignore_errors=True)
+    shutil.rmtree(DESCRIBED, ignore_errors=True)
 
 
 def interpreter(backend: str) -> Path:

@@ -33,7 +33,7 @@ from xfw.contract import lifeline
 from xfw.contract import records as rec
 from xfw.report.measure import summarize
 from xfw.recipe import command
-from xfw.run.launch import attached, instances, logparse
+from xfw.run.launch import attached, described, instances, logparse
 from xfw.recipe import Recipe
 from xfw.recipe.overrides import backend_recipe
 from xfw.recipe.spec import resolve_spec
@@ -138,7 +138,15 @@ def adapter_task(backend: Backend, args: list[str], *, timeout_s: float, failed:
 
 
 def describe_backend(backend: Backend) -> dict:
-    """Ask the adapter to describe itself; proves the interpreter can import it."""
+    """Ask the adapter to describe itself; proves the interpreter can import it. The same question asked again
+    in one test session is answered from :mod:`xfw.run.launch.described` (only when ``XFW_DESCRIBE_CACHE`` is set)."""
+    kept = described.cache_file(backend.python, backend.module, PROJECT_ROOT / "adapters" / backend.adapter)
+    if (answer := described.recall(kept)) is None:
+        described.keep(kept, answer := _describe(backend))
+    return answer
+
+
+def _describe(backend: Backend) -> dict:
     stdout = adapter_task(backend, ["--describe"], timeout_s=DESCRIBE_TIMEOUT_S,
                           failed=f"{backend.python} cannot run {backend.module}")
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
