@@ -247,3 +247,19 @@ def test_paddle_llava_computes_transformers_logits_and_loss_from_the_same_weight
     # fp32 rounding over logits of magnitude ~4 (the scaled weights): ~1e-5 is seen, 3e-5 allowed.
     np.testing.assert_allclose(got["logits"], expected.logits.numpy(), atol=3e-5, rtol=0)
     assert float(got["loss"]) == pytest.approx(float(expected.loss), abs=3e-5)
+
+
+def test_paddlenlp_modules_load_without_the_rest_of_paddlenlp_and_lora_takes_the_same_classes():
+    # xfw_paddle.nlp: a Llama needs paddlenlp.transformers, not Taskflow, datasets or scikit-learn (4 s a start);
+    # LoRA afterwards (peft) must find the very modules the model was built from, not a second import of them.
+    out = run_in_paddle("""
+        import sys
+        from xfw_paddle import nlp
+        llama = nlp.load("paddlenlp.transformers.llama.modeling")
+        lean = sorted(m for m in ("paddlenlp.taskflow", "paddlenlp.datasets", "sklearn") if m in sys.modules)
+        peft = nlp.load("paddlenlp.peft")
+        import paddlenlp.transformers.llama.modeling as again
+        print(lean, getattr(sys.modules["paddlenlp"], "xfw_shell", False), again is llama,
+              peft.LoRAModel.__module__, sys.modules["paddlenlp"].__version__)
+    """).stdout.strip().splitlines()[-1]
+    assert out.startswith("[] True True paddlenlp.peft.lora.lora_model 3."), out

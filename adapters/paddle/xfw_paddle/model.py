@@ -15,6 +15,7 @@ from xfw.contract import families, hf_names
 from xfw.contract import weights as neutral
 from xfw.contract.harness import InvalidSpec, Unsupported
 from xfw_paddle.families import family_module
+from xfw_paddle import nlp
 
 
 def lora_config_for(target: paddle.nn.Layer, lora: dict):
@@ -28,7 +29,7 @@ def lora_config_for(target: paddle.nn.Layer, lora: dict):
     """
     import re
 
-    from paddlenlp.peft import LoRAConfig
+    LoRAConfig = nlp.load("paddlenlp.peft").LoRAConfig
 
     names = [name for name, layer in target.named_sublayers() if isinstance(layer, paddle.nn.Linear)]
     patterns = [rf"(.*\.)?{re.escape(t)}" for t in lora["targets"]]
@@ -42,7 +43,7 @@ def lora_config_for(target: paddle.nn.Layer, lora: dict):
 def apply_lora(target: paddle.nn.Layer, lora: dict) -> None:
     """paddlenlp.peft LoRA adapters replace the targeted linears of ``target`` in place; within
     ``target`` only the adapters train (what the stage trains elsewhere is left as it is)."""
-    from paddlenlp.peft import LoRAModel
+    LoRAModel = nlp.load("paddlenlp.peft").LoRAModel
 
     config = lora_config_for(target, lora)
     if not hasattr(target, "config"):  # LoRAModel reads config.tensor_parallel_degree

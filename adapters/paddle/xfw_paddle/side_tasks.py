@@ -18,6 +18,7 @@ import paddle
 from xfw.contract import families
 from xfw.contract import weights as neutral
 from xfw_paddle.families import family_module
+from xfw_paddle import nlp
 from xfw_paddle.model import canonical_names, start_model
 from xfw_paddle.session import check_spec, device_batch
 
@@ -33,7 +34,7 @@ def count_params(spec: dict) -> dict:
     ``from_pretrained(low_cpu_mem_usage=True)`` builds the same way), stage freezing and LoRA
     adapters applied as a run applies them; its parameters tallied by part
     (``xfw.contract.families.tally``)."""
-    from paddlenlp.transformers.model_utils import no_init_weights
+    no_init_weights = nlp.load("paddlenlp.transformers.model_utils").no_init_weights
 
     check_spec(spec)
     paddle.set_device("cpu")

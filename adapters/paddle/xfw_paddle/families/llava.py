@@ -38,6 +38,7 @@ from paddle import nn
 from xfw.contract.families import llava as llava_facts
 from xfw.contract.harness import Unsupported
 from xfw.contract.synthetic import IGNORE_INDEX
+from xfw_paddle import nlp
 
 
 def _normal(std: float) -> paddle.ParamAttr:
@@ -175,7 +176,7 @@ class LlavaMultiModalProjector(nn.Layer):
 
 
 def _llama_config(t: dict, seq_len: int, *, use_sdpa: bool, recompute: bool):
-    from paddlenlp.transformers.llama.configuration import LlamaConfig
+    LlamaConfig = nlp.load("paddlenlp.transformers.llama.configuration").LlamaConfig
 
     return LlamaConfig(
         vocab_size=t["vocab_size"], hidden_size=t["hidden_size"], intermediate_size=t["intermediate_size"],
@@ -195,7 +196,7 @@ def _llama_config(t: dict, seq_len: int, *, use_sdpa: bool, recompute: bool):
 class LlavaForConditionalGeneration(nn.Layer):
     def __init__(self, arch: dict, *, use_sdpa: bool, recompute: bool):
         super().__init__()
-        from paddlenlp.transformers.llama.modeling import LlamaForCausalLM
+        LlamaForCausalLM = nlp.load("paddlenlp.transformers.llama.modeling").LlamaForCausalLM
 
         v, t = arch["vision"], arch["text"]
         # transformers' hidden_states has num_layers + 1 entries; a negative feature_layer counts from the end.
