@@ -1,9 +1,14 @@
 """Multi-process PyTorch runs on CPU (gloo): the same global batch gives the same losses.
 
 Each run goes through xfw's launcher and torchrun exactly as a user's would. Data are seeded
-by sample position in the global batch, so 1 process x 2 micro-batches and 2 processes x 1
+by sample position in the global batch, so 1 process x 4 micro-batches and 2 processes x 2
 train on the same samples; DDP averages gradients, so the mean of the ranks' losses must equal
-the single process's loss at every step, up to fp32 reduction order.
+the single process's loss at every step, up to fp32 reduction order. Every sharded run accumulates
+two micro-batches per rank (:data:`ACCUM`), so the same runs also show each implementation's
+accumulation (DeepSpeed's its own) equal to one process's; the one-micro-batch layout (global 4 in
+micro-batches of 2 on two ranks) is run by test_paddle_sharding.py's PyTorch DDP and FSDP2 runs and
+test_text_only_sharded.py. A process start costs ~15 s of CPU and a tiny step ~0.1 s: runs, not
+steps, are what this file is counted in.
 """
 
 import pytest
@@ -17,6 +22,7 @@ from conftest import TINY_RECIPE, require_interpreter
 
 pytestmark = pytest.mark.contract
 STEPS = {"warmup_steps": 1, "steps": 3, "timeout_s": 240}
+ACCUM = {"global": 8, "micro": 2}  # 1 process x 4 micro-batches; 2 processes x 2 each
 
 
 def run(write_recipe, tmp_path, name, backend_name="torch", **sections):
@@ -33,35 +39,43 @@ def mean_losses(result):
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    path = tmp_path_factory.mktemp("single") / "one.yaml"
-    path.write_text(yaml.safe_dump({**TINY_RECIPE, "measure": STEPS, "batch": {"global": 4, "micro": 2}}))
-    backend = launcher.Backend("torch", str(require_interpreter("torch")))
-    result = launcher.launch(load_recipe(path), backend, path.parent / "run", description=launcher.describe_backend(backend))
-    assert result.status == "ok", result.reason
-    return result
+def launched(tmp_path_factory):
+    """Runs of TINY_RECIPE at :data:`ACCUM`, each launched once per module, keyed by (sharding, impl);
+    ("none", "one") is the one-process run every two-process run is held to."""
+    out, done = tmp_path_factory.mktemp("runs"), {}
+
+    def get(sharding: str, impl: str):
+        if (sharding, impl) not in done:
+            sections = {**TINY_RECIPE, "measure": STEPS, "batch": ACCUM}
+            if impl != "one":
+                sections.update(parallel={"nproc_per_node": 2, "sharding": sharding},
+                                backends={"torch": {"sharding_impl": impl}})
+            path = out / f"{sharding}-{impl}.yaml"
+            path.write_text(yaml.safe_dump(sections))
+            backend = launcher.Backend("torch", str(require_interpreter("torch")))
+            done[sharding, impl] = launcher.launch(load_recipe(path), backend, out / f"{sharding}-{impl}",
+                                                   description=launcher.describe_backend(backend))
+            assert done[sharding, impl].status == "ok", done[sharding, impl].reason
+        return done[sharding, impl]
+    return get
 
 
 @pytest.mark.parametrize("sharding,impl", [("none", "ddp"), ("stage1", "zero_redundancy"), ("stage2", "fsdp2"),
                                            ("stage3", "fsdp2"), ("stage1", "deepspeed"), ("stage2", "deepspeed"),
                                            ("stage3", "deepspeed")])
-def test_two_processes_match_one_process_for_the_same_global_batch(write_recipe, tmp_path, single, sharding, impl):
-    result = run(write_recipe, tmp_path, impl, parallel={"nproc_per_node": 2, "sharding": sharding},
-                 backends={"torch": {"sharding_impl": impl}})
-    assert result.status == "ok", result.reason
+def test_two_processes_match_one_process_for_the_same_global_batch(launched, sharding, impl):
+    single, result = launched("none", "one"), launched(sharding, impl)
     assert result.applied["sharding_impl"] == impl and result.applied["num_processes"] == 2
+    assert result.applied["grad_accum_steps"] == 2 and single.applied["grad_accum_steps"] == 4
     assert result.applied["num_params_total"] == single.applied["num_params_total"]
     assert result.measurement.num_ranks == 2
     assert mean_losses(result) == pytest.approx(mean_losses(single), rel=1e-5)
 
 
-def test_deepspeed_accumulates_micro_batches_like_one_process(write_recipe, tmp_path):
-    # 2 processes x 2 micro-batches of 2 against 1 process x 4: DeepSpeed owns the accumulation.
-    batch = {"global": 8, "micro": 2}
-    one = run(write_recipe, tmp_path, "one", batch=batch)
-    zero3 = run(write_recipe, tmp_path, "zero3", batch=batch, parallel={"nproc_per_node": 2, "sharding": "stage3"},
-                backends={"torch": {"sharding_impl": "deepspeed"}})
-    assert one.status == zero3.status == "ok", zero3.reason
+def test_deepspeed_accumulates_micro_batches_like_one_process(launched):
+    # 2 processes x 2 micro-batches of 2 against 1 process x 4: DeepSpeed owns the accumulation (the
+    # parametrized stage-3 run above, launched once).
+    one, zero3 = launched("none", "one"), launched("stage3", "deepspeed")
     assert zero3.applied["grad_accum_steps"] == 2 and "DeepSpeed" in zero3.applied["notes"]
     assert mean_losses(zero3) == pytest.approx(mean_losses(one), rel=1e-5)
 
