@@ -4,7 +4,7 @@ compared, not just run (xfw_paddle.parallel; issues 22 and 27).
 * Plain CPU, DataParallel over two processes with bf16 O2 asked for: Paddle's CPU build ignores AMP
   (fp32), but the master-gradient machinery runs — the optimizer applies fp32 ``main_grad`` (seen, not
   assumed) all-reduced after the last micro-batch — and the losses and gradient norms equal one process's
-  on the same global batch and the PyTorch side's DDP from the same exported weights (fp32).
+  on the same global batch, Paddle's and PyTorch's from the same exported weights (fp32).
 * The CPU test device (``backends.paddle.device: testcpu``; skipped where it is not built): stage 2 and
   stage 3 through ``group_sharded_parallel`` over two processes equal one process on the same global batch,
   fp32 and bf16 O2 with fp32 ``main_grad``, for every tiny family; stage 2 equals the PyTorch side's FSDP2
@@ -145,8 +145,11 @@ def test_data_parallel_with_fp32_main_grad_equals_one_process_and_pytorch(runs, 
     assert "find_unused_parameters=True" in dp.applied["notes"]
     assert one.applied["mechanisms"]["master_grads"] == "none; held: float32 grad"
     assert_same_steps(dp, one, FP32)
-    torch_dp = runs.get("cpu-torch-ddp", LLAVA, "torch", [llava_start, "parallel.nproc_per_node=2"])
-    assert_same_steps(dp, torch_dp, {"loss": 1e-4}, norms=False)
+    # Against PyTorch's one process on the same global batch (the run test_llava_stage2_equals_pytorch_stage2_at_fp32
+    # holds Paddle's stage 2 to): losses and, as PyTorch records norms on one process only, gradient norms too.
+    # PyTorch's DDP equals its one process (test_torch_parallel.py), so a DDP run here would add a launch, not a check.
+    torch_one = runs.get("torch-one-norm", LLAVA, "torch", [llava_start, "backends.torch.grad_norm=true"])
+    assert_same_steps(dp, torch_one, {"loss": 1e-4, "norm": 1e-3})
 
 
 def test_fleet_stage1_with_fp32_main_grad_equals_one_process(runs, llava_start):
