@@ -7,13 +7,16 @@ sides differ by fp32 rounding). Then the same command with one ordinary, reporte
 changed on the PyTorch side only — bf16 O2 with its master weights off, so the optimizer updates bf16
 weights in place and small updates round away — into the same --out with --force: the Paddle runs
 (same spec) are kept, the PyTorch ones run again, and the verdict names torch as worse. Measured on
-this 2-core machine (lr 3e-4, 3 seeds, eval every 20 steps to 120): fp32 "same" at every point (per-seed
-ratios within 1e-6); bf16 without master weights "same" at steps 20 and 40, then torch worse from step
-60 on (95% intervals −2.4…−1.8% at 60, −4.1…−3.0% at 80, −8.0…−4.6% at 120); the mean eval loss
-falls from 6.25 to 3.58 by step 80. So 80 steps (was 120) still reach both verdicts, with a separation
-that lasts over two points. The speed runs measure 2 steps (the recipe's 8 give a 0.5 s window that
-converge measures again with 160 steps); converge then measures 40 steps again under speed-window/,
-so that path still runs, on a quarter of the steps. Nothing here asserts on speed beyond its line.
+this 2-core machine (lr 3e-4, 3 seeds, eval every 20 steps): at the recipe's batch (4 in micro-batches
+of 2) fp32 is "same" at every point to 120 (per-seed ratios within 1e-6) and bf16 without master weights
+"same" at 20 and 40, then torch worse from step 60 on (95% intervals −2.4…−1.8% at 60, −4.1…−3.0% at
+80, −8.0…−4.6% at 120). At a batch of 2 in one micro-batch (what runs here: a third of the CPU time per
+step) the same: fp32 "same" at every point to 100, torch worse from step 60 (−2.3…−1.5% at 60,
+−3.9…−2.5% at 80, −5.3…−4.0% at 100), the mean eval loss from 6.25 to 3.67 by step 80. So 80 steps
+(was 120) still reach both verdicts, with a separation that lasts over two points. The speed runs
+measure 2 steps (the recipe's 8 give a 0.5 s window that converge measures again with 160 steps);
+converge then measures 40 steps again under speed-window/, so that path still runs, on a quarter of
+the steps. Nothing here asserts on speed beyond its line.
 """
 
 import json
@@ -27,7 +30,8 @@ pytestmark = pytest.mark.contract
 
 RECIPE = "recipes/tiny/llava_json_sft.yaml"
 COMMON = ["--backends", "paddle,torch", "--seeds", "3", "--steps", "80", "--eval-every", "20",
-          "--set", "optimizer.lr=3.0e-4", "--set", "measure.warmup_steps=1", "--set", "measure.steps=2"]
+          "--set", "optimizer.lr=3.0e-4", "--set", "batch.global=2", "--set", "batch.micro=2",
+          "--set", "measure.warmup_steps=1", "--set", "measure.steps=2"]
 PURE_BF16 = ["--set", "backends.torch.override.precision.dtype=bf16",
              "--set", "backends.torch.override.precision.amp_level=O2",
              "--set", "backends.torch.override.precision.master_weights=false"]
