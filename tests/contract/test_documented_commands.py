@@ -3,18 +3,19 @@
 The fenced ``bash`` blocks are read, continuation lines joined and comments dropped; each ``xfw``
 command is run in a scratch directory that links the repository's files (so ``runs/...`` and the
 commands' default output directories land there, shared by the commands in document order: ``xfw
-report runs/sweep-demo`` reads what the sweep before it wrote). Commands that train get
-``--set measure.warmup_steps=1 --set measure.steps=2`` appended (how long the window is does not
-change what the command does). A command that cannot run here is skipped with the reason, and the
-skipped list is printed: a GPU-sized model, a dataset or checkpoint path that does not exist, a
-placeholder, several nodes, a file that is the user's own, or ``make`` (its compare is run as the
-README says it runs it). Each must exit 0, or the code its document gives. A command another contract
-test already runs as written is not run twice (:data:`COVERED`, checked against that test's source), and
-one written in two documents (``xfw env`` and ``.venv/torch/bin/xfw env``) runs once. Counts that only
-repeat a path run at their smallest: ``--repeat 2`` (the fewest that give a spread; ``--ab`` keeps its 3
-pairs). Most of the time is the frameworks starting (each training command starts one process per
-backend to describe it, then its runs), so the commands run as :data:`PARTS` parts that share no
-``runs/`` directory (:func:`parts`), each a class: ``--dist loadscope`` spreads them over the workers.
+report runs/sweep-demo`` reads what the sweep before it wrote). Commands that train (and ``xfw
+explain``, which trains that window before its profiled steps) get ``--set measure.warmup_steps=1 --set
+measure.steps=2`` appended (how long the window is does not change what the command does). A command
+that cannot run here is skipped with the reason, and the skipped list is printed: a GPU-sized model, a
+dataset or checkpoint path that does not exist, a placeholder, several nodes, a file that is the user's
+own, or ``make`` (its compare is run as the README says it runs it). Each must exit 0, or the code its
+document gives. A command another contract test already runs as written (its own --out, a window of a
+few steps) is not run twice (:data:`COVERED`, checked against that test's source), and one written in
+two documents (``xfw env`` and ``.venv/torch/bin/xfw env``) runs once. Counts that only repeat a path
+run at their smallest: ``--repeat 2`` (the fewest that give a spread; ``--ab`` keeps its 3 pairs). Most
+of the time is the frameworks starting (each run is a process that imports Paddle or PyTorch: about 6 s
+of CPU each; a converge starts ten), so the commands run as :data:`PARTS` parts that share no ``runs/``
+directory (:func:`parts`), each a class: ``--dist loadscope`` spreads them over the workers.
 """
 
 from __future__ import annotations
@@ -55,9 +56,27 @@ COVERED = {
         ("tests/contract/test_jax_adapter.py", '"parity", RECIPE, "--backends", "jax,torch", "--steps", "10"'),
     "xfw compare recipes/tiny/llava_sft.yaml --backends jax,torch":
         ("tests/contract/test_jax_adapter.py", '"compare", RECIPE, "--backends", "jax,torch"'),
+    "xfw compare recipes/tiny/llava_sft.yaml --as published":
+        ("tests/contract/test_comparisons.py",
+         ('"compare", "recipes/tiny/llava_sft.yaml", "--backends", "paddle,torch"',
+          '_compare(base / "published", "--as", "published")')),
+    "xfw compare recipes/tiny/attach_trainer.yaml":
+        ("tests/contract/test_attach_real.py",
+         ('xfw("compare", f"recipes/tiny/{recipe}.yaml", "--backends", "paddle,torch"',
+          '[("attach_trainer", "trainer callback")')),
+    "xfw compare recipes/tiny/attach_loop.yaml":
+        ("tests/contract/test_attach_real.py",
+         ('xfw("compare", f"recipes/tiny/{recipe}.yaml", "--backends", "paddle,torch"',
+          '("attach_loop", "optimizer step")]')),
+    "xfw compare examples/attach/diffusers_lora.yaml":
+        ("tests/contract/test_attach_shapes.py",
+         ('RECIPE = ROOT / "examples" / "attach" / "diffusers_lora.yaml"',
+          'xfw("compare", RECIPE, "--backends", "paddle,torch", "--out", out / "both")')),
 }
-"""Documented commands (as :func:`same_command` writes them) that another contract test runs as written,
-with the text of that call in its source (checked below, so the coverage cannot silently go): not run twice."""
+"""Documented commands (as :func:`same_command` writes them) that another contract test runs as written (its
+own --out, and a measured window of a few steps as this test gives one), with the text of that call in its
+source, one string or several that must all be there (checked below, so the coverage cannot silently go): not
+run twice."""
 
 
 def documented_commands() -> list[tuple[str, str]]:
@@ -129,8 +148,8 @@ def expected_code(argv: list[str]) -> int:
 def runnable(argv: list[str]) -> list[str]:
     argv = [sys.executable, "-m", "xfw.cli", *argv[1:]]
     sub = argv[3]
-    if sub in TRAINING and "--print-command" not in argv and "--report-only" not in argv:
-        argv += CHEAP
+    if sub in TRAINING | {"explain"} and "--print-command" not in argv and "--report-only" not in argv:
+        argv += CHEAP  # explain: the same window, then its few profiled steps
     if sub == "compare" and "--repeat" in argv and "--ab" not in argv:
         argv += ["--repeat", "2"]  # the fewest that give a median and spread (an A/B needs its 3 pairs)
     if sub == "parity":
@@ -248,7 +267,8 @@ def parts(commands: list[tuple[str, str]], n: int) -> list[list[tuple[str, str]]
     members: dict[int, list[int]] = {}
     for i in range(len(commands)):
         members.setdefault(root(i), []).append(i)
-    cost = {g: sum(_cost(words(commands[i][1])) for i in m) for g, m in members.items()}
+    cost = {g: sum(1 if covered_by(commands[i][1]) else _cost(words(commands[i][1])) for i in m)
+            for g, m in members.items()}
     bins: list[list[int]] = [[] for _ in range(n)]
     load = [0] * n
     for g in sorted(members, key=lambda g: -cost[g]):
@@ -348,9 +368,11 @@ def test_the_parts_share_no_run_directory_and_keep_every_command():
 def test_what_another_test_runs_is_still_run_there_as_written():
     """Each :data:`COVERED` command is documented, and the test named for it still makes that call."""
     documented = {same_command(line) for _, line in documented_commands()}
-    for command, (test, call) in COVERED.items():
+    for command, (test, calls) in COVERED.items():
         assert command in documented, command  # a stale entry would hide nothing, but says what is not true
-        assert call in (ROOT / test).read_text(encoding="utf-8"), (test, call)
+        source = (ROOT / test).read_text(encoding="utf-8")
+        for call in [calls] if isinstance(calls, str) else calls:
+            assert call in source, (test, call)
     assert runnable(words("xfw compare recipes/tiny/llava_sft.yaml --repeat 3"))[-2:] == ["--repeat", "2"]
     auto = runnable(words("xfw converge r.yaml --seeds auto --max-seeds 8"))
     assert auto[auto.index("--seeds") + 1] == "auto" and auto.count("--seeds") == 1 and auto[-2:] == ["--max-seeds", "3"]
