@@ -264,6 +264,7 @@ class TestOtherFamilies:
     @pytest.mark.parametrize("recipe", FAMILIES)
     def test_both_sides_rows_cover_the_step_and_align(self, tmp_path, recipe):
         from xfw.report import explain as report
+        from xfw.report.results import RunResult
 
         name, part = self.FAMILIES[recipe]
         out = tmp_path / "out"
@@ -271,6 +272,14 @@ class TestOtherFamilies:
                      "--set", "measure.steps=2")
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         explains = {b: json.loads((out / name / b / "explain.json").read_text()) for b in BACKENDS}
+        # The measured runs, as shipped: both trained, built the same model and read the same micro-batches (the
+        # check test_every_tiny_recipe.py leaves to these runs).
+        results = [RunResult.load(out / name / b) for b in BACKENDS]
+        assert all(r.status == "ok" and r.measurement.num_measured_steps == 2 for r in results), \
+            [r.reason for r in results]
+        assert len({(r.applied["num_params_total"], r.applied["num_params_trainable"]) for r in results}) == 1
+        digests = {r.measurement.batch_digest for r in results}
+        assert len(digests) == 1 and None not in digests
         for backend, e in explains.items():
             rows = sum(r["fwd_s"] + r["bwd_s"] for r in e["modules"].values())
             assert rows == pytest.approx(e["hooked_step_s"], rel=0.02), backend

@@ -54,9 +54,13 @@ def test_both_backends_train_the_same_model_from_the_same_weights(parity_runs, f
     for run_dir in report.run_dirs.values():  # every side ran fp32 O0 from the shared export
         spec = json.loads((ROOT / run_dir / "spec.json").read_text())
         assert spec["model"]["weights"] == report.weights_dir and spec["precision"]["amp_level"] == "O0"
-    # ... on bit-identical batches: every micro-batch's hash equal on both sides.
-    digests = {RunResult.load(ROOT / d).measurement.batch_digest for d in report.run_dirs.values()}
+    # ... on bit-identical batches: every micro-batch's hash equal on both sides; and both built the same model,
+    # every parameter and every trainable one (test_every_tiny_recipe.py leaves these recipes to this check).
+    results = [RunResult.load(ROOT / d) for d in report.run_dirs.values()]
+    digests = {r.measurement.batch_digest for r in results}
     assert len(digests) == 1 and None not in digests
+    counts = {(r.applied["num_params_total"], r.applied["num_params_trainable"]) for r in results}
+    assert len(counts) == 1, counts
 
 
 def test_lora_runs_start_from_the_same_adapters_so_every_step_matches_to_rounding(parity_runs):
