@@ -18,10 +18,20 @@ def xfw(*args, timeout=600):
                           timeout=timeout, cwd=ROOT)
 
 
-def test_compare_trains_both_backends_and_reports_equal_parameter_counts(tmp_path):
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    """One parity run of tiny LLaVA (2 steps), then one compare of it on both backends that looks that parity
+    run up: the counts, the HTML page and the parity line are all read from this compare."""
+    tmp = tmp_path_factory.mktemp("compare")
+    parity = xfw("parity", "recipes/tiny/llava_sft.yaml", "--steps", "2", "--out", tmp / "parity")
+    out = tmp / "out"
     result = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "paddle,torch", "--out", out,
-                 "--set", "measure.warmup_steps=1", "--set", "measure.steps=4")
+                 "--parity", tmp / "parity", "--set", "measure.warmup_steps=1", "--set", "measure.steps=4")
+    return tmp, parity, out, result
+
+
+def test_compare_trains_both_backends_and_reports_equal_parameter_counts(llava):
+    _, _, out, result = llava
     assert result.returncode == 0, result.stderr
     row = next(line for line in result.stdout.splitlines() if line.startswith("| Tiny LLaVA"))
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -40,9 +50,12 @@ def test_compare_trains_both_backends_and_reports_equal_parameter_counts(tmp_pat
     assert "memory is measured from different sources" not in result.stdout
     for name in ("report.md", "report.csv", "chart.png"):
         assert (out / name).stat().st_size > 0
+    digests = set()
     for backend in ("paddle", "torch"):
         summary = json.loads((out / "tiny-llava-sft" / backend / "summary.json").read_text())
         assert summary["status"] == "ok" and summary["measurement"]["num_measured_steps"] == 4
+        digests.add(summary["measurement"]["batch_digest"])
+    assert len(digests) == 1 and None not in digests  # both sides trained on the same micro-batches
 
 
 def test_a_backend_that_rejects_its_settings_loses_no_other_result(tmp_path):
@@ -61,29 +74,26 @@ def test_a_backend_that_rejects_its_settings_loses_no_other_result(tmp_path):
     assert torch_summary["status"] == "ok" and torch_summary["measurement"]["ips"] > 0
 
 
-def test_the_compare_report_shows_the_parity_run_of_the_same_recipe(tmp_path):
-    parity = xfw("parity", "recipes/tiny/llava_sft.yaml", "--steps", "2", "--out", tmp_path / "parity")
+def test_the_compare_report_shows_the_parity_run_of_the_same_recipe(llava):
+    tmp, parity, out, shown = llava  # the compare measured 1 + 4 steps: measure is not what parity vouches for
     assert parity.returncode == 0, parity.stderr[-2000:]
-    quick = ("--set", "measure.warmup_steps=0", "--set", "measure.steps=2")
-    shown = xfw("compare", "recipes/tiny/llava_sft.yaml", "--out", tmp_path / "a", "--parity", tmp_path / "parity",
-                *quick)
     assert shown.returncode == 0, shown.stderr[-2000:]
     line = next(line for line in shown.stdout.splitlines() if "Parity:" in line)
-    assert "passed, 2 steps" in line and str(tmp_path / "parity") in line
-    assert line in (tmp_path / "a" / "report.md").read_text()
-    # Another configuration of the recipe (a different batch) is not vouched for by that run.
-    other = xfw("compare", "recipes/tiny/llava_sft.yaml", "--out", tmp_path / "b", "--parity", tmp_path / "parity",
-                "--set", "batch.micro=2", *quick)
+    assert "passed, 2 steps" in line and str(tmp / "parity") in line
+    assert line in (out / "report.md").read_text()
+    # Another configuration of the recipe (a different batch) is not vouched for by that run: the lookup is by the
+    # recipe, so one backend shows it.
+    other = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", "--out", tmp / "b",
+                "--parity", tmp / "parity", "--set", "batch.micro=2", "--set", "measure.warmup_steps=0",
+                "--set", "measure.steps=2")
     assert "Parity: no parity run" in other.stdout and "passed" not in next(
         line for line in other.stdout.splitlines() if "Parity:" in line)
 
 
-def test_the_compare_html_is_the_whole_report_and_a_browser_renders_it(tmp_path):
+def test_the_compare_html_is_the_whole_report_and_a_browser_renders_it(llava):
     import shutil
 
-    out = tmp_path / "out"
-    result = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "paddle,torch", "--out", out,
-                 "--set", "measure.warmup_steps=1", "--set", "measure.steps=2")
+    _, _, out, result = llava
     assert result.returncode == 0, result.stderr
     page = (out / "report.html").read_text()
     assert "<script" not in page and "http://" not in page and "https://" not in page
