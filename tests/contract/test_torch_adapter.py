@@ -30,8 +30,18 @@ def test_tiny_sft_writes_valid_records_in_protocol_order_and_learns(tmp_path):
     assert losses(records)[-1] < losses(records)[0] - 0.3  # lr 1e-3 on a fixed pool: it must learn
 
 
-def test_parameter_counts_match_the_neutral_architecture(tmp_path):
-    _, records, _ = run_adapter("torch", tmp_path, measure={"warmup_steps": 0, "steps": 1})
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """One plain fp32 SFT run of 3 steps, no warm-up, read by the tests that need just that run (counts, what it
+    applied, recompute's and reproducibility's reference): one adapter start instead of four."""
+    code, records, stderr = run_adapter("torch", tmp_path_factory.mktemp("plain"),
+                                        measure={"warmup_steps": 0, "steps": 3})
+    assert code == 0, stderr
+    return records
+
+
+def test_parameter_counts_match_the_neutral_architecture(plain):
+    records = plain
     a = applied(records)
     assert a["num_params_total"] == COUNTS["total"]
     assert a["num_params_trainable"] == COUNTS["projector"] + COUNTS["text"]  # sft: vision frozen
@@ -42,8 +52,8 @@ def test_pretrain_trains_only_the_projector(tmp_path):
     assert applied(records)["num_params_trainable"] == COUNTS["projector"]
 
 
-def test_fp32_run_reports_what_it_applied(tmp_path):
-    _, records, _ = run_adapter("torch", tmp_path, measure={"warmup_steps": 0, "steps": 1})
+def test_fp32_run_reports_what_it_applied(plain):
+    records = plain
     a = applied(records)
     assert (a["weight_dtype"], a["compute_dtype"], a["amp_level"], a["master_weights"]) == (
         "float32", "float32", "O0", False)
@@ -69,15 +79,14 @@ def test_bf16_o2_keeps_low_precision_weights_with_fp32_master_weights(tmp_path):
     assert losses(records)[-1] < losses(records)[0]
 
 
-def test_recompute_changes_memory_not_math(tmp_path):
-    _, plain, _ = run_adapter("torch", tmp_path, measure={"warmup_steps": 0, "steps": 3})
+def test_recompute_changes_memory_not_math(tmp_path, plain):
     _, recomputed, _ = run_adapter("torch", tmp_path, recompute=True, measure={"warmup_steps": 0, "steps": 3})
     assert applied(recomputed)["recompute"] is True
     assert losses(recomputed) == pytest.approx(losses(plain), rel=1e-5)
 
 
-def test_runs_with_the_same_seed_are_reproducible(tmp_path):
-    _, first, _ = run_adapter("torch", tmp_path, measure={"warmup_steps": 0, "steps": 3})
+def test_runs_with_the_same_seed_are_reproducible(tmp_path, plain):
+    first = plain
     _, second, _ = run_adapter("torch", tmp_path, measure={"warmup_steps": 0, "steps": 3})
     assert losses(first) == pytest.approx(losses(second), rel=1e-6)
 
