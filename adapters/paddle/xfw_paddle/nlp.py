@@ -7,8 +7,9 @@ imports a module the way the package itself would, in the package's own order (`
 settles PaddleNLP's ``data <-> transformers`` circle; ``prompt`` before ``peft``: the
 ``peft -> trainer -> peft`` one), under a package module whose ``__init__`` did not run. It then
 does the one thing that ``__init__`` does besides importing, ``paddle.disable_signal_handler()``,
-so a run behaves the same either way. Any ImportError on that road (another PaddleNLP version,
-another circle) drops the partial modules and imports the package whole, as before.
+so a run behaves the same either way. An ImportError on the first load (another PaddleNLP version,
+another circle) drops the partial modules and imports the package whole, as before; on a later one
+(a model may already hold classes of the modules loaded so far) it is raised, never a second copy.
 
 The model and every computation are PaddleNLP's own code either way (tiny LLaVA trains to the same
 losses bit for bit); only what is not used is not imported: a run's RSS after its model is built is
@@ -57,6 +58,8 @@ def load(name: str) -> ModuleType:
             importlib.import_module(first)
         module = importlib.import_module(name)
     except ImportError:
+        if not fresh:  # a model may already be built from the modules loaded so far: no second copy of them
+            raise
         _drop_partial()
         importlib.import_module("paddlenlp")
         return importlib.import_module(name)
