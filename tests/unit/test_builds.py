@@ -309,6 +309,38 @@ def test_an_unknown_adapter_before_the_at_is_refused_before_anything_is_built(tm
     assert not (instances.PROJECT_ROOT / instances.BUILDS_DIR / "padle@3.2.0").exists()
 
 
+def test_a_second_command_waits_for_the_build_in_progress_and_uses_it_not_builds_it_again(tmp_path):
+    # Two commands needing one build at once (CI: two documented commands with paddle@3.2.2): the one that
+    # finished building second replaced the environment the first one's next run was importing from.
+    import shutil
+    import threading
+
+    from xfw.run.launch.lock import wait_for
+
+    (tmp_path / ".venv" / "paddle" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "paddle" / "bin" / "python").symlink_to(os.sys.executable)
+    (tmp_path / "adapters" / "paddle").mkdir(parents=True)
+    shutil.copy(instances.PROJECT_ROOT / "adapters" / "paddle" / "requirements.txt", tmp_path / "adapters" / "paddle")
+    instance = instances.parse("paddle@3.2.2")
+    target = instances.env_dir(instance, tmp_path)
+    said, found = [], []
+    with wait_for(target.with_name(f".{target.name}.lock"), said.append):
+        worker = threading.Thread(target=lambda: found.append(instances.ensure_env(instance, said.append, tmp_path)))
+        worker.start()
+        for _ in range(500):
+            if said:
+                break
+            worker.join(0.01)
+        assert said and "paddle@3.2.2: waiting for pid" in said[0] and "which is building it" in said[0], said
+        (target / "bin").mkdir(parents=True)  # the build the other command finishes meanwhile
+        (target / "bin" / "python").symlink_to(os.sys.executable)
+        want = instances._want(instance, instances.requirements_for(instance, tmp_path)[0])
+        (target / instances.BUILD_FILE).write_text(json.dumps({"want": want}))
+    worker.join(30)
+    assert found == [target / "bin" / "python"]
+    assert said[1:] == ["paddle@3.2.2: built by that command meanwhile; using it"]  # nothing built
+
+
 def test_a_build_that_crashes_is_recorded_and_skipped_and_the_bisect_says_what_it_cannot_decide(tmp_path, fake_backend):
     python = fake_backend["fake"]
     (tmp_path / "builds.txt").write_text("".join(f"fake@{i}={python}\n" for i in range(1, 5)))

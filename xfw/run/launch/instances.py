@@ -33,6 +33,7 @@ from typing import Callable
 
 from xfw.contract.atomic import write_json_atomic
 from xfw.recipe.names import MAX_NAME_CHARS
+from xfw.run.launch.lock import wait_for
 from xfw.run.launch.buildcheck import WHEEL_NAME, pip_error, wheel_problem
 from xfw.run.launch.task import TaskTimeout, run_task
 
@@ -261,9 +262,27 @@ def ensure_env(instance: Instance, log: Log, root: Path = PROJECT_ROOT) -> Path:
             raise InstanceError(f"{instance.name}: {problem}")
     want = _want(instance, requirements)
     target = env_dir(instance, root)
-    old = read_build(target)
-    if old and old.get("want") == want and (target / "bin" / "python").exists():
+    if _built_from(target, want):
         return target / "bin" / "python"
+    # One build of an instance at a time: a second command would build it again and, finishing later,
+    # replace the environment the first one's runs are importing from (a run then fails to import).
+    with wait_for(target.with_name(f".{target.name}.lock"),
+                  lambda holder: log(f"{instance.name}: waiting for {holder}, which is building it")):
+        if _built_from(target, want):
+            log(f"{instance.name}: built by that command meanwhile; using it")
+            return target / "bin" / "python"
+        return _build_into(instance, base, requirements, package, line, want, log, root)
+
+
+def _built_from(target: Path, want: str) -> bool:
+    old = read_build(target)
+    return bool(old and old.get("want") == want and (target / "bin" / "python").exists())
+
+
+def _build_into(instance: Instance, base: Path, requirements: str, package: str, line: str, want: str,
+                log: Log, root: Path) -> Path:
+    target = env_dir(instance, root)
+    old = read_build(target)
     if old:
         log(f"{instance.name}: rebuilding {target} (it was built from something else)")
     log(f"{instance.name}: building an environment from {instance.source} on .venv/{instance.adapter} "

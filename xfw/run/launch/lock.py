@@ -24,7 +24,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 LOCK_FILE = ".xfw.lock"
 
@@ -54,13 +54,37 @@ def hold(directory: Path, command: str | None = None, *, node_rank: int | None =
         except BlockingIOError:
             raise LockedError(f"{directory} is in use by {_holder(path)}; wait for it to finish or choose "
                               "another --out") from None
-        holder = {"pid": os.getpid(), "command": command,
-                  "since": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        _record_holder(fd, command)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def wait_for(path: Path, waiting: Callable[[str], None]) -> Iterator[None]:
+    """Hold the lock file ``path`` (created, with its directory, if missing) until the block ends, waiting
+    for another holder to finish; ``waiting`` is told once, naming the holder, when it has to wait. For
+    work a second command must not repeat or undo (two commands building one environment)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waiting(_holder(path))
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        _record_holder(fd, shlex.join(["xfw", *sys.argv[1:]]))
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _record_holder(fd: int, command: str) -> None:
+    """Write who holds the lock (pid, command, since) into its file, for the message of whoever waits."""
+    holder = {"pid": os.getpid(), "command": command,
+              "since": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(holder).encode(), 0)
 
 
 @contextlib.contextmanager
