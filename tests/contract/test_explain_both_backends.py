@@ -104,9 +104,10 @@ def test_compare_explain_prints_the_aligned_tables_and_writes_chart_and_traces(p
         rows = sum(r["fwd_s"] + r["bwd_s"] for r in e["modules"].values())
         assert rows == pytest.approx(e["hooked_step_s"], rel=0.02)  # every span of the step is in one row
         measured = sorted(s["step_time_s"] for s in _steps(out, backend))[len(_steps(out, backend)) // 2]
-        # Coverage against the measured step: at least 90%, unless the measured run itself was slower than
-        # the same steps run plainly in the explain process (a loaded host), which the report shows too.
-        assert rows / measured >= 0.9 or e["plain_step_s"] < 0.9 * measured, (backend, rows, measured)
+        # Coverage: the rows hold at least 90% of a step, the measured one or the same step run plainly in the
+        # explain process, whichever was faster (a loaded host slows either; CI once read rows 0.0709 s, measured
+        # 0.0813 s, plain 0.0747 s). Rows missing a part of the step (the optimizer, the loss) fall below both.
+        assert rows >= 0.9 * min(measured, e["plain_step_s"]), (backend, rows, measured, e["plain_step_s"])
         assert sum(e["categories"].values()) > 0.3 * e["profiler_step_s"]
         assert e["categories"]["matmul"] > 0 and e["categories"]["optimizer"] > 0
         assert all(r["recompute_s"] == 0 for r in e["modules"].values())
