@@ -29,6 +29,13 @@ DESCRIBED = os.environ["XFW_DESCRIBE_CACHE"] = tempfile.mkdtemp(prefix="xfw-test
 # programs again and again (test_jax_adapter: 177 -> 139 CPU s). Never set for users: their compile_time_s
 # would then count loading a cached program, not compiling it.
 JAX_PROGRAMS = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="xfw-test-jax-")
+# One host thread per process, for this process and every process it starts (a recipe's measure.cpu_threads
+# still sets its runs' own): two workers on two cores already run two or more processes at once, and a
+# framework's OpenMP team of one thread per core then waits for threads the host has descheduled, spinning.
+# Measured beside two busy loops, one tiny SD1.5 training test: 155 CPU s (165 s wall) with the default, 20 CPU s
+# (35 s wall) with one thread. Set before any test imports a framework; a value set outside is kept.
+for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")
 
 
 def pytest_collection_modifyitems(session, config, items):
