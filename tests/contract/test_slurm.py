@@ -24,7 +24,9 @@ pytestmark = pytest.mark.contract
 SETUP = ROOT / "scripts" / "setup_slurm.sh"
 SLURM_DIR = Path(os.environ.get("XFW_SLURM_DIR", "/var/lib/xfw-slurm"))
 SHORT = ["--set", "measure.warmup_steps=1", "--set", "measure.steps=2"]
-LONG = ["--set", "measure.warmup_steps=1", "--set", "measure.steps=5000", "--set", "measure.timeout_s=300"]
+# one host thread per adapter: three of them run on for a minute or more on 2 cores
+LONG = ["--set", "measure.warmup_steps=1", "--set", "measure.steps=5000", "--set", "measure.timeout_s=300",
+        "--set", "measure.cpu_threads=1"]
 
 
 def _nodes_up() -> bool:
@@ -160,11 +162,13 @@ def test_a_two_node_recipe_is_one_job_on_both_nodes_assembled(cluster, tmp_path)
     assert "2 processes" in done.stdout
 
 
-def _end_adapter(run_dir: Path) -> None:
-    """A job's adapter its dead slurmd no longer watches ends with the test, not minutes later."""
+def _signal_adapter(run_dir: Path, signum: int) -> None:
+    """SIGSTOP: an adapter whose job's fate Slurm decides (slurmctld's NODE_FAIL for a dead slurmd, the time
+    limit's TIMEOUT) computes nothing while it waits for it; SIGKILL: the one a dead slurmd no longer watches
+    ends with the test, not minutes later."""
     try:
         pid = int(json.loads((run_dir / "adapter.json").read_text())["process"].split(":")[0])
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pid, signum)
     except (OSError, ValueError, KeyError):
         pass
 
@@ -188,7 +192,10 @@ def test_a_scancelled_job_a_killed_slurmd_and_a_time_limit_are_each_recorded_wit
         _scontrol_update(slurm_record(late)["job_id"], "TimeLimit=1")
         node = json.loads((failed / "env.json").read_text())["slurm"]["node"]
         os.kill(int((SLURM_DIR / "run" / f"slurmd-{node}.pid").read_text()), signal.SIGKILL)
+        _signal_adapter(failed, signal.SIGSTOP)
         subprocess.run(["scancel", job_id], check=True)
+        wait_running(late)  # it started in the cancelled job's place and measures; then it is held till its limit:
+        _signal_adapter(late, signal.SIGSTOP)  # Slurm's SIGCONT, SIGTERM (KillWait: SIGKILL) still end it
         output = proc.communicate(timeout=300)[0]
         summary = json.loads((cancelled / "summary.json").read_text())
         assert summary["status"] == "crashed" and "cut off" in summary["reason"] and \
@@ -204,7 +211,8 @@ def test_a_scancelled_job_a_killed_slurmd_and_a_time_limit_are_each_recorded_wit
     finally:
         if proc.poll() is None:
             proc.kill()
-        _end_adapter(failed)
+        for run in (failed, late):
+            _signal_adapter(run, signal.SIGKILL)
         subprocess.run([str(SETUP)], check=True, timeout=120)  # the node back (slurmd restarted, RESUME)
 
 
