@@ -16,9 +16,20 @@ ARCH = presets.resolve_arch("tiny-llava", {}, None, None)
 COUNTS = presets.count_params(ARCH)
 
 
-def test_tiny_sft_writes_valid_records_in_protocol_order_and_learns(tmp_path):
-    code, records, stderr = run_adapter("torch", tmp_path, measure={"warmup_steps": 2, "steps": 8})
+PLAIN = {"warmup_steps": 2, "steps": 8}  # the plain run's (enough for its loss to fall); recompute's and the rerun's
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """One plain fp32 SFT run of 2 + 8 steps, read by the tests that need just that run (protocol and learning,
+    counts, what it applied, recompute's and reproducibility's reference): one adapter start instead of five."""
+    code, records, stderr = run_adapter("torch", tmp_path_factory.mktemp("plain"), measure=PLAIN)
     assert code == 0, stderr
+    return records
+
+
+def test_tiny_sft_writes_valid_records_in_protocol_order_and_learns(plain):
+    records = plain
     for r in records:
         assert validate_record(r) == [], r
     assert kinds(records) == ["start"] + ["step"] * 10 + ["window", "applied", "end"]
@@ -28,16 +39,6 @@ def test_tiny_sft_writes_valid_records_in_protocol_order_and_learns(tmp_path):
     assert all(r["samples"] == 4 and r["tokens"] == 4 * 64 for r in steps)
     assert all(math.isfinite(x) for x in losses(records))
     assert losses(records)[-1] < losses(records)[0] - 0.3  # lr 1e-3 on a fixed pool: it must learn
-
-
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    """One plain fp32 SFT run of 3 steps, no warm-up, read by the tests that need just that run (counts, what it
-    applied, recompute's and reproducibility's reference): one adapter start instead of four."""
-    code, records, stderr = run_adapter("torch", tmp_path_factory.mktemp("plain"),
-                                        measure={"warmup_steps": 0, "steps": 3})
-    assert code == 0, stderr
-    return records
 
 
 def test_parameter_counts_match_the_neutral_architecture(plain):
@@ -80,14 +81,14 @@ def test_bf16_o2_keeps_low_precision_weights_with_fp32_master_weights(tmp_path):
 
 
 def test_recompute_changes_memory_not_math(tmp_path, plain):
-    _, recomputed, _ = run_adapter("torch", tmp_path, recompute=True, measure={"warmup_steps": 0, "steps": 3})
+    _, recomputed, _ = run_adapter("torch", tmp_path, recompute=True, measure=PLAIN)
     assert applied(recomputed)["recompute"] is True
     assert losses(recomputed) == pytest.approx(losses(plain), rel=1e-5)
 
 
 def test_runs_with_the_same_seed_are_reproducible(tmp_path, plain):
     first = plain
-    _, second, _ = run_adapter("torch", tmp_path, measure={"warmup_steps": 0, "steps": 3})
+    _, second, _ = run_adapter("torch", tmp_path, measure=PLAIN)
     assert losses(first) == pytest.approx(losses(second), rel=1e-6)
 
 
