@@ -33,8 +33,8 @@ from typing import Callable
 
 from xfw.contract.atomic import write_json_atomic
 from xfw.recipe.names import MAX_NAME_CHARS
-from xfw.run.launch.lock import wait_for
 from xfw.run.launch.buildcheck import WHEEL_NAME, pip_error, wheel_problem
+from xfw.run.launch.lock import wait_for
 from xfw.run.launch.task import TaskTimeout, run_task
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]

@@ -1,4 +1,4 @@
-"""One command at a time per output directory.
+"""One command at a time per output directory (and one build of an environment at a time: :func:`wait_for`).
 
 Every command that writes runs (run, compare, sweep, maxbatch, parity, nightly) holds an exclusive
 lock on its output directory for as long as it lives; a second command aimed at the same directory
