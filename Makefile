@@ -23,12 +23,13 @@ demo: setup
 
 # Everything: unit tests (no framework) and contract tests (real adapters, tiny models, CPU), in
 # two workers (a test file's functions stay in one, so its module fixtures are built once; a class
-# is a scope of its own, tests/conftest.py), longest scopes first (tests/durations.json); WORKERS=0: serial;
+# is a scope of its own, tests/conftest.py), longest scopes first (tests/durations.json; --no-loadscope-reorder, or xdist
+# re-sorts the scopes by their number of tests and the one-test long scopes go last); WORKERS=0: serial;
 # JUNIT=FILE keeps per-test times for scripts/test_durations.py.
 WORKERS ?= 2
 test: setup browser
 	bash scripts/setup_slurm.sh  # a real two-node Slurm cluster on loopback for tests/contract/test_slurm.py (docs/slurm.md)
-	$(PYTEST) tests $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadscope) --durations=25 $(if $(JUNIT),--junitxml=$(JUNIT))
+	$(PYTEST) tests $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadscope --no-loadscope-reorder) --durations=25 $(if $(JUNIT),--junitxml=$(JUNIT))
 
 unit: setup
 	$(PYTEST) tests/unit
