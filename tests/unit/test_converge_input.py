@@ -90,3 +90,22 @@ def test_training_never_reads_a_held_out_sample_and_each_epoch_covers_the_rest()
     assert sum(evals.sizes) == 24 and len(evals) == 12
     first, again = evals[0][0], EvalBatches(spec)[0][0]  # the same held-out batch at every evaluation
     assert all(np.array_equal(first[k], again[k]) for k in first)
+
+
+def test_the_speed_window_is_measured_longer_at_once_when_the_curves_pace_puts_it_under_the_minimum():
+    from types import SimpleNamespace
+
+    from xfw.run.commands.converge import curve_step_s, longer_steps, ordinary_first
+
+    def run(backend, step_s, ok=True):
+        return SimpleNamespace(backend=backend, ok=ok, measurement=SimpleNamespace(step_time_median_s=step_s))
+
+    # the faster side's median over its curves; failed curves and sides without a pace do not count
+    assert curve_step_s([run("torch", 0.03), run("torch", 0.05), run("torch", 0.04), run("paddle", 0.07),
+                         run("paddle", 0.001, ok=False)]) == 0.04
+    assert curve_step_s([run("torch", None)]) is None and curve_step_s([]) is None
+    assert ordinary_first(8, None)  # no pace: the recipe's window first, as always
+    assert ordinary_first(100, 0.05) and not ordinary_first(99, 0.05)  # 5 s is compare's minimum
+    assert longer_steps(2, 0.03) == 40  # at most 20x the recipe's steps
+    assert longer_steps(50, 0.05) == 201  # about 10 s
+    assert longer_steps(50, 0.5) == 51  # always more than the recipe's

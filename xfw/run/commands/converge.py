@@ -4,6 +4,7 @@ one exported start per seed, on identical batches; a held-out split is evaluated
 ``run_converge`` builds, under ``out_dir``::
 
     speed/<backend>/             the ordinary speed measurement of the recipe (its measured window: ips)
+    speed-window/<backend>/      ...measured longer instead, when the recipe's window is under compare's minimum
     seed-<s>/weights/            the reference side's exported start for seed s (both sides load it)
     seed-<s>/<backend>/          a learning curve: measure.seed = data.seed = s, no warm-up, N steps,
                                  every step synchronised, eval records every K steps (xfw.contract.harness)
@@ -217,19 +218,26 @@ def _settled(result: RunResult) -> SeedRun:
 
 
 def _speed(chosen: Plan, out_dir: Path, resolved: jobs.Backends, *, force: bool, progress, log,
-           variant: dict | None) -> tuple[dict[str, Speed], list[RunResult]]:
+           variant: dict | None, curve_step_s: float | None = None) -> tuple[dict[str, Speed], list[RunResult]]:
     """Each side's ips from the recipe's ordinary measured window, with its interval (over repeats, else
     over the window's steps). A window shorter than compare's minimum is measured again, longer, under
-    ``speed-window/`` (the recipe's steps scaled to about :data:`TARGET_WINDOW_S`), and that one is used."""
-    speed_jobs = speed_jobs_for(chosen, out_dir, variant)
-    log(f"speed: the recipe's ordinary measured window on each side ({len(speed_jobs)} runs)")
-    results, _ = jobs.run_jobs(speed_jobs, resolved, resume=True, force=force, progress=progress, log=log)
-    windows = [r.measurement.window_time_s for r in results if r.ok and r.measurement.window_time_s]
+    ``speed-window/`` (the recipe's steps scaled to about :data:`TARGET_WINDOW_S`), and that one is used.
+    ``curve_step_s``: the faster side's median step in the learning curves (:func:`curve_step_s`); when
+    the recipe's window at that pace is below the minimum, the ordinary window is not run at all and the
+    longer one is measured at once (one run per side fewer; it is re-measured only as before)."""
     m = chosen.recipe.measure
-    if windows and min(windows) < MIN_WINDOW_S:
-        wanted = min(m.steps * 20, max(m.steps + 1, int(m.steps * TARGET_WINDOW_S / min(windows)) + 1))
-        log(f"speed: a window of {min(windows):.2g} s is below compare's minimum of {MIN_WINDOW_S:g} s: measuring "
-            f"again with {wanted} steps")
+    results, windows = [], []
+    if ordinary_first(m.steps, curve_step_s):
+        speed_jobs = speed_jobs_for(chosen, out_dir, variant)
+        log(f"speed: the recipe's ordinary measured window on each side ({len(speed_jobs)} runs)")
+        results, _ = jobs.run_jobs(speed_jobs, resolved, resume=True, force=force, progress=progress, log=log)
+        windows = [r.measurement.window_time_s for r in results if r.ok and r.measurement.window_time_s]
+    if not results or (windows and min(windows) < MIN_WINDOW_S):
+        wanted = longer_steps(m.steps, min(windows) / m.steps if windows else curve_step_s)
+        log(f"speed: the recipe's window is below compare's minimum of {MIN_WINDOW_S:g} s "
+            + (f"(measured {min(windows):.2g} s)" if windows else
+               f"at the learning curves' pace ({m.steps} steps of {curve_step_s:.2g} s)")
+            + f": measuring {wanted} steps")
         longer = load_recipe(chosen.recipe_path, [*chosen.overrides, f"measure.steps={wanted}"])
         more = jobs.jobs_for(longer, list(chosen.backends), Path(out_dir) / "speed-window", label="speed (longer)",
                              variant=variant)
@@ -247,19 +255,42 @@ def _speed(chosen: Plan, out_dir: Path, resolved: jobs.Backends, *, force: bool,
     return speed, results
 
 
+def ordinary_first(steps: int, curve_step_s: float | None) -> bool:
+    """Whether the recipe's own window is worth running: no pace known, or ``steps`` at that pace reach
+    compare's minimum window (a curve's step is synchronised, so at least as long as a measured one)."""
+    return curve_step_s is None or steps * curve_step_s >= MIN_WINDOW_S
+
+
+def longer_steps(steps: int, step_s: float) -> int:
+    """The measured steps of a window of about :data:`TARGET_WINDOW_S` at ``step_s`` a step: more than
+    ``steps``, at most 20 times as many."""
+    return min(steps * 20, max(steps + 1, int(TARGET_WINDOW_S / max(step_s, 1e-6)) + 1))
+
+
+def curve_step_s(results: list[RunResult]) -> float | None:
+    """The faster side's median step time over its learning curves that finished, or None."""
+    paces: dict[str, list[float]] = {}
+    for r in results:
+        if r.ok and r.measurement.step_time_median_s:
+            paces.setdefault(r.backend, []).append(r.measurement.step_time_median_s)
+    return min(sorted(p)[len(p) // 2] for p in paces.values()) if paces else None
+
+
 def run_converge(chosen: Plan, out_dir: Path, resolved: jobs.Backends, *, comparison: str, force: bool = False,
                  progress: launcher.Progress | None = None, log: Callable[[str], None] = print,
-                 variant: dict | None = None) -> ConvergeReport:
-    """Run the plan (the speed runs, then each seed's export and both sides' curves) and analyse it;
+                 variant: dict | None = None, ordinary_speed: bool = False) -> ConvergeReport:
+    """Run the plan (each seed's export and both sides' curves, then the speed runs) and analyse it;
     writes nothing but run directories (the caller writes the report). A run that fails is a result:
-    the other seeds and sides go on. Sequential (``chosen.max_seeds``): after the first seeds, one seed
+    the other seeds and sides go on. The speed runs come after the first seeds' curves, which give
+    their pace: a recipe window that pace puts under compare's minimum is measured longer at once
+    (:func:`_speed`); ``ordinary_speed``: always run the recipe's own window first (a nightly entry's
+    history records that run). Sequential (``chosen.max_seeds``): after the first seeds, one seed
     more at a time until the final eval loss is decided or the budget is spent; each look spends its
     share of α (:func:`xfw.report.decision.spend`), and the progress says what it waits for. Ctrl-C
     raises :class:`jobs.JobsInterrupted`. ``variant``: what the speed runs' summaries record as their
     variant (a nightly entry's label), so reports keep them apart."""
     other, reference = chosen.backends  # as compare orders them: the second is the baseline
     out_dir = Path(out_dir)
-    speed, speed_results = _speed(chosen, out_dir, resolved, force=force, progress=progress, log=log, variant=variant)
     curves: dict[str, dict[int, SeedRun]] = {name: {} for name in chosen.backends}
     seed_results: list[RunResult] = []
     most = chosen.max_seeds or len(chosen.seeds)
@@ -300,6 +331,8 @@ def run_converge(chosen: Plan, out_dir: Path, resolved: jobs.Backends, *, compar
     for seed in todo_seeds:
         one_seed(seed)
         seeds_done += 1
+    speed, speed_results = _speed(chosen, out_dir, resolved, force=force, progress=progress, log=log, variant=variant,
+                                  curve_step_s=None if ordinary_speed else curve_step_s(seed_results))
     look = 1
     report = judge(look)
     while chosen.max_seeds is not None:

@@ -264,11 +264,13 @@ def run_converge_entry(entry: Entry, backends: Backends, night_dir: Path, *, pro
         f" (eval every {chosen.eval_every} steps on {chosen.eval_samples} held-out samples) -> {out_dir}")
     try:
         report = run_converge(chosen, out_dir, backends, comparison=chosen.recipe.comparison, force=False,
-                              progress=progress, log=log, variant=entry_variant(entry))
+                              progress=progress, log=log, variant=entry_variant(entry),
+                              ordinary_speed=True)
     except JobError:  # runs of other settings there (or an adapter still running: refused again below)
         log(f"{entry.label}: runs of other settings in {out_dir} are replaced")
         report = run_converge(chosen, out_dir, backends, comparison=chosen.recipe.comparison, force=True,
-                              progress=progress, log=log, variant=entry_variant(entry))
+                              progress=progress, log=log, variant=entry_variant(entry),
+                              ordinary_speed=True)
     write_converge(report, out_dir)
     speed = [RunResult.load(job.run_dir) for job in speed_jobs_for(chosen, out_dir, entry_variant(entry))]
     kept = len(before & _settled_runs(out_dir))
