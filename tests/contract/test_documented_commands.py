@@ -68,6 +68,10 @@ COVERED = {
         ("tests/contract/test_attach_real.py",
          ('xfw("compare", f"recipes/tiny/{recipe}.yaml", "--backends", "paddle,torch"',
           '("attach_loop", "optimizer step")]')),
+    "xfw converge recipes/tiny/llava_json_sft.yaml --seeds 3 --steps 300 --eval-every 25":
+        ("tests/contract/test_converge.py",
+         ('RECIPE = "recipes/tiny/llava_json_sft.yaml"', '"--backends", "paddle,torch", "--seeds", "3"',
+          '"converge", RECIPE, *COMMON, "--out"')),
     "xfw compare examples/attach/diffusers_lora.yaml":
         ("tests/contract/test_attach_shapes.py",
          ('RECIPE = ROOT / "examples" / "attach" / "diffusers_lora.yaml"',
@@ -76,7 +80,9 @@ COVERED = {
 """Documented commands (as :func:`same_command` writes them) that another contract test runs as written (its
 own --out, and a measured window of a few steps as this test gives one), with the text of that call in its
 source, one string or several that must all be there (checked below, so the coverage cannot silently go): not
-run twice."""
+run twice. A converge counts as written with other counts (``--seeds/--steps/--eval-every``, which this test
+rewrites to its smallest anyway) and other ``--set`` values: test_converge runs README's converge at 3 seeds
+of 80 steps, a smaller learning rate and batch, and asserts on every part of its output."""
 
 
 def documented_commands() -> list[tuple[str, str]]:
