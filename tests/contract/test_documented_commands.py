@@ -56,6 +56,10 @@ COVERED = {
         ("tests/contract/test_jax_adapter.py", '"parity", RECIPE, "--backends", "jax,torch", "--steps", "10"'),
     "xfw compare recipes/tiny/llava_sft.yaml --backends jax,torch":
         ("tests/contract/test_jax_adapter.py", '"compare", RECIPE, "--backends", "jax,torch"'),
+    "xfw compare recipes/tiny/llava_sft.yaml --backends jax,torch --set parallel.nproc_per_node=2 --set "
+    "parallel.sharding=stage3":
+        ("tests/contract/test_jax_adapter.py", ('"compare", RECIPE, "--backends", "jax,torch", "--set", '
+                                                '"parallel.nproc_per_node=2"', '"parallel.sharding=stage3", *short')),
     "xfw compare recipes/tiny/llava_sft.yaml --as published":
         ("tests/contract/test_comparisons.py",
          ('"compare", "recipes/tiny/llava_sft.yaml", "--backends", "paddle,torch"',

@@ -157,13 +157,16 @@ def test_what_is_not_ported_is_unsupported_with_its_reason(tmp_path, sections, r
 
 def test_two_ranks_fsdp_train_the_same_losses_as_one_process_accumulating(tmp_path):
     """stage3 on two processes (xfw_jax.launch, jax.distributed over Gloo, parameters sharded over the mesh)
-    against one process accumulating the same two micro-batches: one seeded start, the same samples."""
+    against one process accumulating the same two micro-batches: one seeded start, the same samples. The two
+    processes run as docs/jax.md's compare writes it (PyTorch's FSDP2 beside them; that command is not run again
+    by test_documented_commands)."""
     require_interpreter("jax")
     out = tmp_path / "fsdp"
     short = ("--set", "measure.warmup_steps=1", "--set", "measure.steps=2")
-    result = xfw("run", RECIPE, "--backend", "jax", "--set", "parallel.nproc_per_node=2",
+    result = xfw("compare", RECIPE, "--backends", "jax,torch", "--set", "parallel.nproc_per_node=2",
                  "--set", "parallel.sharding=stage3", *short, "--out", str(out))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert json.loads((out / "tiny-llava-sft" / "torch" / "summary.json").read_text())["status"] == "ok"
     records = load_records(out / "tiny-llava-sft" / "jax" / "steps.jsonl")
     assert sorted({r["rank"] for r in records if r["kind"] == "end"}) == [0, 1]
     a = applied(records)
