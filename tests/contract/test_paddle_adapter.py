@@ -263,3 +263,21 @@ def test_paddlenlp_modules_load_without_the_rest_of_paddlenlp_and_lora_takes_the
               peft.LoRAModel.__module__, sys.modules["paddlenlp"].__version__)
     """).stdout.strip().splitlines()[-1]
     assert out.startswith("[] True True paddlenlp.peft.lora.lora_model 3."), out
+
+
+def test_the_sd_families_import_ppdiffusers_without_the_rest_of_paddlenlp():
+    # xfw_paddle.nlp.load_ppdiffusers: ppdiffusers' patches import PaddleNLP's CLAP model module, which would run the
+    # package's eager __init__ (3.7 s a start); an SD1.5 model built through the family has ppdiffusers and none
+    # of Taskflow, datasets or scikit-learn (losses bit-identical: the issue-44 commit); LoRA afterwards (peft pulls
+    # PaddleNLP's trainer, and with it those) takes the same PaddleNLP package.
+    out = run_in_paddle("""
+        import sys
+        from xfw.contract import presets
+        from xfw_paddle.families import _sd_common, sd15
+        model = sd15.build(presets.resolve_arch("tiny-sd15", {}, None, None))
+        lean = sorted(m for m in ("paddlenlp.taskflow", "paddlenlp.datasets", "sklearn") if m in sys.modules)
+        _sd_common.apply_lora(model.unet, {"targets": ["to_q", "to_v"], "r": 4, "alpha": 4, "dropout": 0.0})
+        lora = sum("lora_A" in name for name, _ in model.unet.named_parameters())
+        print(lean, getattr(sys.modules["paddlenlp"], "xfw_shell", False), "ppdiffusers" in sys.modules, lora > 0)
+    """).stdout.strip().splitlines()[-1]
+    assert out == "[] True True True", out

@@ -13,7 +13,8 @@
 
       >>> load_diffusers_state(model.unet, np.load("unet.npz"))   # names as in diffusers
 
-Importing ppdiffusers patches Paddle globally (e.g. ``nn.Layer.to``); only these families import it.
+Importing ppdiffusers patches Paddle globally (e.g. ``nn.Layer.to``); only these families import it,
+first through ``xfw_paddle.nlp.load_ppdiffusers`` (each family's ``build`` starts with it).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from xfw.contract.families.sd15 import vae_kwargs
+from xfw_paddle import nlp
 
 
 def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -49,7 +51,7 @@ def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
 def ensure_sdpa() -> None:
     """Give Paddle the ``F.scaled_dot_product_attention_`` ppdiffusers' attention calls, where
     ppdiffusers did not (it defines it only when its CUDA memory-efficient kernels load)."""
-    import ppdiffusers  # noqa: F401 - its patches run at import and may define the function
+    nlp.load_ppdiffusers()  # its patches run at import and may define the function
 
     if not hasattr(F, "scaled_dot_product_attention_"):
         F.scaled_dot_product_attention_ = _sdpa_math
@@ -97,7 +99,8 @@ class _LoRAHolder(nn.Layer):
 def apply_lora(target: nn.Layer, lora: dict) -> None:
     """paddlenlp.peft LoRA adapters injected in place into ``target`` (the UNet/transformer);
     only the adapters train there. scaling = alpha / r, B = 0 at start, no bias: as peft."""
-    from paddlenlp.peft import LoRAConfig, LoRAModel
+    peft = nlp.load("paddlenlp.peft")  # PaddleNLP's own import order (xfw_paddle.nlp)
+    LoRAConfig, LoRAModel = peft.LoRAConfig, peft.LoRAModel
     from paddlenlp.peft.lora.lora_layers import LoRAConv2D, LoRALinear
 
     from xfw.contract.harness import InvalidSpec

@@ -26,6 +26,7 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from xfw.contract.families import sd15 as core
+from xfw_paddle import nlp
 from xfw_paddle.families._sd_common import apply_lora, build_vae, canonical_names, encode_latents, use_attention
 
 __all__ = ["apply_lora", "canonical_names", "build", "prediction", "loss_fn"]
@@ -64,6 +65,7 @@ def _text_encoder(t: dict):
 
 
 def build(arch: dict, *, use_sdpa: bool = True, recompute: bool = False) -> StableDiffusion15:
+    nlp.load_ppdiffusers()  # before any other ppdiffusers import: PaddleNLP without its eager __init__
     from ppdiffusers import UNet2DConditionModel
 
     unet = UNet2DConditionModel(**core.unet_kwargs(arch))

@@ -29,6 +29,7 @@ from paddle import nn
 
 from xfw.contract.families.sd3 import transformer_kwargs
 from xfw.contract.harness import InvalidSpec, Unsupported
+from xfw_paddle import nlp
 from xfw_paddle.families._sd_common import apply_lora, build_vae, canonical_names, encode_latents, use_attention
 
 __all__ = ["apply_lora", "canonical_names", "build", "prediction", "loss_fn"]
@@ -72,6 +73,7 @@ def _drop_adanorm_bias(transformer: nn.Layer) -> None:
 
 
 def build(arch: dict, *, use_sdpa: bool = True, recompute: bool = False) -> StableDiffusion3:
+    nlp.load_ppdiffusers()  # before any other ppdiffusers import: PaddleNLP without its eager __init__
     from ppdiffusers import SD3Transformer2DModel
 
     if not use_sdpa:
