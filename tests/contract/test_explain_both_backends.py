@@ -103,6 +103,7 @@ def test_compare_explain_prints_the_aligned_tables_and_writes_chart_and_traces(p
         e = explains[backend]
         rows = sum(r["fwd_s"] + r["bwd_s"] for r in e["modules"].values())
         assert rows == pytest.approx(e["hooked_step_s"], rel=0.02)  # every span of the step is in one row
+        assert e["steps"] == 7 and len(e["hooked_steps_s"]) == 7  # EXPLAIN_STEPS: the run measured 8
         measured = sorted(s["step_time_s"] for s in _steps(out, backend))[len(_steps(out, backend)) // 2]
         # Coverage: the rows hold at least 90% of a step, the measured one or the same step run plainly in the
         # explain process, whichever was faster (a loaded host slows either; CI once read rows 0.0709 s, measured
@@ -282,6 +283,8 @@ class TestOtherFamilies:
         digests = {r.measurement.batch_digest for r in results}
         assert len(digests) == 1 and None not in digests
         for backend, e in explains.items():
+            # a run measured over 2 steps is explained over the fewest steps of each kind (explain_steps)
+            assert e["steps"] == 3 and [len(e[k]) for k in ("plain_steps_s", "hooked_steps_s")] == [3, 3], backend
             rows = sum(r["fwd_s"] + r["bwd_s"] for r in e["modules"].values())
             assert rows == pytest.approx(e["hooked_step_s"], rel=0.02), backend
             assert any(n.startswith(part) for n in e["modules"]), (backend, sorted(e["modules"])[:10])

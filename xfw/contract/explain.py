@@ -34,7 +34,7 @@ from typing import Any, Callable, Protocol
 
 from xfw.contract.atomic import write_json_atomic
 from xfw.contract.explain_categories import (CATEGORIES, category_of, category_ops, category_rules,  # noqa: F401
-                                             normalise, trace_categories)
+                                             normalise, top_ops, trace_categories)
 
 LOSS, OUTSIDE, OPTIMIZER = "loss", "(autograd, outside modules)", "optimizer"
 
@@ -207,11 +207,24 @@ class Hooks(Protocol):
         their remover."""
     def profile(self, run: Callable[[], None], steps: int, trace_path: str) -> dict[str, float]:
         """``run`` ``steps`` times under the framework's profiler, its Chrome trace written to
-        ``trace_path``; returns seconds per category (:func:`trace_categories`) over those steps."""
+        ``trace_path``; returns seconds per category over those steps (:func:`trace_categories`'s result, whose
+        ``ops`` spare reading the trace back)."""
 
 
 EXPLAIN_STEPS = 7
 """Steps of each kind (plain, hooked, profiled): every row gets a median and an interquartile range."""
+MIN_EXPLAIN_STEPS = 3
+"""The fewest steps of each kind: a median that one stalled step cannot decide."""
+
+
+def explain_steps(spec: dict) -> int:
+    """Steps of each kind for this run: :data:`EXPLAIN_STEPS`, or the run's own ``measure.steps`` when it
+    measured fewer (a run cut short to look quickly is explained as quickly), never under
+    :data:`MIN_EXPLAIN_STEPS`."""
+    measured = spec.get("measure", {}).get("steps")
+    if not isinstance(measured, int) or isinstance(measured, bool):
+        return EXPLAIN_STEPS
+    return max(MIN_EXPLAIN_STEPS, min(EXPLAIN_STEPS, measured))
 
 
 def refuse_many(spec: dict) -> None:
@@ -237,15 +250,17 @@ def ran_with(spec: dict, first_hashes: list[str]) -> dict:
             "first_batch_hashes": first_hashes}
 
 
-def run_explain(spec: dict, session: Any, hooks: Hooks, path: str, *, steps: int = EXPLAIN_STEPS) -> dict:
+def run_explain(spec: dict, session: Any, hooks: Hooks, path: str, *, steps: int | None = None) -> dict:
     """The spec's warm-up steps, then ``steps`` plain steps (timed, synchronised), ``steps`` steps
-    under the module hooks and ``steps`` under the framework's profiler, each on the run's own
-    batches in the run's order; ``path`` and its sibling ``trace.json`` written. One process."""
+    under the module hooks and ``steps`` under the framework's profiler (default :func:`explain_steps`),
+    each on the run's own batches in the run's order; ``path`` and its sibling ``trace.json`` written.
+    One process."""
     from pathlib import Path
 
     from xfw.contract.stepping import Steps
 
     refuse_many(spec)
+    steps = explain_steps(spec) if steps is None else steps
     state: dict = {"data": Steps(spec, session), "step": 0, "hashes": []}
 
     def one(timeline: Timeline | None = None) -> None:
@@ -301,6 +316,7 @@ def run_explain(spec: dict, session: Any, hooks: Hooks, path: str, *, steps: int
     trace = Path(path).with_name("trace.json")
     profiled: list[float] = []
     categories = hooks.profile(timed(profiled), steps, str(trace))
+    ops = top_ops(categories.ops) if hasattr(categories, "ops") else category_ops(str(trace))  # read once
     result = {
         "schema": 1, "backend": spec.get("backend", ""), "steps": steps, "plain_step_s": statistics.median(plain),
         "hooked_step_s": hooked, "profiler_step_s": statistics.median(profiled), "modules": rows,
@@ -308,7 +324,7 @@ def run_explain(spec: dict, session: Any, hooks: Hooks, path: str, *, steps: int
         "module_steps": {n: [[r[n]["fwd_s"], r[n]["bwd_s"]] if n in r else [0.0, 0.0] for r in per_step]
                          for n in names},  # each hooked step's [fwd_s, bwd_s] per row: its spread
         "categories": {k: v / steps for k, v in categories.items()}, "trace": trace.name,
-        "category_ops": {c: {op: s / steps for op, s in v.items()} for c, v in category_ops(str(trace)).items()},
+        "category_ops": {c: {op: s / steps for op, s in v.items()} for c, v in ops.items()},
         "recompute": bool(spec.get("recompute")), "ran_with": ran_with(spec, state["hashes"]),
     }
     write_json_atomic(path, result)

@@ -11,11 +11,12 @@ Used by ``xfw.contract.explain`` (which drives the steps) and each adapter's exp
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
 
-from xfw.contract.atomic import write_json_atomic
+from xfw.contract.atomic import write_text_atomic
 
 CATEGORIES = ("matmul", "convolution", "attention", "normalisation", "elementwise/activation", "loss", "optimizer",
               "communication", "copies", "other")
@@ -61,6 +62,7 @@ _MATMULS = ("matmul", "bmm", "baddbmm", "mm")
 whatever the kernel is called; a product with a weight (rank 2) is a matmul."""
 
 
+@functools.lru_cache(maxsize=None)  # a trace names a few hundred operators in tens of thousands of events
 def normalise(name: str) -> str:
     """An operator's name as the category words read it: lower-case, without the profiler's wrappers
     (``autograd::engine::evaluate_function:``, ``aten::``, Paddle's ``Global_``/``Local_``, `` dygraph``,
@@ -84,14 +86,20 @@ def category_of(name: str, shapes: list | None = None) -> str:
     """The category of one operator by what it does; ``shapes``: its inputs' shapes when the trace has
     them (a product of two batched activations is attention)."""
     low = normalise(name)
-    found = _EXACT.get(low)
-    if found is None:
-        found = next((c for c, words in _CATEGORY_WORDS if any(w in low for w in words)), "other")
+    found = _by_name(low)
     if found == "matmul" and shapes and low in _MATMULS:
         ranks = [len(s) for s in shapes if isinstance(s, (list, tuple))]
         if len(ranks) >= 2 and min(ranks[:2]) >= 3:
             return "attention"
     return found
+
+
+@functools.lru_cache(maxsize=None)
+def _by_name(low: str) -> str:
+    """A normalised name's category by its words (the shapes aside)."""
+    if low in _EXACT:
+        return _EXACT[low]
+    return next((c for c, words in _CATEGORY_WORDS if any(w in low for w in words)), "other")
 
 
 def category_rules() -> str:
@@ -231,9 +239,19 @@ def loss_spans(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
     return spans
 
 
+class CategorySeconds(dict):
+    """Seconds per category (:func:`trace_categories`), with ``ops``: {category: {operator: seconds}}, all of
+    them, largest first (what the annotated trace's ``xfwCategories`` holds), so the caller need not read the
+    trace back."""
+
+    def __init__(self, seconds: dict[str, float], ops: dict[str, dict[str, float]]):
+        super().__init__(seconds)
+        self.ops = ops
+
+
 def trace_categories(path: str, *, op_cats: tuple[str, ...], optimizer_marks: tuple[str, ...],
                      kernel_cats: tuple[str, ...] = (), layer_cats: tuple[str, ...] = (),
-                     annotate: bool = True) -> dict[str, float]:
+                     annotate: bool = True) -> CategorySeconds:
     """Seconds per category in a Chrome trace: device kernels (``kernel_cats``) when it has any,
     else the host operators' self time (``op_cats``, nesting removed per thread), each operator in the
     category of its outermost enclosing operator that has one (:func:`category_rules`; ``layer_cats``: the
@@ -242,7 +260,8 @@ def trace_categories(path: str, *, op_cats: tuple[str, ...], optimizer_marks: tu
     span (:data:`LOSS_MARK`) as loss. ``annotate``: the
     trace is written back with each counted event's category in its ``args`` ("xfw category") and the
     operators behind each category (``xfwCategories``: {category: {operator: seconds}}), read back by
-    :func:`category_ops`."""
+    :func:`category_ops` (and returned as the result's ``ops``). Written compact: tens of MB indented took
+    seconds to write, and no viewer needs the indentation."""
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     all_events = data["traceEvents"] if isinstance(data, dict) else data
@@ -289,11 +308,17 @@ def trace_categories(path: str, *, op_cats: tuple[str, ...], optimizer_marks: tu
                     in_loss = any(a <= end <= b for a, b in losses.get(_thread(e), ()))
                     own = "loss" if in_loss else "attention" if id(e) in attention else category_of(_name(e), _shapes(e))
                     open_.append([e["ts"] + e["dur"], e, 0.0, outer or own])
+    behind = {c: dict(sorted(v.items(), key=lambda kv: -kv[1])) for c, v in ops.items() if v}
     if annotate:
         if isinstance(data, dict):
-            data["xfwCategories"] = {c: dict(sorted(v.items(), key=lambda kv: -kv[1])) for c, v in ops.items() if v}
-        write_json_atomic(path, data)
-    return out
+            data["xfwCategories"] = behind
+        write_text_atomic(path, json.dumps(data, separators=(",", ":")) + "\n")
+    return CategorySeconds(out, behind)
+
+
+def top_ops(ops: dict[str, dict[str, float]], top: int = 8) -> dict[str, dict[str, float]]:
+    """The ``top`` largest operators per category of ``ops`` (largest first: :class:`CategorySeconds`'s)."""
+    return {c: dict(list(v.items())[:top]) for c, v in ops.items() if isinstance(v, dict)}
 
 
 def category_ops(path: str, top: int = 8) -> dict[str, dict[str, float]]:
@@ -305,9 +330,7 @@ def category_ops(path: str, top: int = 8) -> dict[str, dict[str, float]]:
     except (OSError, ValueError):
         return {}
     found = data.get("xfwCategories") if isinstance(data, dict) else None
-    if not isinstance(found, dict):
-        return {}
-    return {c: dict(list(v.items())[:top]) for c, v in found.items() if isinstance(v, dict)}
+    return top_ops(found, top) if isinstance(found, dict) else {}
 
 
 def _name(event: dict) -> str:
