@@ -10,8 +10,8 @@ import time
 import pytest
 
 from xfw.contract import harness, records
-from xfw.contract.explain import (LOSS, OPTIMIZER, OUTSIDE, Timeline, category_of, scope_names,
-                                  trace_categories)
+from xfw.contract.explain import (EXPLAIN_STEPS, LOSS, MIN_EXPLAIN_STEPS, OPTIMIZER, OUTSIDE, Timeline,
+                                  category_of, explain_steps, scope_names, trace_categories)
 from xfw.report import explain as report
 
 
@@ -452,3 +452,14 @@ def test_the_report_shows_each_sides_mean_parts_and_says_when_a_run_has_none(tmp
     png = plot_breakdown([("tiny", "paddle", parts)], list(harness.BREAKDOWN), breakdown.PART_LABELS,
                          tmp_path / "breakdown.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_explain_steps_follow_a_short_run_but_stay_between_the_floor_and_the_default():
+    assert (MIN_EXPLAIN_STEPS, EXPLAIN_STEPS) == (3, 7)
+    assert explain_steps({}) == 7                           # no measure section: the default
+    assert explain_steps({"measure": {"steps": True}}) == 7  # a bool is not a step count
+    assert explain_steps({"measure": {"steps": 80}}) == 7   # longer runs: the default, not more
+    assert explain_steps({"measure": {"steps": 7}}) == 7
+    assert explain_steps({"measure": {"steps": 5}}) == 5    # a short run is explained as quickly
+    assert explain_steps({"measure": {"steps": 2}}) == 3    # never under the floor
+    assert explain_steps({"measure": {"steps": 0}}) == 3
