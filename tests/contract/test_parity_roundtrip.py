@@ -52,37 +52,52 @@ def assert_bit_identical(state: dict, original: dict) -> None:
         assert state[name].dtype == value.dtype and state[name].tobytes() == value.tobytes(), name
 
 
+@pytest.fixture(scope="module")
+def round_trip(tmp_path_factory):
+    """family -> (torch's export, Paddle's export of it, torch's export of that, their directory), each made
+    once per module: the LoRA checks below reuse the LoRA round trip's exports (one Paddle process fewer)."""
+    done = {}
+
+    def made(family: str):
+        if family not in done:
+            recipe, directory = RECIPES[family], tmp_path_factory.mktemp(family)
+            original = export_torch(recipe, None, directory / "torch0")
+            through_paddle = export_paddle(recipe, directory / "torch0", directory / "paddle")
+            back = export_torch(recipe, directory / "paddle", directory / "torch1")
+            done[family] = (original, through_paddle, back, directory)
+        return done[family]
+
+    return made
+
+
 @pytest.mark.parametrize("family", RECIPES)
-def test_weights_round_trip_torch_file_paddle_file_torch_bit_exact(tmp_path, family):
-    recipe = RECIPES[family]
-    original = export_torch(recipe, None, tmp_path / "torch0")
-    through_paddle = export_paddle(recipe, tmp_path / "torch0", tmp_path / "paddle")
+def test_weights_round_trip_torch_file_paddle_file_torch_bit_exact(round_trip, family):
+    original, through_paddle, back, _ = round_trip(family)
     assert_bit_identical(through_paddle, original)
-    assert_bit_identical(export_torch(recipe, tmp_path / "paddle", tmp_path / "torch1"), original)
+    assert_bit_identical(back, original)
     if family.endswith("-lora"):
         adapters = [n for n in original if n.endswith(".lora_A.weight")]
         assert adapters and all(np.abs(original[n]).max() > 0 for n in adapters)  # A starts random, not zero
         assert all(original[n.replace("lora_A", "lora_B")].shape[1] == original[n].shape[0] for n in adapters)
 
 
-def test_the_paddle_side_takes_the_files_adapters_not_its_own_seeded_ones(tmp_path):
+def test_the_paddle_side_takes_the_files_adapters_not_its_own_seeded_ones(round_trip, tmp_path):
     """Without this the round trip above could pass with adapters the file never set: Paddle's
     own seeded LoRA A differs from PyTorch's, so only a real load makes the exports equal."""
     own = export_paddle("llava_lora", None, tmp_path / "own")
-    torch_start = export_torch("llava_lora", None, tmp_path / "torch0")
-    loaded = export_paddle("llava_lora", tmp_path / "torch0", tmp_path / "loaded")
+    torch_start, loaded, _, _ = round_trip("llava-lora")  # Paddle's export of torch's file
     a = "model.language_model.layers.0.self_attn.q_proj.lora_A.weight"
     assert own[a].shape == torch_start[a].shape and not np.array_equal(own[a], torch_start[a])
     assert loaded[a].tobytes() == torch_start[a].tobytes()
 
 
-def test_adapters_in_the_file_of_a_stage_without_lora_are_rejected(tmp_path):
+def test_adapters_in_the_file_of_a_stage_without_lora_are_rejected(round_trip):
     pytest.importorskip("torch")
     from xfw.contract.harness import InvalidSpec
     from xfw_torch.session import build_model
 
-    export_torch("llava_lora", None, tmp_path / "lora")
+    lora = round_trip("llava-lora")[3] / "torch0"  # torch's export of the LoRA recipe
     import torch
 
     with pytest.raises(InvalidSpec, match=r"model\.weights: .* holds LoRA adapters .* stage is 'sft'"):
-        build_model(spec_for("torch", "llava_sft", tmp_path / "lora"), torch.device("cpu"), "sdpa")
+        build_model(spec_for("torch", "llava_sft", lora), torch.device("cpu"), "sdpa")
