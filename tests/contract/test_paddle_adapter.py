@@ -71,19 +71,26 @@ def test_fp32_run_reports_what_it_applied(sft_run):
     assert a["version_paddlepaddle"] == a["framework_version"] and "version_paddlenlp" in a
 
 
-def test_pretrain_trains_only_the_projector(tmp_path):
-    code, records, stderr = run_adapter("paddle", tmp_path, stage="pretrain", measure={"warmup_steps": 0, "steps": 2})
+@pytest.fixture(scope="module")
+def bf16_pretrain(tmp_path_factory):
+    """One pretrain run that asks for bf16 O2, 1 + 2 steps, read by two tests: what trains in pretrain (the
+    precision asked for does not choose which parameters train) and that bf16 O2 on a CPU runs fp32 and says
+    so: one adapter start instead of two."""
+    code, records, stderr = run_adapter("paddle", tmp_path_factory.mktemp("bf16_pretrain"), stage="pretrain",
+                                        precision={"dtype": "bf16", "amp_level": "O2"},
+                                        measure={"warmup_steps": 1, "steps": 2})
     assert code == 0, stderr[-3000:]
-    a = applied(records)
+    return records
+
+
+def test_pretrain_trains_only_the_projector(bf16_pretrain):
+    a = applied(bf16_pretrain)
     assert a["num_params_total"] == COUNTS["total"]
     assert a["num_params_trainable"] == COUNTS["projector"]
 
 
-def test_bf16_o2_on_cpu_reports_fp32_o0_with_a_note_never_bf16(tmp_path):
-    code, records, stderr = run_adapter("paddle", tmp_path, precision={"dtype": "bf16", "amp_level": "O2"},
-                                        measure={"warmup_steps": 1, "steps": 2})
-    assert code == 0, stderr[-3000:]
-    a = applied(records)
+def test_bf16_o2_on_cpu_reports_fp32_o0_with_a_note_never_bf16(bf16_pretrain):
+    a = applied(bf16_pretrain)
     assert (a["weight_dtype"], a["compute_dtype"], a["amp_level"], a["master_weights"]) == (
         "float32", "float32", "O0", False)
     assert "requested bf16 O2" in a["notes"] and "ran fp32" in a["notes"]
@@ -144,9 +151,29 @@ FROZEN_CHECK = """
 """
 
 
-def test_frozen_vision_tower_gets_no_gradient_and_does_not_change():
-    out = run_in_paddle(FROZEN_CHECK, json.dumps(TINY_RECIPE))
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {
+LEAN_LLAMA = """
+    import sys
+    from xfw_paddle import nlp
+    llama = nlp.load("paddlenlp.transformers.llama.modeling")
+    lean = sorted(m for m in ("paddlenlp.taskflow", "paddlenlp.datasets", "sklearn") if m in sys.modules)
+    peft = nlp.load("paddlenlp.peft")
+    import paddlenlp.transformers.llama.modeling as again
+    print(lean, getattr(sys.modules["paddlenlp"], "xfw_shell", False), again is llama,
+          peft.LoRAModel.__module__, sys.modules["paddlenlp"].__version__)
+"""
+
+
+@pytest.fixture(scope="module")
+def lean_then_frozen():
+    """One Paddle process for two checks (one start, not two): first, in the fresh process, PaddleNLP's
+    modules as xfw_paddle.nlp loads them (LEAN_LLAMA, its line); then FROZEN_CHECK's session (its line)."""
+    lines = run_in_paddle(textwrap.dedent(LEAN_LLAMA) + textwrap.dedent(FROZEN_CHECK),
+                          json.dumps(TINY_RECIPE)).stdout.strip().splitlines()
+    return lines[-2], lines[-1]
+
+
+def test_frozen_vision_tower_gets_no_gradient_and_does_not_change(lean_then_frozen):
+    assert json.loads(lean_then_frozen[1]) == {
         "vision_frozen": True, "vision_unchanged": True, "projector_changed": True}
 
 
@@ -163,17 +190,19 @@ SAME_WEIGHTS_LOGITS = """
         load_weights(model, canonical_names(importlib.import_module("xfw_paddle.families." + family), model),
                      directory, family=family, lora=lora)
 
-    arch, weights, batch, out = json.loads(sys.argv[1]), sys.argv[2], np.load(sys.argv[3]), sys.argv[4]
-    model = llava.build(arch, use_sdpa=True, recompute=False)
-    model.eval()
-    load(model, "llava", weights)
-    # The production path for a batch too: numpy in, the family's host-side inputs (AnyRes indices) added.
-    b = device_batch(llava, arch, {k: batch[k] for k in batch.files}, gpu=False)
-    with paddle.no_grad():
-        logits = model(b["pixel_values"], b["input_ids"], b["attention_mask"],
-                       anyres_tiles=b.get("anyres_tiles"), anyres_features=b.get("anyres_features"))
-        loss = llava.causal_lm_loss(logits, b["labels"])
-    np.savez(out, logits=logits.numpy(), loss=loss.numpy())
+    # Every variant in this one process (one Paddle start, not one each): a fresh model per variant.
+    for arch, weights, batch, out in json.loads(sys.argv[1]):
+        batch = np.load(batch)
+        model = llava.build(arch, use_sdpa=True, recompute=False)
+        model.eval()
+        load(model, "llava", weights)
+        # The production path for a batch too: numpy in, the family's host-side inputs (AnyRes indices) added.
+        b = device_batch(llava, arch, {k: batch[k] for k in batch.files}, gpu=False)
+        with paddle.no_grad():
+            logits = model(b["pixel_values"], b["input_ids"], b["attention_mask"],
+                           anyres_tiles=b.get("anyres_tiles"), anyres_features=b.get("anyres_features"))
+            loss = llava.causal_lm_loss(logits, b["labels"])
+        np.savez(out, logits=logits.numpy(), loss=loss.numpy())
 """
 
 
@@ -217,51 +246,52 @@ ARCH_VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", ARCH_VARIANTS)
-def test_paddle_llava_computes_transformers_logits_and_loss_from_the_same_weights(tmp_path, variant):
-    """Same architecture, checked numerically: transformers' model and the Paddle model loaded
-    with its weights (names mapped, Linear weights transposed) agree on one synthetic batch."""
+@pytest.fixture(scope="module")
+def same_weights_llava(tmp_path_factory):
+    """Every variant's transformers reference, built and run here, and the Paddle model loaded with its
+    weights, all variants in one Paddle process: variant -> (Paddle's logits and loss, transformers' output)."""
     torch = pytest.importorskip("torch")  # in-process: the test interpreter is the torch environment
     pytest.importorskip("transformers")
     from xfw.recipe import recipe_from_dict
     from xfw.recipe.spec import resolve_spec
     from xfw.contract.synthetic import make_pool
 
-    preset, overrides = ARCH_VARIANTS[variant]
-    recipe = {**TINY_RECIPE, "model": {"preset": preset, "arch": overrides}}
-    if not overrides.get("vision", {}).get("drop_cls", True):
-        recipe["data"] = {"seq_len": 66}  # room for the CLS token's extra image token
-    spec = resolve_spec(recipe_from_dict(recipe), backend="paddle", run_id="t")
-    arch = spec["model"]["arch"]
-    torch.manual_seed(0)
-    model = transformers_llava(arch).eval()
-    spread_weights(model)
-    batch = make_pool(spec, 0)[0]
-    with torch.no_grad():
-        expected = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
-    save_neutral_weights(model, tmp_path)
-    np.savez(tmp_path / "batch.npz", **batch)
-    run_in_paddle(SAME_WEIGHTS_LOGITS, json.dumps(arch), tmp_path, tmp_path / "batch.npz",
-                  tmp_path / "paddle.npz")
-    got = np.load(tmp_path / "paddle.npz")
+    jobs, expected = [], {}
+    for variant, (preset, overrides) in ARCH_VARIANTS.items():
+        recipe = {**TINY_RECIPE, "model": {"preset": preset, "arch": overrides}}
+        if not overrides.get("vision", {}).get("drop_cls", True):
+            recipe["data"] = {"seq_len": 66}  # room for the CLS token's extra image token
+        spec = resolve_spec(recipe_from_dict(recipe), backend="paddle", run_id="t")
+        arch = spec["model"]["arch"]
+        torch.manual_seed(0)
+        model = transformers_llava(arch).eval()
+        spread_weights(model)
+        batch = make_pool(spec, 0)[0]
+        with torch.no_grad():
+            expected[variant] = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
+        directory = tmp_path_factory.mktemp(variant)
+        save_neutral_weights(model, directory)
+        np.savez(directory / "batch.npz", **batch)
+        jobs.append([arch, str(directory), str(directory / "batch.npz"), str(directory / "paddle.npz")])
+    run_in_paddle(SAME_WEIGHTS_LOGITS, json.dumps(jobs), timeout_s=300)
+    return {variant: (np.load(job[3]), expected[variant]) for variant, job in zip(ARCH_VARIANTS, jobs)}
+
+
+@pytest.mark.parametrize("variant", ARCH_VARIANTS)
+def test_paddle_llava_computes_transformers_logits_and_loss_from_the_same_weights(same_weights_llava, variant):
+    """Same architecture, checked numerically: transformers' model and the Paddle model loaded
+    with its weights (names mapped, Linear weights transposed) agree on one synthetic batch."""
+    got, expected = same_weights_llava[variant]
     # fp32 rounding over logits of magnitude ~4 (the scaled weights): ~1e-5 is seen, 3e-5 allowed.
     np.testing.assert_allclose(got["logits"], expected.logits.numpy(), atol=3e-5, rtol=0)
     assert float(got["loss"]) == pytest.approx(float(expected.loss), abs=3e-5)
 
 
-def test_paddlenlp_modules_load_without_the_rest_of_paddlenlp_and_lora_takes_the_same_classes():
+def test_paddlenlp_modules_load_without_the_rest_of_paddlenlp_and_lora_takes_the_same_classes(lean_then_frozen):
     # xfw_paddle.nlp: a Llama needs paddlenlp.transformers, not Taskflow, datasets or scikit-learn (4 s a start);
     # LoRA afterwards (peft) must find the very modules the model was built from, not a second import of them.
-    out = run_in_paddle("""
-        import sys
-        from xfw_paddle import nlp
-        llama = nlp.load("paddlenlp.transformers.llama.modeling")
-        lean = sorted(m for m in ("paddlenlp.taskflow", "paddlenlp.datasets", "sklearn") if m in sys.modules)
-        peft = nlp.load("paddlenlp.peft")
-        import paddlenlp.transformers.llama.modeling as again
-        print(lean, getattr(sys.modules["paddlenlp"], "xfw_shell", False), again is llama,
-              peft.LoRAModel.__module__, sys.modules["paddlenlp"].__version__)
-    """).stdout.strip().splitlines()[-1]
+    # LEAN_LLAMA runs first in its process (the frozen check after it shares the start, not the modules).
+    out = lean_then_frozen[0]
     assert out.startswith("[] True True paddlenlp.peft.lora.lora_model 3."), out
 
 
