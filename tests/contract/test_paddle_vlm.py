@@ -94,17 +94,19 @@ SAME_WEIGHTS_QWEN = """
         load_weights(model, canonical_names(importlib.import_module("xfw_paddle.families." + family), model),
                      directory, family=family, lora=lora)
 
-    arch, weights, batch, out = json.loads(sys.argv[1]), sys.argv[2], np.load(sys.argv[3]), sys.argv[4]
-    model = qwen2vl.build(arch, use_sdpa=sys.argv[5] == "sdpa", recompute=False)
-    model.eval()
-    load(model, "qwen2vl", weights)
-    # The production path for a batch too: numpy in, the family's host-side inputs (grids' patches) added.
-    b = device_batch(qwen2vl, arch, {k: batch[k] for k in batch.files}, gpu=False)
-    with paddle.no_grad():
-        logits = model(b["pixel_values"], b["input_ids"], b["position_ids"], b["vision_positions"],
-                       b["vision_lengths"])
-        loss = qwen2vl.causal_lm_loss(logits, b["labels"])
-    np.savez(out, logits=logits.numpy(), loss=loss.numpy())
+    # Every variant in this one process (one Paddle start, not one each): a fresh model per variant.
+    for arch, weights, batch, out, attn in json.loads(sys.argv[1]):
+        batch = np.load(batch)
+        model = qwen2vl.build(arch, use_sdpa=attn == "sdpa", recompute=False)
+        model.eval()
+        load(model, "qwen2vl", weights)
+        # The production path for a batch too: numpy in, the family's host-side inputs (grids' patches) added.
+        b = device_batch(qwen2vl, arch, {k: batch[k] for k in batch.files}, gpu=False)
+        with paddle.no_grad():
+            logits = model(b["pixel_values"], b["input_ids"], b["position_ids"], b["vision_positions"],
+                           b["vision_lengths"])
+            loss = qwen2vl.causal_lm_loss(logits, b["labels"])
+        np.savez(out, logits=logits.numpy(), loss=loss.numpy())
 """
 
 
@@ -143,28 +145,39 @@ QWEN_VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", QWEN_VARIANTS)
-def test_paddle_qwen2vl_computes_transformers_logits_and_loss_from_the_same_weights(tmp_path, variant):
+@pytest.fixture(scope="module")
+def same_weights_qwen(tmp_path_factory):
+    """Every variant's transformers reference, built and run here, and the Paddle model loaded with its
+    weights, all variants in one Paddle process: variant -> (Paddle's logits and loss, transformers' output,
+    transformers' parameter count, the architecture)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from xfw.contract.synthetic import make_pool
 
-    overrides, image_size, attn = QWEN_VARIANTS[variant]
-    data = {"image_size": image_size, "seq_len": 96} if image_size else {}
-    _, spec = counts(model={"preset": "tiny-qwen2-vl", "arch": overrides}, **({"data": data} if data else {}))
-    arch = spec["model"]["arch"]
-    torch.manual_seed(0)
-    model = transformers_qwen2vl(arch).eval()
-    spread_weights(model)
-    batch = make_pool(spec, 0)[0]
-    with torch.no_grad():
-        expected = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
-    assert sum(p.numel() for p in model.parameters()) == presets.count_params(arch)["total"]
-    save_neutral_weights(model, tmp_path)
-    np.savez(tmp_path / "batch.npz", **batch)
-    run_in_paddle(SAME_WEIGHTS_QWEN, json.dumps(arch), tmp_path, tmp_path / "batch.npz",
-                  tmp_path / "paddle.npz", attn)
-    got = np.load(tmp_path / "paddle.npz")
+    jobs, expected = [], {}
+    for variant, (overrides, image_size, attn) in QWEN_VARIANTS.items():
+        data = {"image_size": image_size, "seq_len": 96} if image_size else {}
+        _, spec = counts(model={"preset": "tiny-qwen2-vl", "arch": overrides}, **({"data": data} if data else {}))
+        arch = spec["model"]["arch"]
+        torch.manual_seed(0)
+        model = transformers_qwen2vl(arch).eval()
+        spread_weights(model)
+        batch = make_pool(spec, 0)[0]
+        with torch.no_grad():
+            output = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
+        expected[variant] = (output, sum(p.numel() for p in model.parameters()), arch)
+        directory = tmp_path_factory.mktemp(variant)
+        save_neutral_weights(model, directory)
+        np.savez(directory / "batch.npz", **batch)
+        jobs.append([arch, str(directory), str(directory / "batch.npz"), str(directory / "paddle.npz"), attn])
+    run_in_paddle(SAME_WEIGHTS_QWEN, json.dumps(jobs), timeout_s=300)
+    return {variant: (np.load(job[3]), *expected[variant]) for variant, job in zip(QWEN_VARIANTS, jobs)}
+
+
+@pytest.mark.parametrize("variant", QWEN_VARIANTS)
+def test_paddle_qwen2vl_computes_transformers_logits_and_loss_from_the_same_weights(same_weights_qwen, variant):
+    got, expected, numel, arch = same_weights_qwen[variant]
+    assert numel == presets.count_params(arch)["total"]
     np.testing.assert_allclose(got["logits"], expected.logits.numpy(), atol=1e-5, rtol=0)
     assert float(got["loss"]) == pytest.approx(float(expected.loss), abs=1e-5)
 
@@ -176,7 +189,6 @@ SAME_WEIGHTS_LORA = """
     from xfw_paddle.model import apply_lora, lora_target
     from xfw_paddle.session import device_batch
 
-    family = importlib.import_module("xfw_paddle.families." + sys.argv[1])
     from xfw_paddle.model import canonical_names, load_weights
 
     def load(model, family, directory, lora=False):
@@ -184,30 +196,34 @@ SAME_WEIGHTS_LORA = """
         load_weights(model, canonical_names(importlib.import_module("xfw_paddle.families." + family), model),
                      directory, family=family, lora=lora)
 
-    arch, lora, weights, batch, out = (json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4],
-                                       np.load(sys.argv[5]), sys.argv[6])
-    model = family.build(arch, use_sdpa=True, recompute=False)
-    load(model, sys.argv[1], weights)
-    apply_lora(lora_target(arch, model), lora)
-    load(model, sys.argv[1], weights, lora=True)
-    model.eval()
-    b = device_batch(family, arch, {k: batch[k] for k in batch.files}, gpu=False)
-    with paddle.no_grad():
-        logits = (model(b["pixel_values"], b["input_ids"], b["position_ids"], b["vision_positions"], b["vision_lengths"])
-                  if sys.argv[1] == "qwen2vl" else
-                  model(b["pixel_values"], b["input_ids"], b["attention_mask"], anyres_tiles=b.get("anyres_tiles"),
-                        anyres_features=b.get("anyres_features")))
-    np.savez(out, logits=logits.numpy())
+    # Every case in this one process (one Paddle start, not one each): a fresh model per case.
+    for name, arch, lora, weights, batch, out in json.loads(sys.argv[1]):
+        family, batch = importlib.import_module("xfw_paddle.families." + name), np.load(batch)
+        model = family.build(arch, use_sdpa=True, recompute=False)
+        load(model, name, weights)
+        apply_lora(lora_target(arch, model), lora)
+        load(model, name, weights, lora=True)
+        model.eval()
+        b = device_batch(family, arch, {k: batch[k] for k in batch.files}, gpu=False)
+        with paddle.no_grad():
+            logits = (model(b["pixel_values"], b["input_ids"], b["position_ids"], b["vision_positions"],
+                            b["vision_lengths"])
+                      if name == "qwen2vl" else
+                      model(b["pixel_values"], b["input_ids"], b["attention_mask"], anyres_tiles=b.get("anyres_tiles"),
+                            anyres_features=b.get("anyres_features")))
+        np.savez(out, logits=logits.numpy())
 """
 
 
-@pytest.mark.parametrize("preset, targets", [
-    ("tiny-qwen2-vl", ALL_LINEARS),
-    ("tiny-llava-next", ["q_proj", "o_proj", "up_proj"]),
-], ids=["qwen2-vl-all-linears", "llava-next-three-linears"])
-def test_paddlenlp_lora_computes_what_peft_computes_from_the_same_weights(tmp_path, preset, targets):
-    """Adapters on the same linears with the same scaling (alpha / r): with B non-zero, the
-    logits of transformers + peft and of the Paddle model + paddlenlp.peft agree."""
+LORA_CASES = {"qwen2-vl-all-linears": ("tiny-qwen2-vl", ALL_LINEARS),
+              "llava-next-three-linears": ("tiny-llava-next", ["q_proj", "o_proj", "up_proj"])}
+
+
+@pytest.fixture(scope="module")
+def same_weights_lora(tmp_path_factory):
+    """Adapters on the same linears with the same scaling (alpha / r), B non-zero: each case's transformers +
+    peft logits, and the Paddle model + paddlenlp.peft's, all cases in one Paddle process: case -> (Paddle's
+    logits, transformers + peft's)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("peft")
     from peft import LoraConfig, inject_adapter_in_model
@@ -215,22 +231,34 @@ def test_paddlenlp_lora_computes_what_peft_computes_from_the_same_weights(tmp_pa
     from test_paddle_adapter import transformers_llava
     from xfw.contract.synthetic import make_pool
 
-    lora = {"r": 4, "alpha": 12, "dropout": 0.0, "targets": targets}  # scaling 3, not 1 or 2
-    _, spec = counts(model={"preset": preset}, stage="lora", lora=lora)
-    arch, family = spec["model"]["arch"], spec["model"]["family"]
-    torch.manual_seed(0)
-    model = (transformers_qwen2vl if family == "qwen2vl" else transformers_llava)(arch).eval()
-    inject_adapter_in_model(LoraConfig(r=4, lora_alpha=12, lora_dropout=0.0, target_modules=targets),
-                            model.model.language_model)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0.0, 0.5)
-    batch = make_pool(spec, 0)[0]
-    with torch.no_grad():
-        expected = model(**{k: torch.from_numpy(v) for k, v in batch.items()}).logits.numpy()
-    save_neutral_weights(model, tmp_path)  # peft's base_layer and adapter names, canonical
-    np.savez(tmp_path / "batch.npz", **batch)
-    run_in_paddle(SAME_WEIGHTS_LORA, family, json.dumps(arch), json.dumps(spec["lora"]), tmp_path,
-                  tmp_path / "batch.npz", tmp_path / "paddle.npz")
-    np.testing.assert_allclose(np.load(tmp_path / "paddle.npz")["logits"], expected, atol=1e-5, rtol=0)
+    jobs, expected = [], {}
+    for case, (preset, targets) in LORA_CASES.items():
+        lora = {"r": 4, "alpha": 12, "dropout": 0.0, "targets": targets}  # scaling 3, not 1 or 2
+        _, spec = counts(model={"preset": preset}, stage="lora", lora=lora)
+        arch, family = spec["model"]["arch"], spec["model"]["family"]
+        torch.manual_seed(0)
+        model = (transformers_qwen2vl if family == "qwen2vl" else transformers_llava)(arch).eval()
+        inject_adapter_in_model(LoraConfig(r=4, lora_alpha=12, lora_dropout=0.0, target_modules=targets),
+                                model.model.language_model)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0.0, 0.5)
+        batch = make_pool(spec, 0)[0]
+        with torch.no_grad():
+            expected[case] = model(**{k: torch.from_numpy(v) for k, v in batch.items()}).logits.numpy()
+        directory = tmp_path_factory.mktemp(case)
+        save_neutral_weights(model, directory)  # peft's base_layer and adapter names, canonical
+        np.savez(directory / "batch.npz", **batch)
+        jobs.append([family, arch, spec["lora"], str(directory), str(directory / "batch.npz"),
+                     str(directory / "paddle.npz")])
+    run_in_paddle(SAME_WEIGHTS_LORA, json.dumps(jobs), timeout_s=300)
+    return {case: (np.load(job[-1])["logits"], expected[case]) for case, job in zip(LORA_CASES, jobs)}
+
+
+@pytest.mark.parametrize("case", LORA_CASES)
+def test_paddlenlp_lora_computes_what_peft_computes_from_the_same_weights(same_weights_lora, case):
+    """Adapters on the same linears with the same scaling (alpha / r): with B non-zero, the
+    logits of transformers + peft and of the Paddle model + paddlenlp.peft agree."""
+    got, expected = same_weights_lora[case]
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
