@@ -98,49 +98,68 @@ PADDLE_FORWARD = """
     from xfw_paddle.families._sd_common import load_diffusers_state
     from xfw_paddle.model import lora_target
 
-    arch, lora = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-    weights, batch = np.load(sys.argv[3]), np.load(sys.argv[4])
-    family, out = family_module(arch["family"]), {}
-    # SD1.5 also runs eager attention (SD3 has only SDPA); once is enough, without LoRA.
-    for use_sdpa in ([True, False] if arch["family"] == "sd15" and not lora else [True]):
-        model = family.build(arch, use_sdpa=use_sdpa, recompute=False)
-        for p in model.parameters():
-            p.stop_gradient = True
-        if lora:
-            family.apply_lora(lora_target(arch, model), lora)
-        load_diffusers_state(model, weights)
-        model.train()
-        tensors = {k: paddle.to_tensor(v) for k, v in batch.items()}
-        with paddle.no_grad():
-            pred, _ = family.prediction(model, tensors)
-            loss = family.loss_fn(model, tensors, paddle.no_grad)
-        key = "sdpa" if use_sdpa else "eager"
-        out[key] = {"pred": pred.numpy().tolist(), "loss": float(loss)}
-    params = list(model.parameters())
-    out["total"] = sum(int(p.size) for p in params)
-    out["trainable"] = sum(int(p.size) for p in params if not p.stop_gradient)
-    out["lora_layers"] = sorted(n for n, m in lora_target(arch, model).named_sublayers() if isinstance(m, LoRALinear))
-    print(json.dumps(out))
+    results = {}
+    for case in json.loads(open(sys.argv[1]).read()):  # every case in one process
+        arch, lora = case["arch"], case["lora"]
+        weights, batch = np.load(case["weights"]), np.load(case["batch"])
+        family, out = family_module(arch["family"]), {}
+        # SD1.5 also runs eager attention (SD3 has only SDPA); once is enough, without LoRA.
+        for use_sdpa in ([True, False] if arch["family"] == "sd15" and not lora else [True]):
+            model = family.build(arch, use_sdpa=use_sdpa, recompute=False)
+            for p in model.parameters():
+                p.stop_gradient = True
+            if lora:
+                family.apply_lora(lora_target(arch, model), lora)
+            load_diffusers_state(model, weights)
+            model.train()
+            tensors = {k: paddle.to_tensor(v) for k, v in batch.items()}
+            with paddle.no_grad():
+                pred, _ = family.prediction(model, tensors)
+                loss = family.loss_fn(model, tensors, paddle.no_grad)
+            key = "sdpa" if use_sdpa else "eager"
+            out[key] = {"pred": pred.numpy().tolist(), "loss": float(loss)}
+        params = list(model.parameters())
+        out["total"] = sum(int(p.size) for p in params)
+        out["trainable"] = sum(int(p.size) for p in params if not p.stop_gradient)
+        out["lora_layers"] = sorted(n for n, m in lora_target(arch, model).named_sublayers() if isinstance(m, LoRALinear))
+        results[case["id"]] = out
+    print(json.dumps(results))
 """
 
 
-@pytest.mark.parametrize("preset, lora_name", [("tiny-sd15", None), ("tiny-sd3", None),
-                                               ("tiny-sd15", "sd15_lora"), ("tiny-sd3", "sd3_lora")])
-def test_paddle_model_with_diffusers_weights_predicts_what_diffusers_predicts(tmp_path, preset, lora_name):
-    torch = pytest.importorskip("torch")
-    arch = presets.resolve_arch(preset, {}, None, None)
-    lora = recipe(lora_name)["lora"] if lora_name else None
-    family, model = torch_model(arch, lora)
-    model.train()
-    batch = CORES[arch["family"]].make_batch(arch, 2, np.random.default_rng(0))
-    expected_pred = torch_prediction(model, arch, batch)
-    with torch.no_grad():
-        expected_loss = float(family.loss_fn(model, {k: torch.from_numpy(v) for k, v in batch.items()}))
-    np.savez(tmp_path / "weights.npz", **dict(paddle_names(n, p.detach().numpy()) for n, p in model.named_parameters()))
-    np.savez(tmp_path / "batch.npz", **batch)
+FORWARD_CASES = [("tiny-sd15", None), ("tiny-sd3", None), ("tiny-sd15", "sd15_lora"), ("tiny-sd3", "sd3_lora")]
 
-    out = json.loads(run_in_paddle(PADDLE_FORWARD, json.dumps(arch), json.dumps(lora), tmp_path / "weights.npz",
-                                   tmp_path / "batch.npz").stdout.strip().splitlines()[-1])
+
+@pytest.fixture(scope="module")
+def forward(tmp_path_factory) -> dict:
+    """{(preset, lora recipe): (the PyTorch model, its arch, its lora, the expected prediction and
+    loss, what the Paddle model predicted with its weights)}: one Paddle process for every case."""
+    torch = pytest.importorskip("torch")
+    directory = tmp_path_factory.mktemp("forward")
+    cases, built = [], {}
+    for i, (preset, lora_name) in enumerate(FORWARD_CASES):
+        arch = presets.resolve_arch(preset, {}, None, None)
+        lora = recipe(lora_name)["lora"] if lora_name else None
+        family, model = torch_model(arch, lora)
+        model.train()
+        batch = CORES[arch["family"]].make_batch(arch, 2, np.random.default_rng(0))
+        expected_pred = torch_prediction(model, arch, batch)
+        with torch.no_grad():
+            expected_loss = float(family.loss_fn(model, {k: torch.from_numpy(v) for k, v in batch.items()}))
+        weights, batch_file = directory / f"weights{i}.npz", directory / f"batch{i}.npz"
+        np.savez(weights, **dict(paddle_names(n, p.detach().numpy()) for n, p in model.named_parameters()))
+        np.savez(batch_file, **batch)
+        cases.append({"id": str(i), "arch": arch, "lora": lora, "weights": str(weights), "batch": str(batch_file)})
+        built[str(i)] = (model, arch, lora, expected_pred, expected_loss)
+    (directory / "cases.json").write_text(json.dumps(cases))
+    out = json.loads(run_in_paddle(PADDLE_FORWARD, directory / "cases.json",
+                                   timeout_s=400).stdout.strip().splitlines()[-1])
+    return {case: (*built[str(i)], out[str(i)]) for i, case in enumerate(FORWARD_CASES)}
+
+
+@pytest.mark.parametrize("preset, lora_name", FORWARD_CASES)
+def test_paddle_model_with_diffusers_weights_predicts_what_diffusers_predicts(forward, preset, lora_name):
+    model, arch, lora, expected_pred, expected_loss, out = forward[(preset, lora_name)]
     for kernel in ("sdpa", "eager"):
         if kernel in out:
             pred = np.asarray(out[kernel]["pred"], dtype=np.float32)
