@@ -169,16 +169,28 @@ def first_block(model):
     return model.unet.down_blocks[0].resnets[0] if hasattr(model, "unet") else model.transformer.transformer_blocks[0]
 
 
-@pytest.mark.parametrize("name", ["sd15_pretrain", "sd3_dreambooth"])
-def test_recompute_reruns_blocks_in_backward_and_changes_no_math(name):
-    def run(recompute: bool):
-        session, pool = in_process_session(spec_of(name, recompute=recompute))
-        calls = []
-        first_block(session.model).register_forward_pre_hook(lambda *args: calls.append(1))
-        return steps(session, pool, 2), len(calls), session.applied()["recompute"]
+def run_counting_first_block(spec: dict):
+    """2 steps of an in-process session: (losses, the first block's forward calls, applied recompute)."""
+    session, pool = in_process_session(spec)
+    calls = []
+    first_block(session.model).register_forward_pre_hook(lambda *args: calls.append(1))
+    return steps(session, pool, 2), len(calls), session.applied()["recompute"]
 
-    plain, plain_calls, _ = run(False)
-    recomputed, recomputed_calls, applied = run(True)
+
+@pytest.fixture(scope="module")
+def plain():
+    """{name: run_counting_first_block of the recipe as shipped} (fp32, recompute off, default
+    attention), for sd15_pretrain and sd3_dreambooth: the one reference the recompute,
+    eager-attention and same-seed tests share, run once."""
+    return {name: run_counting_first_block(spec_of(name)) for name in ("sd15_pretrain", "sd3_dreambooth")}
+
+
+@pytest.mark.parametrize("name", ["sd15_pretrain", "sd3_dreambooth"])
+def test_recompute_reruns_blocks_in_backward_and_changes_no_math(plain, name):
+    assert spec_of(name) == spec_of(name, recompute=False)  # the shared reference is the plain run
+    plain, plain_calls, plain_applied = plain[name]
+    recomputed, recomputed_calls, applied = run_counting_first_block(spec_of(name, recompute=True))
+    assert plain_applied is False
     assert applied is True
     # Each checkpointed block starts its forward again during backward (a pre-hook: with
     # non-reentrant checkpointing the recomputation stops early, before any forward hook).
@@ -186,8 +198,8 @@ def test_recompute_reruns_blocks_in_backward_and_changes_no_math(name):
     assert recomputed == pytest.approx(plain, rel=1e-5)
 
 
-def test_sd15_eager_attention_computes_what_sdpa_computes():
-    sdpa = steps(*in_process_session(spec_of("sd15_pretrain")), 2)
+def test_sd15_eager_attention_computes_what_sdpa_computes(plain):
+    sdpa = plain["sd15_pretrain"][0]
     eager = steps(*in_process_session(spec_of("sd15_pretrain", backends={"torch": {"attn_implementation": "eager"}})), 2)
     assert eager == pytest.approx(sdpa, rel=1e-4)
 
@@ -200,6 +212,6 @@ def test_sd3_rejects_attention_it_cannot_run():
         in_process_session(spec_of("sd3_dreambooth", backends={"torch": {"attn_implementation": "eager"}}))
 
 
-def test_same_seed_gives_the_same_losses():
-    first = steps(*in_process_session(spec_of("sd3_dreambooth")), 2)
+def test_same_seed_gives_the_same_losses(plain):
+    first = plain["sd3_dreambooth"][0]
     assert steps(*in_process_session(spec_of("sd3_dreambooth")), 2) == first
