@@ -257,7 +257,8 @@ def _speed(chosen: Plan, out_dir: Path, resolved: jobs.Backends, *, force: bool,
 
 def ordinary_first(steps: int, curve_step_s: float | None) -> bool:
     """Whether the recipe's own window is worth running: no pace known, or ``steps`` at that pace reach
-    compare's minimum window (a curve's step is synchronised, so at least as long as a measured one)."""
+    compare's minimum window (a curve synchronises every step and has no warm-up, so its step is rarely
+    shorter than a measured one; a window that still turns out short is measured again, longer)."""
     return curve_step_s is None or steps * curve_step_s >= MIN_WINDOW_S
 
 
