@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from xfw.contract.atomic import write_text_atomic
+from xfw.contract.atomic import write_json_atomic
 
 CATEGORIES = ("matmul", "convolution", "attention", "normalisation", "elementwise/activation", "loss", "optimizer",
               "communication", "copies", "other")
@@ -312,7 +312,7 @@ def trace_categories(path: str, *, op_cats: tuple[str, ...], optimizer_marks: tu
     if annotate:
         if isinstance(data, dict):
             data["xfwCategories"] = behind
-        write_text_atomic(path, json.dumps(data, separators=(",", ":")) + "\n")
+        write_json_atomic(path, data, compact=True)
     return CategorySeconds(out, behind)
 
 

@@ -21,7 +21,7 @@ import gzip
 import json
 import tempfile
 
-from xfw.contract.atomic import write_text_atomic
+from xfw.contract.atomic import write_json_atomic
 from xfw.contract.explain import Timeline, refuse_many, run_explain, trace_categories
 
 PROGRAM_ROW = "forward + backward (one XLA program)"
@@ -61,8 +61,7 @@ class JaxHooks:
             args = e.get("args") or {}
             if e.get("ph") == "X" and "hlo_op" in args:
                 e["cat"], e["name"] = XLA_OP, str(args["hlo_op"])
-        # compact, as trace_categories writes it back: an indented trace is twice the size, its writing pure Python
-        write_text_atomic(trace_path, json.dumps({"traceEvents": events}, separators=(",", ":")) + "\n")
+        write_json_atomic(trace_path, {"traceEvents": events}, compact=True)  # as trace_categories writes it back
         return trace_categories(trace_path, op_cats=(XLA_OP,), optimizer_marks=(), kernel_cats=(XLA_OP,))
 
 
