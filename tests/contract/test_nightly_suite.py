@@ -140,11 +140,17 @@ def test_the_report_is_one_self_contained_file_a_browser_renders(nights, tmp_pat
         rgb = [int(hex_color[i:i + 2], 16) for i in (1, 3, 5)]
         return int((abs(pixels - rgb).max(axis=-1) <= tolerance).sum())
 
-    assert count("#fde8e8") > 20_000  # the regressions box, at the top
+    # The first box is red when the night flagged something, green otherwise: on a loaded machine two
+    # baseline nights can disagree enough that the slowdown stays inside its band (the test above then
+    # xfails and says so), and the page must then say "no regressions", not show a red box.
+    flagged = any(v["flagged"] for v in verdicts(history, "n3").values())
+    box = "#fde8e8" if flagged else "#e6f4ea"  # (an improvement's row is green too: no "not green" check)
+    assert count(box) > 20_000 and (flagged or count("#fde8e8") < 2_000), flagged  # the regressions box
     assert count("#dde7f7") > 5_000  # the tables' header rows
     assert count("#2f6fdf") > 3_000 and count("#ee4c2c") > 3_000  # bars and trend lines of both backends
     top = pixels[: pixels.shape[0] // 4]
-    assert (abs(top - [0xfd, 0xe8, 0xe8]).max(axis=-1) <= 6).sum() > 20_000  # regressions are at the top
+    rgb = [int(box[i:i + 2], 16) for i in (1, 3, 5)]
+    assert (abs(top - rgb).max(axis=-1) <= 6).sum() > 20_000  # the box is at the top
 
 
 def _kill_everything_under(marker: str) -> None:
