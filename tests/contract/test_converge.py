@@ -84,6 +84,7 @@ def test_both_sides_in_fp32_are_the_same_within_the_margin(runs):
     assert not (out / "speed").exists() and "at the learning curves' pace" in done.stdout + done.stderr
     assert all(json.loads((out / "speed-window" / b / "summary.json").read_text())["setup"]["measure_steps"] == 40
                for b in ("torch", "paddle"))
+    assert "seeds 0, 1, 2: torch exports their starts (one process)" in done.stderr  # one adapter start for three
     for seed in (0, 1, 2):  # both sides of a seed loaded one export
         specs = [json.loads((out / f"seed-{seed}" / b / "spec.json").read_text()) for b in ("torch", "paddle")]
         assert specs[0]["model"]["weights"] == specs[1]["model"]["weights"] == str(out / f"seed-{seed}" / "weights")

@@ -97,6 +97,30 @@ def test_the_harness_hands_export_weights_to_the_adapter_and_trains_nothing(tmp_
     assert harness.main(refuse, dict, argv) == harness.EXIT_UNSUPPORTED  # an adapter without the hook
 
 
+def test_several_starts_are_exported_by_one_process_in_order_and_a_failure_does_not_stop_the_next(tmp_path):
+    """converge exports every seed's start in one adapter process (the framework imported once)."""
+    import json as _json
+
+    import pytest
+
+    from xfw.contract import harness
+
+    argv, calls = [], []
+    for seed in (0, 1, 2):
+        (tmp_path / f"s{seed}.json").write_text(_json.dumps({"seed": seed}))
+        argv += ["--export-weights", str(tmp_path / f"w{seed}"), "--spec", str(tmp_path / f"s{seed}.json")]
+
+    def export(spec, directory):
+        calls.append((spec["seed"], directory))
+        if spec["seed"] == 1:
+            raise harness.InvalidSpec("model.weights: nope")
+
+    assert harness.main(None, dict, argv, export_weights=export) == harness.EXIT_INVALID  # the first failure's code
+    assert calls == [(s, str(tmp_path / f"w{s}")) for s in (0, 1, 2)]  # seed 2 still exported after seed 1 failed
+    with pytest.raises(SystemExit):  # a DIR without its spec
+        harness.main(None, dict, argv[:-2], export_weights=export)
+
+
 def test_an_adapter_rejecting_the_weights_exits_invalid(tmp_path):
     from xfw.contract import harness
 

@@ -160,6 +160,27 @@ def _export(export_weights: Callable[[dict, str], None] | None, spec: dict, dire
     return EXIT_OK
 
 
+def _export_all(export_weights: Callable[[dict, str], None] | None, pairs: list[tuple[str, str]]) -> int:
+    """``--export-weights DIR --spec spec.json``, given once or several times: each spec's start written to
+    its DIR in this one process (the framework imported once: converge exports every seed's start
+    together). A failed export does not stop the next; each failure is named on stderr with its DIR.
+    Exit code: 0, or the first failure's."""
+    status = EXIT_OK
+    for spec_path, directory in pairs:
+        try:
+            with open(spec_path, encoding="utf-8") as f:
+                code = _export(export_weights, json.load(f), directory)
+        except Exception:  # noqa: BLE001 - one start that crashes: its trace printed, the next one exported
+            if len(pairs) == 1:
+                raise
+            traceback.print_exc(file=sys.stderr)
+            code = 1
+        if code != EXIT_OK and len(pairs) > 1:
+            print(f"{directory}: not exported (exit {code})", file=sys.stderr)
+        status = status or code
+    return status
+
+
 def _count(count_params: Callable[[dict], dict] | None, spec_paths: list[str], path: str) -> int:
     """``--count-params FILE`` (and ``--count-flops FILE``): every spec's model counted in this one
     process (the framework is imported once), the results written to FILE together; a spec that
@@ -200,7 +221,8 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
 
     ``--describe`` prints one JSON object (framework, versions, device, multi-process launcher)
     and exits; the core uses it for ``xfw env`` and to check an interpreter before launching.
-    ``--export-weights DIR --spec spec.json`` calls the adapter's optional ``export_weights``;
+    ``--export-weights DIR --spec spec.json`` calls the adapter's optional ``export_weights`` (the pair
+    given several times: each in turn, :func:`_export_all`);
     ``--probe-modules FILE --spec spec.json`` its optional ``probe_modules``: one forward pass on
     the first synthetic batch, every parameter-owning module's output in call order, written to
     FILE and FILE's ``.safetensors`` sibling by ``xfw.contract.module_outputs.write_probe``.
@@ -225,8 +247,9 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
                                                         "(several only with --count-params/--count-flops)")
     parser.add_argument("--records", help="steps.jsonl to append records to")
     parser.add_argument("--rank", type=int, default=None, help="this process's rank (default: from the launcher)")
-    parser.add_argument("--export-weights", metavar="DIR",
-                        help="write the spec's initial model to DIR/model.safetensors and exit (no training)")
+    parser.add_argument("--export-weights", metavar="DIR", action="append",
+                        help="write the spec's initial model to DIR/model.safetensors and exit (no training); "
+                             "given N times with N --spec, each spec's to its DIR in order, in this one process")
     parser.add_argument("--probe-modules", metavar="FILE",
                         help="write per-module output norms of one forward pass to FILE (JSON) and exit")
     parser.add_argument("--explain", metavar="FILE",
@@ -248,10 +271,13 @@ def main(build_session: Callable[[dict], Session], describe: Callable[[], dict],
             if not args.spec:
                 parser.error(f"{flag} needs --spec")
             return _count(hook, args.spec, target)
+    if args.export_weights:
+        if len(args.spec or []) != len(args.export_weights):
+            parser.error("--export-weights needs one --spec each")
+        return _export_all(export_weights, list(zip(args.spec, args.export_weights)))
     if args.spec and len(args.spec) > 1:
-        parser.error("one --spec only (several are for --count-params and --count-flops)")
-    for flag, target, hook in (("--export-weights", args.export_weights, export_weights),
-                               ("--probe-modules", args.probe_modules, probe_modules),
+        parser.error("one --spec only (several are for --count-params, --count-flops and --export-weights)")
+    for flag, target, hook in (("--probe-modules", args.probe_modules, probe_modules),
                                ("--explain", args.explain, explain)):
         if target:
             if not args.spec:

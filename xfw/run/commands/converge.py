@@ -191,26 +191,50 @@ def _rank0(run_dir: Path) -> tuple[list, list]:
     return sorted(train), sorted(evals)
 
 
-def _export(chosen: Plan, seed: int, backend: launcher.Backend, directory: Path) -> bool:
-    """The reference side's start for ``seed`` into ``directory``: fp32, one process, as parity exports
-    it, and without the reference's own per-backend override (the start is both sides'; an override
-    changes how one side trains from it); both sides load it. Kept when the directory already holds an
-    export of the same spec (a resumed or repeated converge; ``--force`` replaces runs, and an export of
-    the same spec is the same file). Returns whether it exported."""
-    overrides = [*chosen.overrides, *chosen.seed_overrides(seed), *par.forced_overrides(chosen.steps),
-                 f"backends.{backend.name}.override={{}}"]
-    wanted = resolve_spec(load_recipe(chosen.recipe_path, overrides), backend=backend.name, run_id="export")
+def _export_seeds(chosen: Plan, seeds: list[int], backend: launcher.Backend, out_dir: Path,
+                  log=lambda line: None) -> dict[int, object]:
+    """The reference side's start for each seed into ``seed-<s>/weights``: fp32, one process, as parity
+    exports it, and without the reference's own per-backend override (the start is both sides'; an override
+    changes how one side trains from it); both sides load it. A start is kept when its directory already
+    holds an export of the same spec (a resumed or repeated converge; ``--force`` replaces runs, and an
+    export of the same spec is the same file); the others are exported together, by one process (the
+    framework imported once), and one by one only when that fails, so that each failure names its seed.
+    Returns, per seed, True (exported), False (kept) or the :class:`ConvergeError` that stopped it."""
+    wanted = {}
+    for seed in seeds:
+        overrides = [*chosen.overrides, *chosen.seed_overrides(seed), *par.forced_overrides(chosen.steps),
+                     f"backends.{backend.name}.override={{}}"]
+        wanted[seed] = resolve_spec(load_recipe(chosen.recipe_path, overrides), backend=backend.name,
+                                    run_id=f"seed-{seed}/export")
+    done: dict[int, object] = {}
+    for seed, spec in wanted.items():
+        directory = _weights_dir(out_dir, seed)
+        try:
+            old = read_json_object(directory / "spec.json")
+        except UnreadableFile:
+            old = {}
+        if (directory / "model.safetensors").is_file() and jobs.same_spec(old, spec):
+            done[seed] = False
+    todo = [seed for seed in seeds if seed not in done]
+    timeout_s = chosen.recipe.measure.timeout_s
     try:
-        old = read_json_object(directory / "spec.json")
-    except UnreadableFile:
-        old = {}
-    if (directory / "model.safetensors").is_file() and jobs.same_spec(old, wanted):
-        return False
-    try:
-        par.export_initial_weights(chosen.recipe_path, overrides, backend, directory, chosen.recipe.measure.timeout_s)
-    except par.ParityError as err:
-        raise ConvergeError(f"seed {seed}: {err}") from None
-    return True
+        if len(todo) > 1:
+            log(f"seeds {', '.join(map(str, todo))}: {backend.name} exports their starts (one process)")
+        if todo:
+            par.export_starts(backend, [(_weights_dir(out_dir, s), wanted[s]) for s in todo], timeout_s)
+        done.update((seed, True) for seed in todo)
+    except par.ParityError:
+        for seed in todo:  # again one at a time: which seed's start could not be written, and why
+            try:
+                par.export_starts(backend, [(_weights_dir(out_dir, seed), wanted[seed])], timeout_s)
+                done[seed] = True
+            except par.ParityError as err:
+                done[seed] = ConvergeError(f"seed {seed}: {err}")
+    return done
+
+
+def _weights_dir(out_dir: Path, seed: int) -> Path:
+    return (Path(out_dir) / f"seed-{seed}" / "weights").resolve()  # absolute: the adapters may run elsewhere
 
 
 def _settled(result: RunResult) -> SeedRun:
@@ -298,17 +322,20 @@ def run_converge(chosen: Plan, out_dir: Path, resolved: jobs.Backends, *, compar
     todo_seeds = list(chosen.seeds)
     seeds_done = 0
 
+    starts: dict[int, object] = {}
+
     def one_seed(seed: int) -> None:
-        weights = (out_dir / f"seed-{seed}" / "weights").resolve()
-        try:
-            exported = _export(chosen, seed, resolved[reference][0], weights)
-            log(f"seed {seed} ({seeds_done + 1} of {len(todo_seeds) if chosen.max_seeds is None else f'at most {most}'}"
-                "): " + (f"{reference} exported the start" if exported else "the start exported earlier is kept"))
-        except ConvergeError as err:
+        weights = _weights_dir(out_dir, seed)
+        if seed not in starts:
+            starts.update(_export_seeds(chosen, [seed], resolved[reference][0], out_dir))
+        exported = starts[seed]
+        if isinstance(exported, ConvergeError):
             for name in chosen.backends:
-                curves[name][seed] = SeedRun(status="crashed", reason=str(err))
-            log(f"seed {seed}: {err}")
+                curves[name][seed] = SeedRun(status="crashed", reason=str(exported))
+            log(str(exported))
             return
+        log(f"seed {seed} ({seeds_done + 1} of {len(todo_seeds) if chosen.max_seeds is None else f'at most {most}'}"
+            "): " + (f"{reference} exported the start" if exported else "the start exported earlier is kept"))
         recipe = load_recipe(chosen.recipe_path, [*chosen.overrides, *chosen.seed_overrides(seed),
                                                   f"model.weights={weights}"])
         curve = {"seed": seed, "run": "learning curve (every step synchronised)"}
@@ -329,6 +356,7 @@ def run_converge(chosen: Plan, out_dir: Path, resolved: jobs.Backends, *, compar
                        direction=chosen.direction, look=look, max_looks=chosen.looks, deliberate=deliberate,
                        settings_differences=differences, notes=chosen.notes)
 
+    starts.update(_export_seeds(chosen, todo_seeds, resolved[reference][0], out_dir, log=log))
     for seed in todo_seeds:
         one_seed(seed)
         seeds_done += 1

@@ -87,12 +87,22 @@ def export_initial_weights(recipe_path: str, overrides: list[str], backend: laun
                            timeout_s: float) -> None:
     """Ask ``backend``'s adapter to write the recipe's initial model to ``directory``."""
     recipe = load_recipe(recipe_path, overrides)
-    directory.mkdir(parents=True, exist_ok=True)
-    spec_path = directory / "spec.json"
-    write_json_atomic(spec_path, resolve_spec(recipe, backend=backend.name, run_id=f"{directory.parent.name}/export"))
+    export_starts(backend, [(directory, resolve_spec(recipe, backend=backend.name,
+                                                     run_id=f"{directory.parent.name}/export"))], timeout_s)
+
+
+def export_starts(backend: launcher.Backend, starts: list[tuple[Path, dict]], timeout_s: float) -> None:
+    """Each resolved spec's initial model written to its directory (``spec.json`` beside it) by one process
+    of ``backend``'s adapter: the framework is imported once however many starts (converge's seeds).
+    ``timeout_s`` is each start's. ParityError when any of them was not written."""
+    args = []
+    for directory, spec in starts:
+        directory.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(directory / "spec.json", spec)
+        args += ["--export-weights", str(directory), "--spec", str(directory / "spec.json")]
     try:
-        launcher.adapter_task(backend, ["--export-weights", str(directory), "--spec", str(spec_path)],
-                              timeout_s=timeout_s, failed="could not export the initial weights")
+        launcher.adapter_task(backend, args, timeout_s=timeout_s * len(starts),
+                              failed="could not export the initial weights")
     except launcher.BackendError as err:
         raise ParityError(str(err)) from None
 
