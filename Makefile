@@ -1,5 +1,5 @@
 # The two commands a newcomer needs (README.md): `make demo` and `make test`.
-.PHONY: setup browser demo test unit
+.PHONY: setup browser services demo test unit
 
 XFW := .venv/torch/bin/xfw
 PYTEST := .venv/torch/bin/python -m pytest
@@ -11,6 +11,12 @@ setup:
 # Debian's chromium, for the test that opens the nightly report in a real headless browser.
 browser:
 	bash scripts/setup_browser.sh
+
+# What only the tests need, from Debian (apt): chromium, then a real two-node Slurm cluster on loopback for
+# tests/contract/test_slurm.py (docs/slurm.md). `make test` installs it while `setup` builds the Python
+# environments (pip and apt share nothing; two pip installs would share the project's egg-info).
+services: browser
+	bash scripts/setup_slurm.sh
 
 # A tiny LLaVA SFT on CPU, Paddle vs PyTorch: the seed-003 table on stdout, chart and runs in runs/demo.
 # Its language model at hidden size 384 and 48 measured steps, so each side's window passes the 5 s its report
@@ -27,8 +33,8 @@ demo: setup
 # re-sorts the scopes by their number of tests and the one-test long scopes go last); WORKERS=0: serial;
 # JUNIT=FILE keeps per-test times for scripts/test_durations.py.
 WORKERS ?= 2
-test: setup browser
-	bash scripts/setup_slurm.sh  # a real two-node Slurm cluster on loopback for tests/contract/test_slurm.py (docs/slurm.md)
+test:
+	$(MAKE) --no-print-directory -j2 setup services
 	$(PYTEST) tests $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadscope --no-loadscope-reorder) --durations=25 $(if $(JUNIT),--junitxml=$(JUNIT))
 
 unit: setup
