@@ -102,12 +102,16 @@ def fake_backend(monkeypatch):
     return {"fake": sys.executable, "fake2": sys.executable}
 
 
-def run_adapter(backend: str, tmp_path: Path, *, timeout_s: float = 300, edit_spec=None, **sections):
+def run_adapter(backend: str, tmp_path: Path, *, timeout_s: float = 300, edit_spec=None, in_process: bool = False,
+                **sections):
     """Run a real adapter on TINY_RECIPE (updated with sections) in its own interpreter.
 
     ``edit_spec(spec)`` may change the resolved spec afterwards, to reach an adapter's own
     checks with input the recipe validation would already stop.
     Returns (exit code, records, stderr). The subprocess is exactly what the launcher runs.
+    ``in_process`` (torch only: the tests run under .venv/torch): what that subprocess runs (harness.main with the
+    adapter's session), here, without an interpreter start and its ~6 CPU s of imports; stderr is then "" (a
+    traceback goes to pytest's captured stderr).
     """
     import json
     import subprocess
@@ -123,6 +127,14 @@ def run_adapter(backend: str, tmp_path: Path, *, timeout_s: float = 300, edit_sp
     spec_path, records_path = tmp_path / f"{backend}-spec.json", tmp_path / f"{backend}-steps.jsonl"
     spec_path.write_text(json.dumps(spec))
     records_path.unlink(missing_ok=True)
+    if in_process:
+        assert backend == "torch", backend
+        pytest.importorskip("torch")
+        from xfw.contract import harness
+        from xfw_torch.session import build_session, describe
+
+        code = harness.main(build_session, describe, ["--spec", str(spec_path), "--records", str(records_path)])
+        return code, load_records(records_path), ""
     proc = subprocess.run([str(python), "-m", f"xfw_{backend}", "--spec", str(spec_path), "--records",
                            str(records_path)], capture_output=True, text=True, timeout=timeout_s)
     return proc.returncode, load_records(records_path), proc.stderr

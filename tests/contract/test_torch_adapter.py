@@ -1,15 +1,20 @@
-"""The PyTorch adapter, for real: tiny LLaVA trained on CPU through its own interpreter."""
+"""The PyTorch adapter, for real: tiny LLaVA trained on CPU.
+
+The plain run goes through its own interpreter, exactly what the launcher runs (``python -m xfw_torch``). The
+other runs call the same entry point (``harness.main`` with the adapter's session and describe) in this process,
+which is the torch environment when the tests run under ``.venv/torch/bin/python``: each saves an interpreter
+start and ~6 CPU s of imports, and the same-seed check then compares a fresh process with a long-lived one.
+"""
 
 import json
 import math
-import subprocess
 
 import pytest
 
 from xfw.contract import families, presets
 from xfw.contract.records import validate_record
 
-from conftest import TINY_RECIPE, applied, kinds, losses, require_interpreter, run_adapter
+from conftest import TINY_RECIPE, applied, kinds, losses, run_adapter
 
 pytestmark = pytest.mark.contract
 ARCH = presets.resolve_arch("tiny-llava", {}, None, None)
@@ -56,7 +61,7 @@ def bf16_pretrain(tmp_path_factory):
     projector): one adapter start instead of two."""
     code, records, stderr = run_adapter("torch", tmp_path_factory.mktemp("bf16_pretrain"), stage="pretrain",
                                         precision={"dtype": "bf16", "amp_level": "O1"},
-                                        measure={"warmup_steps": 1, "steps": 3})
+                                        measure={"warmup_steps": 1, "steps": 3}, in_process=True)
     assert code == 0, stderr
     return records
 
@@ -82,7 +87,7 @@ def test_bf16_autocast_runs_on_cpu_and_says_so(bf16_pretrain):
 
 def test_bf16_o2_keeps_low_precision_weights_with_fp32_master_weights(tmp_path):
     code, records, stderr = run_adapter("torch", tmp_path, precision={"dtype": "bf16", "amp_level": "O2"},
-                                        measure={"warmup_steps": 1, "steps": 6})
+                                        measure={"warmup_steps": 1, "steps": 6}, in_process=True)
     assert code == 0, stderr
     a = applied(records)
     assert (a["weight_dtype"], a["compute_dtype"], a["master_weights"]) == ("bfloat16", "bfloat16", True)
@@ -90,21 +95,21 @@ def test_bf16_o2_keeps_low_precision_weights_with_fp32_master_weights(tmp_path):
 
 
 def test_recompute_changes_memory_not_math(tmp_path, plain):
-    _, recomputed, _ = run_adapter("torch", tmp_path, recompute=True, measure=PLAIN)
+    _, recomputed, _ = run_adapter("torch", tmp_path, recompute=True, measure=PLAIN, in_process=True)
     assert applied(recomputed)["recompute"] is True
     assert losses(recomputed) == pytest.approx(losses(plain), rel=1e-5)
 
 
 def test_runs_with_the_same_seed_are_reproducible(tmp_path, plain):
-    first = plain
-    _, second, _ = run_adapter("torch", tmp_path, measure=PLAIN)
+    first = plain  # its own process; the second in this one, after other runs built models and drew numbers
+    _, second, _ = run_adapter("torch", tmp_path, measure=PLAIN, in_process=True)
     assert losses(first) == pytest.approx(losses(second), rel=1e-6)
 
 
 def test_lora_trains_only_the_adapters_and_the_projector(tmp_path):
     lora = {"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj", "down_proj"]}
     code, records, stderr = run_adapter("torch", tmp_path, stage="lora", lora=lora, optimizer={"lr": 1.0e-2},
-                                        measure={"warmup_steps": 0, "steps": 6})
+                                        measure={"warmup_steps": 0, "steps": 6}, in_process=True)
     assert code == 0, stderr
     added = families.count_lora_params(ARCH, lora)
     assert added == 2 * 4 * ((64 + 64) + (64 + 64) + (128 + 64))
@@ -117,7 +122,8 @@ def test_lora_trains_only_the_adapters_and_the_projector(tmp_path):
 def test_a_lora_target_that_does_not_exist_is_invalid(tmp_path):
     code, records, _ = run_adapter("torch", tmp_path, stage="lora",
                                    lora={"r": 4, "alpha": 8, "targets": ["q_proj"]},
-                                   edit_spec=lambda spec: spec["lora"].update(targets=["no_such_proj"]))
+                                   edit_spec=lambda spec: spec["lora"].update(targets=["no_such_proj"]),
+                                   in_process=True)
     assert code == 2 and records[-1]["status"] == "invalid" and "lora.targets" in records[-1]["message"]
 
 
@@ -126,7 +132,7 @@ def test_other_vision_language_presets_match_their_analytic_counts_and_learn(tmp
     arch = presets.resolve_arch(preset, {}, None, None)
     counts = families.analytic_counts(arch, "sft")
     code, records, stderr = run_adapter("torch", tmp_path, model={"preset": preset},
-                                        measure={"warmup_steps": 1, "steps": 6})
+                                        measure={"warmup_steps": 1, "steps": 6}, in_process=True)
     assert code == 0, stderr
     a = applied(records)
     assert a["num_params_total"] == counts["total"]
@@ -137,15 +143,20 @@ def test_other_vision_language_presets_match_their_analytic_counts_and_learn(tmp
 
 
 def test_an_unknown_backend_knob_is_invalid(tmp_path):
-    code, records, _ = run_adapter("torch", tmp_path, backends={"torch": {"bogus": 1}})
+    code, records, _ = run_adapter("torch", tmp_path, backends={"torch": {"bogus": 1}}, in_process=True)
     assert code == 2
     assert records[-1]["status"] == "invalid" and "backends.torch.bogus" in records[-1]["message"]
 
 
-def test_describe_prints_versions_and_the_multi_process_launcher():
-    python = require_interpreter("torch")
-    out = subprocess.run([str(python), "-m", "xfw_torch", "--describe"], capture_output=True, text=True, check=True)
-    info = json.loads(out.stdout.strip().splitlines()[-1])
+def test_describe_prints_versions_and_the_multi_process_launcher(capsys):
+    """``python -m xfw_torch --describe``'s entry point, here (every launch elsewhere runs it as a command:
+    xfw.run.launch.launcher.describe_backend)."""
+    pytest.importorskip("torch")
+    from xfw.contract import harness
+    from xfw_torch.session import build_session, describe
+
+    assert harness.main(build_session, describe, ["--describe"]) == 0
+    info = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert info["framework"] == "torch" and "transformers" in info["versions"]
     assert "{nproc}" in info["launcher"]
 
