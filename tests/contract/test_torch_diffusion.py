@@ -1,8 +1,12 @@
 """The PyTorch adapter's Stable Diffusion families, for real: tiny SD1.5 and SD3 trained on CPU.
 
-Each tiny recipe trains once through its own interpreter (what the launcher runs); the
-cheaper checks (bf16 autocast, frozen weights, recompute) build sessions in this process,
-which is the torch environment when the tests run under ``.venv/torch/bin/python``.
+Everything runs in this process, which is the torch environment when the tests run under
+``.venv/torch/bin/python``: each tiny recipe trains once through the adapter's entry point
+(``harness.main`` with its session, what ``python -m xfw_torch`` runs: conftest.run_adapter's
+``in_process``), without an interpreter start and its ~6 CPU s of imports; the cheaper checks (bf16
+autocast, frozen weights, recompute) build sessions. The launcher's own path, each recipe as shipped
+in its own interpreter, runs in test_parity.py (sd15_pretrain), test_every_tiny_recipe.py (sd15_lora,
+sd3_dreambooth) and test_explain_both_backends.py::TestOtherFamilies (sd3_lora).
 """
 
 import math
@@ -67,7 +71,7 @@ def steps(session, pool, num_steps: int) -> list[float]:
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_tiny_diffusion_recipe_trains_in_fp32_and_learns(tmp_path, name):
-    code, records, stderr = run_adapter("torch", tmp_path, **recipe(name))
+    code, records, stderr = run_adapter("torch", tmp_path, in_process=True, **recipe(name))
     assert code == 0, stderr
     for r in records:
         assert validate_record(r) == [], r
