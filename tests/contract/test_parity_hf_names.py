@@ -3,7 +3,9 @@
 
 The checkpoint is a tiny model's own start, renamed to the old layout by the table below (written
 out here, independently of ``xfw.contract.hf_names``) and saved as an HF-style directory with numpy alone:
-``config.json`` + ``model.safetensors``, or bf16 shards + ``model.safetensors.index.json``.
+``config.json`` + ``model.safetensors``, or bf16 shards + ``model.safetensors.index.json``. Each is
+made once per module (``old_checkpoints``): both are read by Paddle in one adapter process, and the
+parity run starts from the LLaVA one.
 """
 
 import json
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, require_interpreter
-from test_parity_roundtrip import assert_bit_identical, export_paddle, export_torch
+from test_parity_roundtrip import assert_bit_identical, export_paddle_all, export_torch
 from xfw.run.commands import parity
 from xfw.contract import weights
 
@@ -57,19 +59,35 @@ def write_old_checkpoint(state: dict, family: str, directory, *, bf16_shards: bo
     return {n: weights.bf16_to_float32(to_bf16_bits(v)) for n, v in state.items()}
 
 
-@pytest.mark.parametrize("recipe,family,bf16", [("llava_next_sft", "llava", False), ("qwen2vl_sft", "qwen2vl", True)])
-def test_an_old_layout_checkpoint_loads_on_both_sides_under_the_current_names(tmp_path, recipe, family, bf16):
-    original = export_torch(recipe, None, tmp_path / "start")
-    expected = write_old_checkpoint(original, family, tmp_path / "hf", bf16_shards=bf16)
-    assert_bit_identical(export_torch(recipe, tmp_path / "hf", tmp_path / "torch"), expected)
-    assert_bit_identical(export_paddle(recipe, tmp_path / "hf", tmp_path / "paddle"), expected)
+CASES = {"llava": ("llava_next_sft", False), "qwen2vl": ("qwen2vl_sft", True)}  # family -> (recipe, bf16 shards)
 
 
-def test_parity_from_an_old_layout_checkpoint_passes_at_step_0(tmp_path):
+@pytest.fixture(scope="module")
+def old_checkpoints(tmp_path_factory):
+    """family -> (its HF directory, what a loader should read back, torch's export from it, Paddle's): the
+    tiny model's start saved in the old layout; both Paddle exports in one adapter process."""
+    made = {}
+    for family, (recipe, bf16) in CASES.items():
+        directory = tmp_path_factory.mktemp(family)
+        original = export_torch(recipe, None, directory / "start")
+        expected = write_old_checkpoint(original, family, directory / "hf", bf16_shards=bf16)
+        made[family] = (directory, expected, export_torch(recipe, directory / "hf", directory / "torch"))
+    through_paddle = export_paddle_all([(CASES[f][0], d / "hf", d / "paddle") for f, (d, _, _) in made.items()])
+    return {f: (d / "hf", expected, torch, paddle)
+            for (f, (d, expected, torch)), paddle in zip(made.items(), through_paddle)}
+
+
+@pytest.mark.parametrize("family", CASES)
+def test_an_old_layout_checkpoint_loads_on_both_sides_under_the_current_names(old_checkpoints, family):
+    _, expected, torch, paddle = old_checkpoints[family]
+    assert_bit_identical(torch, expected)
+    assert_bit_identical(paddle, expected)
+
+
+def test_parity_from_an_old_layout_checkpoint_passes_at_step_0(old_checkpoints, tmp_path):
     require_interpreter("paddle")
     recipe = ROOT / "recipes" / "tiny" / "llava_next_sft.yaml"
-    write_old_checkpoint(export_torch("llava_next_sft", None, tmp_path / "start"), "llava", tmp_path / "hf",
-                         bf16_shards=False)
-    report = parity.run_parity(str(recipe), [f"model.weights={tmp_path / 'hf'}"], 2, tmp_path / "parity", {},
+    hf = old_checkpoints["llava"][0]  # the tiny LLaVA-1.6 start in the old layout, one model.safetensors
+    report = parity.run_parity(str(recipe), [f"model.weights={hf}"], 2, tmp_path / "parity", {},
                                backends=("torch", "paddle"))
     assert report.passed and report.steps[0].rel_diff <= 1e-5, report.markdown()
