@@ -1,9 +1,14 @@
 """The Paddle adapter's Stable Diffusion families, for real, and proof they are diffusers' models.
 
-Tiny SD1.5 and SD3 train through ``.venv/paddle/bin/python`` (what the launcher runs). The
-sameness checks build the PyTorch side's model here (the test interpreter is the torch
-environment), export its weights to ``.npz``, load them into the Paddle model in a subprocess
-(Linear weights transposed) and compare the prediction and the loss on one synthetic batch.
+Everything on the Paddle side runs in ONE ``.venv/paddle/bin/python`` process (the ``paddle_side``
+fixture; a Paddle process is ~6-8 CPU s of imports): tiny SD1.5 and SD3 (and their LoRA recipes, and
+SD3 asked for eager attention) train through the adapter's entry point, ``harness.main`` with
+``xfw_paddle``'s session, what ``python -m xfw_paddle`` runs; the launcher's own path, each recipe as
+shipped in its own interpreter, runs in test_parity.py (sd15_pretrain), test_every_tiny_recipe.py
+(sd15_lora, sd3_dreambooth) and test_explain_both_backends.py::TestOtherFamilies (sd3_lora). The
+sameness checks build the PyTorch side's model here (the test interpreter is the torch environment),
+export its weights to ``.npz``, load them into the Paddle model in that process (Linear weights
+transposed) and compare the prediction and the loss on one synthetic batch.
 """
 
 import json
@@ -23,7 +28,7 @@ from xfw.recipe import recipe_from_dict
 from xfw.recipe.spec import resolve_spec
 from xfw.contract.records import load_records, validate_record
 
-from conftest import ROOT, applied, kinds, losses, require_interpreter, run_adapter
+from conftest import ROOT, applied, kinds, losses, require_interpreter
 
 pytestmark = pytest.mark.contract
 CORES = {"sd15": core_sd15, "sd3": core_sd3}
@@ -90,16 +95,22 @@ def paddle_names(name: str, value: np.ndarray) -> tuple[str, np.ndarray]:
     return name, value
 
 
-PADDLE_FORWARD = """
+PADDLE_SIDE = """
     import json, sys
     import numpy as np, paddle
     from paddlenlp.peft.lora.lora_layers import LoRALinear
+    from xfw.contract import harness
+    from xfw.contract.synthetic import make_pool
+    from xfw.recipe import recipe_from_dict
+    from xfw.recipe.spec import resolve_spec
+    from xfw_paddle import session as paddle_session
     from xfw_paddle.families import family_module
     from xfw_paddle.families._sd_common import load_diffusers_state
     from xfw_paddle.model import lora_target
 
+    jobs = json.loads(open(sys.argv[1]).read())
     results = {}
-    for case in json.loads(open(sys.argv[1]).read()):  # every case in one process
+    for case in jobs["forward"]:  # the sameness cases
         arch, lora = case["arch"], case["lora"]
         weights, batch = np.load(case["weights"]), np.load(case["batch"])
         family, out = family_module(arch["family"]), {}
@@ -123,19 +134,55 @@ PADDLE_FORWARD = """
         out["trainable"] = sum(int(p.size) for p in params if not p.stop_gradient)
         out["lora_layers"] = sorted(n for n, m in lora_target(arch, model).named_sublayers() if isinstance(m, LoRALinear))
         results[case["id"]] = out
-    print(json.dumps(results))
+
+    # Recompute: each recipe's first block counted, with and without, over 2 steps of a session.
+    recomputed = {}
+    for name, recipe in jobs["recompute"].items():
+        for recompute in (False, True):
+            spec = resolve_spec(recipe_from_dict({**recipe, "recompute": recompute}), backend="paddle", run_id="t")
+            session = paddle_session.build_session(spec)
+            model = session.model
+            unet = getattr(model, "unet", None)
+            block = unet.down_blocks[0].resnets[0] if unet is not None else model.transformer.transformer_blocks[0]
+            calls = []
+            block.register_forward_pre_hook(lambda *args: calls.append(1))
+            pool = [session.to_device(b) for b in make_pool(spec, 0)]
+            step_losses = [float(session.train_step(pool[2 * s:2 * s + 2])) for s in range(2)]
+            recomputed[f"{name}/{recompute}"] = {"losses": step_losses, "calls": len(calls),
+                                                 "applied": session.applied()["recompute"]}
+
+    # Runs through the adapter's entry point, one after another; their records go to the files named.
+    # The session takes the family's own apply_lora (xfw_paddle.model.add_lora): ppdiffusers' models.
+    codes = {name: harness.main(paddle_session.build_session, paddle_session.describe,
+                                ["--spec", paths[0], "--records", paths[1]])
+             for name, paths in jobs["runs"].items()}
+    print(json.dumps({"forward": results, "recompute": recomputed, "codes": codes}))
 """
 
 
 FORWARD_CASES = [("tiny-sd15", None), ("tiny-sd3", None), ("tiny-sd15", "sd15_lora"), ("tiny-sd3", "sd3_lora")]
 
 
+RECOMPUTED = ("sd15_pretrain", "sd3_dreambooth")
+RUNS = {  # what the paddle_side process trains through harness.main: name -> the recipe
+    "sd15_pretrain": recipe("sd15_pretrain", measure={"warmup_steps": 2, "steps": 4}),
+    "sd3_dreambooth": recipe("sd3_dreambooth", measure={"warmup_steps": 2, "steps": 4}),
+    "sd15_lora": recipe("sd15_lora", measure={"warmup_steps": 2, "steps": 4}),
+    "sd3_lora": recipe("sd3_lora", measure={"warmup_steps": 2, "steps": 4}),
+    "sd3_eager": recipe("sd3_dreambooth", backends={"paddle": {"attn_implementation": "eager"}},
+                        measure={"warmup_steps": 0, "steps": 1}),
+}
+
+
 @pytest.fixture(scope="module")
-def forward(tmp_path_factory) -> dict:
-    """{(preset, lora recipe): (the PyTorch model, its arch, its lora, the expected prediction and
-    loss, what the Paddle model predicted with its weights)}: one Paddle process for every case."""
+def paddle_side(tmp_path_factory) -> dict:
+    """The one Paddle process (PADDLE_SIDE) and what it answered: "forward" {(preset, lora recipe): (the PyTorch
+    model, its arch, its lora, the expected prediction and loss, what the Paddle model predicted with its
+    weights)}, "recompute" {"name/recompute": losses, first-block calls, applied recompute} and "runs"
+    {name: (exit code, records, spec)} for RUNS; "stderr", the process's last 3000 characters (a failed run's
+    traceback)."""
     torch = pytest.importorskip("torch")
-    directory = tmp_path_factory.mktemp("forward")
+    directory = tmp_path_factory.mktemp("paddle_side")
     cases, built = [], {}
     for i, (preset, lora_name) in enumerate(FORWARD_CASES):
         arch = presets.resolve_arch(preset, {}, None, None)
@@ -151,15 +198,23 @@ def forward(tmp_path_factory) -> dict:
         np.savez(batch_file, **batch)
         cases.append({"id": str(i), "arch": arch, "lora": lora, "weights": str(weights), "batch": str(batch_file)})
         built[str(i)] = (model, arch, lora, expected_pred, expected_loss)
-    (directory / "cases.json").write_text(json.dumps(cases))
-    out = json.loads(run_in_paddle(PADDLE_FORWARD, directory / "cases.json",
-                                   timeout_s=400).stdout.strip().splitlines()[-1])
-    return {case: (*built[str(i)], out[str(i)]) for i, case in enumerate(FORWARD_CASES)}
+    specs, runs = {}, {}
+    for name, data in RUNS.items():
+        specs[name] = resolve_spec(recipe_from_dict(data), backend="paddle", run_id="t")
+        runs[name] = [str(directory / f"{name}.spec.json"), str(directory / f"{name}.steps.jsonl")]
+        Path(runs[name][0]).write_text(json.dumps(specs[name]))
+    jobs = {"forward": cases, "recompute": {name: recipe(name) for name in RECOMPUTED}, "runs": runs}
+    (directory / "jobs.json").write_text(json.dumps(jobs))
+    proc = run_in_paddle(PADDLE_SIDE, directory / "jobs.json", timeout_s=600)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"stderr": proc.stderr[-3000:],"forward": {case: (*built[str(i)], out["forward"][str(i)]) for i, case in enumerate(FORWARD_CASES)},
+            "recompute": out["recompute"],
+            "runs": {name: (out["codes"][name], load_records(Path(runs[name][1])), specs[name]) for name in RUNS}}
 
 
 @pytest.mark.parametrize("preset, lora_name", FORWARD_CASES)
-def test_paddle_model_with_diffusers_weights_predicts_what_diffusers_predicts(forward, preset, lora_name):
-    model, arch, lora, expected_pred, expected_loss, out = forward[(preset, lora_name)]
+def test_paddle_model_with_diffusers_weights_predicts_what_diffusers_predicts(paddle_side, preset, lora_name):
+    model, arch, lora, expected_pred, expected_loss, out = paddle_side["forward"][(preset, lora_name)]
     for kernel in ("sdpa", "eager"):
         if kernel in out:
             pred = np.asarray(out[kernel]["pred"], dtype=np.float32)
@@ -174,18 +229,6 @@ def test_paddle_model_with_diffusers_weights_predicts_what_diffusers_predicts(fo
         assert out["lora_layers"] == sorted(wrapped) and wrapped
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One short training run per tiny diffusion recipe: 2 warm-up + 4 measured steps."""
-    out = {}
-    for name in ("sd15_pretrain", "sd3_dreambooth"):
-        code, records, stderr = run_adapter("paddle", tmp_path_factory.mktemp(name),
-                                            **recipe(name, measure={"warmup_steps": 2, "steps": 4}))
-        assert code == 0, stderr[-3000:]
-        out[name] = records
-    return out
-
-
 def torch_trainable(name: str) -> int:
     torch = pytest.importorskip("torch")
     from xfw_torch.session import start_model
@@ -197,8 +240,10 @@ def torch_trainable(name: str) -> int:
 
 
 @pytest.mark.parametrize("name, total", [("sd15_pretrain", 1_501_003), ("sd3_dreambooth", 759_811)])
-def test_tiny_diffusion_recipe_trains_in_fp32_with_the_torch_sides_parameter_counts(runs, name, total):
-    records = runs[name]
+def test_tiny_diffusion_recipe_trains_in_fp32_with_the_torch_sides_parameter_counts(paddle_side, name, total):
+    """One short training run per tiny diffusion recipe: 2 warm-up + 4 measured steps."""
+    code, records, _ = paddle_side["runs"][name]
+    assert code == 0, paddle_side["stderr"]
     for r in records:
         assert validate_record(r) == [], r
     assert kinds(records) == ["start"] + ["step"] * 6 + ["window", "applied", "end"]
@@ -212,66 +257,25 @@ def test_tiny_diffusion_recipe_trains_in_fp32_with_the_torch_sides_parameter_cou
     assert a["num_params_trainable"] == torch_trainable(name) == presets.count_params(arch)[TRAINED[arch["family"]]]
 
 
-def test_sd3_rejects_attention_it_cannot_run(tmp_path):
-    code, records, stderr = run_adapter("paddle", tmp_path, **recipe("sd3_dreambooth", backends={
-        "paddle": {"attn_implementation": "eager"}}, measure={"warmup_steps": 0, "steps": 1}))
+def test_sd3_rejects_attention_it_cannot_run(paddle_side):
+    code, records, _ = paddle_side["runs"]["sd3_eager"]
     errors = [r for r in records if r["kind"] == "error"]
     assert code == 2 and errors[-1]["status"] == "invalid" and "attn_implementation" in errors[-1]["message"]
 
 
-RECOMPUTE = """
-    import json, sys
-    import paddle
-    from xfw.recipe import recipe_from_dict
-    from xfw.recipe.spec import resolve_spec
-    from xfw.contract.synthetic import make_pool
-    from xfw_paddle.session import build_session
-
-    out = {}
-    for name, recipe in json.loads(sys.argv[1]).items():
-        for recompute in (False, True):
-            spec = resolve_spec(recipe_from_dict({**recipe, "recompute": recompute}), backend="paddle", run_id="t")
-            session = build_session(spec)
-            model = session.model
-            unet = getattr(model, "unet", None)
-            block = unet.down_blocks[0].resnets[0] if unet is not None else model.transformer.transformer_blocks[0]
-            calls = []
-            block.register_forward_pre_hook(lambda *args: calls.append(1))
-            pool = [session.to_device(b) for b in make_pool(spec, 0)]
-            step_losses = [float(session.train_step(pool[2 * s:2 * s + 2])) for s in range(2)]
-            out[f"{name}/{recompute}"] = {"losses": step_losses, "calls": len(calls),
-                                          "applied": session.applied()["recompute"]}
-    print(json.dumps(out))
-"""
-
-
-def test_recompute_reruns_blocks_in_backward_and_changes_no_math():
-    recipes = {name: recipe(name) for name in ("sd15_pretrain", "sd3_dreambooth")}
-    out = json.loads(run_in_paddle(RECOMPUTE, json.dumps(recipes)).stdout.strip().splitlines()[-1])
-    for name in recipes:
+def test_recompute_reruns_blocks_in_backward_and_changes_no_math(paddle_side):
+    out = paddle_side["recompute"]
+    for name in RECOMPUTED:
         plain, recomputed = out[f"{name}/False"], out[f"{name}/True"]
         assert (plain["applied"], recomputed["applied"]) == (False, True)
         assert recomputed["calls"] == 2 * plain["calls"] > 0, name  # each checkpointed block runs again
         assert recomputed["losses"] == pytest.approx(plain["losses"], rel=1e-5), name
 
 
-LORA_RUN = """
-    import sys
-    from xfw.contract import harness
-    from xfw_paddle import session
-
-    # The session takes the family's own apply_lora (xfw_paddle.model.add_lora): ppdiffusers' models.
-    sys.exit(harness.main(session.build_session, session.describe, ["--spec", sys.argv[2], "--records", sys.argv[3]]))
-"""
-
-
 @pytest.mark.parametrize("name", ["sd15_lora", "sd3_lora"])
-def test_lora_recipe_trains_only_the_adapters_through_the_session(tmp_path, name):
-    spec = resolve_spec(recipe_from_dict(recipe(name, measure={"warmup_steps": 2, "steps": 4})),
-                        backend="paddle", run_id="t")
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    run_in_paddle(LORA_RUN, spec["model"]["family"], tmp_path / "spec.json", tmp_path / "steps.jsonl")
-    records = load_records(tmp_path / "steps.jsonl")
+def test_lora_recipe_trains_only_the_adapters_through_the_session(paddle_side, name):
+    code, records, spec = paddle_side["runs"][name]
+    assert code == 0, paddle_side["stderr"]
     for r in records:
         assert validate_record(r) == [], r
     assert all(math.isfinite(x) for x in losses(records))
