@@ -4,14 +4,27 @@ checks (status, equal total and trainable counts, equal micro-batch hashes) are 
 real-data ones to test_compare_both_backends.py (`xfw compare`), five to test_parity.py (as shipped
 but for the shared start: every one of them ships fp32 O0 on one process, what parity forces), one
 to test_explain_both_backends.py::TestOtherFamilies (test_full_size_counts.py compares every tiny
-recipe's counts on both sides)."""
+recipe's counts on both sides).
 
+Each backend trains the recipes one after another in ONE process of its own interpreter: for each recipe the
+spec the launcher writes (``launcher.spec_for``) goes through ``harness.main``, the function
+``python -m xfw_<backend>`` runs, and its records are judged as the launcher judges them (``launcher.classify``,
+``summarize``). Two framework starts instead of sixteen (each imports Paddle and PaddleNLP, or PyTorch,
+transformers and diffusers: ~8 s of CPU, most of what a tiny run costs); the launcher's own path around an
+adapter process (its subprocess, environment, timeout) is run by test_compare_both_backends.py with the same
+checks."""
+
+import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from xfw.run.launch import launcher
+from xfw.contract import records as rec
 from xfw.recipe import load_recipe
+from xfw.report.measure import summarize
+from xfw.run.launch import launcher
 
 from conftest import ROOT, require_interpreter
 
@@ -25,12 +38,45 @@ RECIPES = [p for p in sorted((ROOT / "recipes" / "tiny").glob("*.yaml"))
            if p.stem not in ELSEWHERE and not p.stem.startswith(ATTACHED)]
 
 
+# What `python -m xfw_<backend> --spec S --records R` runs (its __main__), once per (spec, records) pair given.
+TRAIN_ALL = """
+import importlib, json, sys
+from xfw.contract import harness
+adapter = importlib.import_module("xfw_" + sys.argv[1] + ".session")
+codes = [harness.main(adapter.build_session, adapter.describe, ["--spec", spec, "--records", records])
+         for spec, records in json.loads(sys.argv[2])]
+print("exit codes: " + json.dumps(codes))
+"""
+
+
 @pytest.fixture(scope="module")
-def backends():
-    out = {}
+def trained(tmp_path_factory):
+    """recipe stem -> backend -> (status, reason, measurement, applied): every recipe of RECIPES trained by one
+    process per backend (module docstring), judged as the launcher judges a run."""
+    root = tmp_path_factory.mktemp("every")
+    recipes = {p.stem: load_recipe(p, ["measure.warmup_steps=0", "measure.steps=2"]) for p in RECIPES}
+    environments = {json.dumps(launcher.run_env(r), sort_keys=True) for r in recipes.values()}
+    assert len(environments) == 1, environments  # one process per backend: every recipe asks the same threads
+    env = {**os.environ, **json.loads(environments.pop())}  # as the launcher starts a run's process
+    out = {stem: {} for stem in recipes}
     for name in ("torch", "paddle"):
-        backend = launcher.Backend(name, str(require_interpreter(name)))
-        out[name] = (backend, launcher.describe_backend(backend))
+        pairs = []
+        for stem, recipe in recipes.items():
+            run_dir = root / stem / name
+            run_dir.mkdir(parents=True)
+            (run_dir / "spec.json").write_text(json.dumps(launcher.spec_for(recipe, name, run_dir)))
+            pairs.append((str(run_dir / "spec.json"), str(run_dir / "steps.jsonl")))
+        done = subprocess.run([str(require_interpreter(name)), "-c", TRAIN_ALL, name, json.dumps(pairs)],
+                              capture_output=True, text=True, timeout=900, env=env)
+        codes = next((json.loads(line.removeprefix("exit codes: ")) for line in done.stdout.splitlines()[::-1]
+                      if line.startswith("exit codes: ")), None)
+        assert done.returncode == 0 and codes is not None, done.stderr[-3000:]
+        for (stem, recipe), code, (_, records_path) in zip(recipes.items(), codes, pairs):
+            records = rec.load_records(records_path)
+            status, reason = launcher.classify(exit_code=code, timed_out=False, records=records, num_processes=1,
+                                               stderr_tail=done.stderr[-8192:],
+                                               timeout_s=recipe.measure.timeout_s)
+            out[stem][name] = (status, reason, summarize(records), rec.applied_settings(records))
     return out
 
 
@@ -50,14 +96,12 @@ def test_the_recipes_left_to_other_tests_are_run_there_as_shipped():
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
-def test_tiny_recipe_trains_on_both_backends_with_equal_parameter_counts(path: Path, backends, tmp_path):
-    recipe = load_recipe(path, ["measure.warmup_steps=0", "measure.steps=2"])
-    results = {name: launcher.launch(recipe, backend, tmp_path / name, description=description)
-               for name, (backend, description) in backends.items()}
-    for name, result in results.items():
-        assert result.status == "ok", f"{name}: {result.reason}"
-        assert result.measurement.num_measured_steps == 2
-    counts = {name: (r.applied["num_params_total"], r.applied["num_params_trainable"]) for name, r in results.items()}
+def test_tiny_recipe_trains_on_both_backends_with_equal_parameter_counts(path: Path, trained):
+    results = trained[path.stem]
+    for name, (status, reason, measurement, _) in results.items():
+        assert status == "ok", f"{name}: {reason}"
+        assert measurement.num_measured_steps == 2
+    counts = {name: (a["num_params_total"], a["num_params_trainable"]) for name, (*_, a) in results.items()}
     assert counts["torch"] == counts["paddle"]
-    digests = {r.measurement.batch_digest for r in results.values()}
+    digests = {measurement.batch_digest for _, _, measurement, _ in results.values()}
     assert len(digests) == 1 and None not in digests  # both sides trained on the same micro-batches
