@@ -58,7 +58,7 @@ def bf16_pretrain(tmp_path_factory):
     """One pretrain run under bf16 autocast (O1), 1 + 3 steps, read by two tests: what trains in pretrain
     (autocast changes the compute dtype, not which parameters train) and that bf16 autocast runs on CPU and
     says so (its forward and backward go through the whole model, frozen parts included, to reach the
-    projector): one adapter start instead of two."""
+    projector): one run instead of two (in this process, module doc)."""
     code, records, stderr = run_adapter("torch", tmp_path_factory.mktemp("bf16_pretrain"), stage="pretrain",
                                         precision={"dtype": "bf16", "amp_level": "O1"},
                                         measure={"warmup_steps": 1, "steps": 3}, in_process=True)
