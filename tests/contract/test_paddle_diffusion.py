@@ -3,9 +3,10 @@
 Everything on the Paddle side runs in ONE ``.venv/paddle/bin/python`` process (the ``paddle_side``
 fixture; a Paddle process is ~6-8 CPU s of imports): tiny SD1.5 and SD3 (and their LoRA recipes, and
 SD3 asked for eager attention) train through the adapter's entry point, ``harness.main`` with
-``xfw_paddle``'s session, what ``python -m xfw_paddle`` runs; the launcher's own path, each recipe as
-shipped in its own interpreter, runs in test_parity.py (sd15_pretrain), test_every_tiny_recipe.py
-(sd15_lora, sd3_dreambooth) and test_explain_both_backends.py::TestOtherFamilies (sd3_lora). The
+``xfw_paddle``'s session, what ``python -m xfw_paddle`` runs; the launcher's own path (an adapter
+process) runs both families as shipped in test_parity.py (sd15_pretrain), test_compare_both_backends.py
+(sd15_captions) and test_explain_both_backends.py::TestOtherFamilies (sd3_lora), and
+test_every_tiny_recipe.py trains sd15_lora and sd3_dreambooth as shipped on both backends. The
 sameness checks build the PyTorch side's model here (the test interpreter is the torch environment),
 export its weights to ``.npz``, load them into the Paddle model in that process (Linear weights
 transposed) and compare the prediction and the loss on one synthetic batch.

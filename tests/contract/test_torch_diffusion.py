@@ -4,9 +4,10 @@ Everything runs in this process, which is the torch environment when the tests r
 ``.venv/torch/bin/python``: each tiny recipe trains once through the adapter's entry point
 (``harness.main`` with its session, what ``python -m xfw_torch`` runs: conftest.run_adapter's
 ``in_process``), without an interpreter start and its ~6 CPU s of imports; the cheaper checks (bf16
-autocast, frozen weights, recompute) build sessions. The launcher's own path, each recipe as shipped
-in its own interpreter, runs in test_parity.py (sd15_pretrain), test_every_tiny_recipe.py (sd15_lora,
-sd3_dreambooth) and test_explain_both_backends.py::TestOtherFamilies (sd3_lora).
+autocast, frozen weights, recompute) build sessions. The launcher's own path (an adapter process,
+``python -m xfw_torch``) runs both families as shipped in test_parity.py (sd15_pretrain),
+test_compare_both_backends.py (sd15_captions) and test_explain_both_backends.py::TestOtherFamilies
+(sd3_lora); test_every_tiny_recipe.py trains sd15_lora and sd3_dreambooth as shipped on both backends.
 """
 
 import math
