@@ -1,12 +1,18 @@
 """Parity across the real adapters: the same start, the same batches, the same losses.
 
 Each tiny recipe trains 3 steps on both backends from one exported weight file
-(``xfw.run.commands.parity.run_parity``). The final RMSNorm's weight negated on one side (``xfw parity
+(``xfw.run.commands.parity.run_parity``; the torch adapter's export of each start in this process:
+``torch_exports_in_this_process``). The final RMSNorm's weight negated on one side (``xfw parity
 --weights paddle=DIR``) fails step 0, and the module probe names that module by comparing outputs
 element by element (the negated output keeps its norm). The round trip
 torch → file → Paddle → file → torch, every family: test_parity_roundtrip.py.
+
+Explain on SD1.5 and Qwen2-VL profiles these parity runs (each side's ``--explain`` process, as
+``xfw explain`` starts it after its own runs), held to test_explain_both_backends.py's family checks:
+training those two families twice more for it would only repeat these runs.
 """
 
+import contextlib
 import json
 import subprocess
 from pathlib import Path
@@ -31,13 +37,39 @@ RECIPES = {"llava": "recipes/tiny/llava_sft.yaml", "qwen2vl": "recipes/tiny/qwen
            "llava-next-json": "recipes/tiny/llava_next_json_sft.yaml", "qwen2vl-json": "recipes/tiny/qwen2vl_json_sft.yaml"}
 
 
+@contextlib.contextmanager
+def torch_exports_in_this_process():
+    """run_parity's export of the start (``export_initial_weights``: the recipe loaded, its spec.json written),
+    with the torch adapter's ``--export-weights`` called in this process (the test interpreter is the torch
+    environment, its framework imported once) instead of a process per recipe; every other adapter task, and
+    the runs, as ever. The export's own process is run by test_a_negated_weight_on_one_side_is_located_by_xfw_parity
+    (``xfw parity``) and test_parity_hf_names.py."""
+    from xfw.run.launch import launcher
+
+    real = launcher.adapter_task
+
+    def task(backend, args, **kwargs):
+        if backend.name != "torch" or args[:1] != ["--export-weights"] or len(args) != 4:
+            return real(backend, args, **kwargs)
+        from xfw_torch.side_tasks import export_weights
+
+        export_weights(json.loads(Path(args[3]).read_text()), args[1])  # --export-weights DIR --spec SPEC
+        return ""
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(launcher, "adapter_task", task)
+        yield
+
+
 @pytest.fixture(scope="module")
 def parity_runs(tmp_path_factory):
     require_interpreter("torch")
     require_interpreter("paddle")
+    pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("parity")
-    return {name: parity.run_parity(str(ROOT / path), [], STEPS, out / name, {}, backends=BACKENDS)
-            for name, path in RECIPES.items()}
+    with torch_exports_in_this_process():
+        return {name: parity.run_parity(str(ROOT / path), [], STEPS, out / name, {}, backends=BACKENDS)
+                for name, path in RECIPES.items()}
 
 
 @pytest.mark.parametrize("family", RECIPES)
@@ -122,3 +154,26 @@ def test_a_weight_file_that_does_not_fit_is_rejected_naming_the_key(tmp_path):
         load_weights(model, str(tmp_path / "short"))
     with pytest.raises(InvalidSpec, match="holds no model.safetensors"):
         load_weights(model, str(tmp_path))
+
+
+EXPLAINED = {"sd15": ("unet.", False), "qwen2vl": ("model.visual.", True)}  # family -> (its part, a tied LM head)
+
+
+@pytest.mark.parametrize("family", EXPLAINED)
+def test_explain_on_the_parity_runs_of_other_families(parity_runs, family):
+    """SD1.5's diffusion loss calling the model's parts, Qwen2-VL's own vision tower and tied head: each side's
+    adapter profiles the parity run's spec (explain_runs, as ``xfw explain`` does after its measured runs), and
+    the rows cover the step and align (test_explain_both_backends.py's SD3 LoRA case runs ``xfw explain``)."""
+    from test_explain_both_backends import assert_family_explained
+    from xfw.contract.explain import read_explain
+    from xfw.run.commands.explain import explain_runs
+    from xfw.run.launch import launcher
+
+    run_dirs = {b: ROOT / d for b, d in parity_runs[family].run_dirs.items()}
+    results = [RunResult.load(d) for d in run_dirs.values()]
+    found = explain_runs(results, {b: (launcher.resolve_backend(b, {}), {}) for b in run_dirs})
+    assert all(path is not None for path, _ in found.values()), found
+    explains = {r.backend: read_explain(str(found[r.run_dir][0])) for r in results}
+    part, tied_head = EXPLAINED[family]
+    # a run measured over 3 steps (STEPS) is explained over as many of each kind (explain_steps)
+    assert_family_explained(explains, run_dirs, part, steps=STEPS, tied_head=tied_head)
