@@ -4,12 +4,15 @@ compared, not just run (xfw_paddle.parallel; issues 22 and 27).
 * Plain CPU, DataParallel over two processes with bf16 O2 asked for: Paddle's CPU build ignores AMP
   (fp32), but the master-gradient machinery runs — the optimizer applies fp32 ``main_grad`` (seen, not
   assumed) all-reduced after the last micro-batch — and the losses and gradient norms equal one process's
-  on the same global batch, Paddle's and PyTorch's from the same exported weights (fp32).
+  on the same global batch, Paddle's and PyTorch's from the same exported weights (fp32); DataParallel with
+  plain fp32 gradients and fleet's stage 1 with master gradients equal the same one process (one run for
+  all three).
 * The CPU test device (``backends.paddle.device: testcpu``; skipped where it is not built): stage 2 and
   stage 3 through ``group_sharded_parallel`` over two processes equal one process on the same global batch,
   fp32 and bf16 O2 with fp32 ``main_grad``, for LLaVA; for every other tiny family stage 3 at bf16 O2 equals
-  one process and stage 2 at fp32 the PyTorch side's FSDP2 stage 2 (so each runs both stages and both
-  precisions, each stage x precision path runs on LLaVA); and
+  one process and stage 2 at fp32 the PyTorch side's FSDP2 stage 2 (Qwen2-VL's: PyTorch's one process, in
+  its bf16 cross-framework test) (so each runs both stages and both precisions, each stage x precision
+  path runs on LLaVA); and
   ``paddle.amp.decorate(master_grad=True)`` under stage 2 — the route the adapter no longer takes —
   diverges where ``MixPrecisionLayer`` does not (:func:`test_decorate_master_grad_under_sharding_diverges`).
 * bf16 O2 across frameworks (issue 35): LLaVA's and Qwen2-VL's bf16 O2 on the test device against PyTorch's
@@ -21,8 +24,10 @@ measured ~1e-7); Paddle against PyTorch 1e-4 / 1e-3 (the parity bounds); bf16 O2
 process 1e-6 on the loss and 1e-6 on the norm (:data:`BF16`: derived in docs/testdevice.md, "Tolerances of the
 bf16 sharding comparisons"; the earlier 2e-2 / 5e-2 were over 10^5 times the measured spread).
 Every run: 1 warm-up + 2 measured steps (1 for SD1.5 and SD3) on the recipe's shipped shapes, global batch 4
-in micro-batches of 2 (SD1.5 and SD3 on the test device: 2 in micro-batches of 1). The plain-CPU refusal of
-stage 2/3 is test_paddle_parallel.py's.
+in micro-batches of 2 (SD1.5 and SD3 on the test device: 2 in micro-batches of 1, and 16-px images instead of
+their recipes' 32: :data:`SMALL`). The plain-CPU refusal of stage 2/3 is test_paddle_parallel.py's. Process starts, not steps,
+are most of this file's CPU: starts to PyTorch are exported by one process per scope (:func:`export_starts_of`),
+and a reference run is launched once and shared by name (:class:`Runs`).
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ import pytest
 from conftest import ROOT, require_interpreter
 from xfw.contract.records import load_records
 from xfw.run.launch import launcher
-from xfw.run.commands.parity import export_initial_weights
+from xfw.run.commands.parity import export_starts
 from xfw.recipe import load_recipe
+from xfw.recipe.spec import resolve_spec
 
 pytestmark = pytest.mark.contract
 
@@ -87,25 +93,23 @@ def runs(tmp_path_factory):
     return Runs(tmp_path_factory.mktemp("sharding"))
 
 
-@pytest.fixture(scope="module")
-def starts(tmp_path_factory):
-    """The torch side's initial weights of a recipe (with its step overrides), exported once each:
-    every comparison with PyTorch starts from them."""
-    done = {}
-
-    def start(recipe: str, overrides: tuple = ()) -> str:
-        if (recipe, overrides) not in done:
-            directory = tmp_path_factory.mktemp(f"{Path(recipe).stem}-start")
-            export_initial_weights(str(ROOT / recipe), [*SHORT, *overrides],
-                                   launcher.Backend("torch", str(require_interpreter("torch"))), directory, 300)
-            done[recipe, overrides] = f"model.weights={directory}"
-        return done[recipe, overrides]
-    return start
+def export_starts_of(tmp_path_factory, recipes: dict[str, tuple[str, list[str]]]) -> dict[str, str]:
+    """The torch side's initial weights of each named (recipe, overrides), written by ONE torch process
+    (``export_starts``: the framework imported once), as a ``model.weights=...`` override each: every
+    comparison with PyTorch starts from them."""
+    pairs, done = [], {}
+    for name, (recipe, overrides) in recipes.items():
+        directory = tmp_path_factory.mktemp(f"{name}-start")
+        spec = resolve_spec(load_recipe(ROOT / recipe, [*SHORT, *overrides]), backend="torch", run_id=f"{name}/export")
+        pairs.append((directory, spec))
+        done[name] = f"model.weights={directory}"
+    export_starts(launcher.Backend("torch", str(require_interpreter("torch"))), pairs, 300)
+    return done
 
 
 @pytest.fixture(scope="module")
-def llava_start(starts):
-    return starts(LLAVA)
+def llava_start(tmp_path_factory):
+    return export_starts_of(tmp_path_factory, {"llava": (LLAVA, [])})["llava"]
 
 
 def steps_of(result) -> list[tuple[float, float | None]]:
@@ -154,6 +158,19 @@ def test_data_parallel_with_fp32_main_grad_equals_one_process_and_pytorch(runs, 
     assert_same_steps(dp, torch_one, {"loss": 1e-4, "norm": 1e-3})
 
 
+def test_data_parallel_with_plain_fp32_grads_equals_one_process(runs, llava_start):
+    """DataParallel without master gradients (fp32 asked for: plain ``.grad`` all-reduced) equals one process
+    on the same global batch, losses and gradient norms. Moved from test_paddle_parallel.py (issue 44): there
+    it had a one-process run of its own; here it shares ``cpu-one`` with the two tests beside it."""
+    one = runs.get("cpu-one", LLAVA, "paddle", [llava_start, NORM])
+    dp = runs.get("cpu-dp-plain", LLAVA, "paddle", [llava_start, NORM, "parallel.nproc_per_node=2"])
+    assert dp.applied["sharding_impl"] == "data_parallel" and dp.applied["num_processes"] == 2
+    assert dp.measurement.num_ranks == 2
+    assert dp.applied["mechanisms"]["master_grads"] == one.applied["mechanisms"]["master_grads"] == \
+        "none; held: float32 grad"
+    assert_same_steps(dp, one, FP32)
+
+
 def test_fleet_stage1_with_fp32_main_grad_equals_one_process(runs, llava_start):
     """Stage 1 (fleet's DygraphShardingOptimizer, gloo) with master gradients: each rank applies its own
     share, so the gradient norm is summed over the sharding group."""
@@ -179,8 +196,10 @@ FAMILY_RECIPES = {"llava_next": "recipes/tiny/llava_next_sft.yaml", "qwen2vl": "
                   "sd15": "recipes/tiny/sd15_pretrain.yaml", "sd3": "recipes/tiny/sd3_dreambooth.yaml"}
 # The diffusion families' steps are the slow ones on the device's bf16 kernels: global batch 2 in micro-batches
 # of 1 (two accumulation steps on one process, one per rank on two: the layout :data:`BF16` is derived for, with
-# half the samples; issue 44).
-SMALL = ["measure.steps=1", "batch.global=2", "batch.micro=1"]
+# half the samples; issue 44), on 16-px images instead of the recipes' 32 (8-px latents: every VAE and UNet/MMDiT
+# level still runs, at 4 and 2 px below it; SD1.5's one-process bf16 run 17 -> 13 CPU s; no check here asserts
+# a shape, and :data:`BF16`'s argument is about the batch layout, not the image).
+SMALL = ["measure.steps=1", "batch.global=2", "batch.micro=1", "data.image_size=16"]
 FAMILY_STEPS = {"sd15": SMALL, "sd3": SMALL}
 PRECISIONS = {"fp32": ([], FP32), "bf16-o2": (BF16_O2, BF16)}
 SEGMENT = 1024  # stage 3 slices every parameter of at least this many elements (LLaVA's matrices, embeddings)
@@ -293,21 +312,31 @@ def assert_bf16_follows_pytorch(pd16, pd32, pt16, pt32) -> None:
         assert abs(loss - ref_loss) <= loss_bound, f"step {step}: bf16 loss {loss} vs PyTorch's {ref_loss} (bound {loss_bound:.2e})"
         assert abs(norm - ref_norm) <= norm_bound, f"step {step}: bf16 norm {norm} vs PyTorch's {ref_norm} (bound {norm_bound:.2e})"
 
+
+@pytest.fixture(scope="class")
+def family_starts(testcpu, tmp_path_factory):
+    """Each family's start (TestEveryFamily's): ``model.weights`` from one export (torch imported once for all
+    four: three processes fewer), then its size overrides; every run of a family, Paddle's and PyTorch's,
+    starts from it."""
+    weights = export_starts_of(tmp_path_factory, {family: (recipe, FAMILY_STEPS.get(family, []))
+                                                  for family, recipe in FAMILY_RECIPES.items()})
+    return {family: [weights[family], *FAMILY_STEPS.get(family, [])] for family in FAMILY_RECIPES}
+
+
 class TestEveryFamily:
     """Every other tiny family runs stage 2 and stage 3, fp32 and bf16 O2, in two checks: stage 3 at bf16 O2
     (slicing, gathering and fp32 ``main_grad``: the seed rows' precision) equals one process to fp32 rounding
     (:data:`BF16`), and stage 2 at fp32 equals the PyTorch side's FSDP2 stage 2 from the same exported start
-    (one export a family). The other two stage x precision cases are LLaVA's only (issue 44: two launches of
-    two processes fewer a family): stage 2 at bf16 O2 against one process is
+    (Qwen2-VL's: PyTorch's one process, loss and norm, in its cross-framework test). The other two stage x
+    precision cases are LLaVA's only (issue 44: two launches of two processes fewer a family): stage 2 at bf16 O2 against one process is
     ``test_llava_stages_on_two_processes_equal_one_process[stage2-bf16-o2]`` (and the overlap test), stage 3
     at fp32 ``...[stage3-fp32]``; each family's own stage 2 path is its fp32 test here, its stage 3 path its
     bf16 test. A class: ``make test``'s ``--dist loadscope`` runs it in the other worker than the LLaVA tests
-    above."""
+    above. The four families' starts are exported by one PyTorch process (:func:`family_starts`)."""
 
     @pytest.mark.parametrize("family", FAMILY_RECIPES)
-    def test_stage3_at_bf16_o2_equals_one_process(self, testcpu, runs, starts, family):
-        steps = tuple(FAMILY_STEPS.get(family, []))
-        start = [starts(FAMILY_RECIPES[family], steps), *steps]  # the fp32 tests' start: one export a family
+    def test_stage3_at_bf16_o2_equals_one_process(self, testcpu, runs, family_starts, family):
+        start = family_starts[family]  # the fp32 tests' start
         one = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", "one", "bf16-o2")
         run = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", "stage3", "bf16-o2")
         mech = run.applied["mechanisms"]
@@ -316,10 +345,14 @@ class TestEveryFamily:
         assert mech["sharding_detail"] == f"group_sharded_parallel p_g_os segment_size={SEGMENT}"
         assert_same_steps(run, one, BF16)
 
-    @pytest.mark.parametrize("family", FAMILY_RECIPES)
-    def test_stage2_at_fp32_equals_pytorch_stage2(self, testcpu, runs, starts, family):
-        steps = tuple(FAMILY_STEPS.get(family, []))
-        start = [starts(FAMILY_RECIPES[family], steps), *steps]
+    # Not Qwen2-VL's (issue 44: a launch of three PyTorch processes fewer): its stage 2 at fp32 is held to
+    # PyTorch's one process, loss and gradient norm, by test_bf16_o2_on_testcpu_follows_pytorchs_bf16_o2[qwen2vl]
+    # (its fp32 side is this Paddle run), a stricter check than this loss-only one; what it no longer runs is
+    # PyTorch's FSDP2 over Qwen2-VL's blocks (xfw_torch's qwen2vl.shard_units; FSDP2's wrapping itself runs here
+    # for the other families and in test_llava_stage2_equals_pytorch_stage2_at_fp32).
+    @pytest.mark.parametrize("family", [f for f in FAMILY_RECIPES if f not in CROSS_FAMILIES])
+    def test_stage2_at_fp32_equals_pytorch_stage2(self, testcpu, runs, family_starts, family):
+        start = family_starts[family]
         paddle_run = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", "stage2", "fp32")
         torch_run = runs.get(f"torch-fsdp2-stage2-{family}", FAMILY_RECIPES[family], "torch",
                              [*start, "parallel.nproc_per_node=2", "parallel.sharding=stage2"])
@@ -328,17 +361,17 @@ class TestEveryFamily:
         assert_same_steps(paddle_run, torch_run, {"loss": 1e-4}, norms=False)
 
     @pytest.mark.parametrize("family", CROSS_FAMILIES)
-    def test_bf16_o2_on_testcpu_follows_pytorchs_bf16_o2(self, testcpu, runs, starts, family):
+    def test_bf16_o2_on_testcpu_follows_pytorchs_bf16_o2(self, testcpu, runs, family_starts, family):
         """LLaVA's cross-framework bf16 check (above) for another architecture (Qwen2-VL: its vision tower,
         M-RoPE, tied LM head): two PyTorch runs on one process, fp32 and bf16 O2, from the exported start.
         Paddle's fp32 side is the stage-2 run above (stage 2 equals one process: LLaVA's stage tests), so this
         also compares stage 2's fp32 gradient norm with PyTorch's, which the FSDP2 comparison cannot (PyTorch
         records norms on one process only). Measured 2026-11-27: loss at most 1.0e-4 against 1.7e-4, norm
         1.5e-3 against 7.6e-3. The other families were measured by hand only (docs/testdevice.md)."""
-        steps = tuple(FAMILY_STEPS.get(family, []))
-        start = [starts(FAMILY_RECIPES[family], steps), *steps]
+        start = family_starts[family]
         pd16 = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", "one", "bf16-o2")
         pd32 = sharded(runs, start, FAMILY_RECIPES[family], f"{family}-from-torch", "stage2", "fp32")
+        assert pd32.applied["mechanisms"]["sharding_impl"] == "zero2"  # the stage-2 test's, which skips this family
         pt32 = runs.get(f"torch-one-norm-{family}", FAMILY_RECIPES[family], "torch", [*start, "backends.torch.grad_norm=true"])
         pt16 = runs.get(f"torch-one-bf16-o2-norm-{family}", FAMILY_RECIPES[family], "torch",
                         [*start, "backends.torch.grad_norm=true", *BF16_O2])
