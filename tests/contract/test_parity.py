@@ -42,8 +42,8 @@ def torch_exports_in_this_process():
     """run_parity's export of the start (``export_initial_weights``: the recipe loaded, its spec.json written),
     with the torch adapter's ``--export-weights`` called in this process (the test interpreter is the torch
     environment, its framework imported once) instead of a process per recipe; every other adapter task, and
-    the runs, as ever. The export's own process is run by test_a_negated_weight_on_one_side_is_located_by_xfw_parity
-    (``xfw parity``) and test_parity_hf_names.py."""
+    the runs, as ever (test_parity_hf_names.py's parity run too). The export's own process is run by
+    test_a_negated_weight_on_one_side_is_located_by_xfw_parity (``xfw parity``)."""
     from xfw.run.launch import launcher
 
     real = launcher.adapter_task
