@@ -29,6 +29,9 @@ DESCRIBED = os.environ["XFW_DESCRIBE_CACHE"] = tempfile.mkdtemp(prefix="xfw-test
 # programs again and again (test_jax_adapter: 177 -> 139 CPU s). Never set for users: their compile_time_s
 # would then count loading a cached program, not compiling it.
 JAX_PROGRAMS = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="xfw-test-jax-")
+# Every program kept, not only those compiling over JAX's default 1 s: a tiny LLaVA's optimizer update and its
+# parameters' initialisers compile again in every run otherwise (one run of it: 11.8 -> 7.2 CPU s, warm).
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 # One host thread per process, for this process and every process it starts (a recipe's measure.cpu_threads
 # still sets its runs' own): two workers on two cores already run two or more processes at once, and a
 # framework's OpenMP team of one thread per core then waits for threads the host has descheduled, spinning.

@@ -2,7 +2,10 @@
 
 JAX runs only as a subprocess of ``.venv/jax/bin/python`` (skipped when that is missing: scripts/setup_jax.sh
 makes it). XLA compiles every program before its first step (seconds on CPU), so each test runs as few
-steps as shows its point: about a minute and a half together on two cores.
+steps as shows its point, and the runs share what they can: one compare of one process (:func:`compared`) is
+both the documented compare's check and the one-process reference the two FSDP ranks are held to (the same
+recipe, the same 1 + 2 steps), and the other one-process LLaVA runs keep its batch shapes, so XLA's persistent
+compilation cache (tests/conftest.py) hands them its gradient program instead of compiling it again.
 """
 
 import json
@@ -14,11 +17,14 @@ import pytest
 
 from xfw.contract import presets
 from xfw.contract.records import load_records, validate_record
+from xfw.run.launch import launcher
 
 from conftest import ROOT, applied, kinds, require_interpreter, run_adapter
 
 pytestmark = pytest.mark.contract
 RECIPE = "recipes/tiny/llava_sft.yaml"
+SHORT = ("--set", "measure.warmup_steps=1", "--set", "measure.steps=2")  # every jax,torch compare here
+LLAVA_BATCH = {"global": 8, "micro": 4}  # RECIPE's: the one-process runs share its compiled gradient program
 COUNTS = presets.count_params(presets.resolve_arch("tiny-llava", {}, None, None))
 
 
@@ -29,9 +35,8 @@ def xfw(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
 
 def test_describe_names_the_framework_and_xfw_env_lists_it():
     python = require_interpreter("jax")
-    out = subprocess.run([str(python), "-m", "xfw_jax", "--describe"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    described = json.loads(out.stdout)
+    # `python -m xfw_jax --describe`, as every command asks it (kept for this session's next command: xfw env)
+    described = launcher.describe_backend(launcher.Backend("jax", str(python)))
     assert described["framework"] == "jax" and described["versions"]["flax"]
     assert described["launcher"][:3] == ["{python}", "-m", "xfw_jax.launch"]  # one process per rank
     assert {"llava", "sd15"} <= set(described["families"])
@@ -41,16 +46,23 @@ def test_describe_names_the_framework_and_xfw_env_lists_it():
     assert env.returncode == 0 and "jax " in env.stdout and "flax" in env.stdout, env.stdout + env.stderr
 
 
-def test_compare_jax_torch_runs_both_with_equal_parameter_counts(tmp_path):
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    """docs/jax.md's compare of RECIPE on one process each (1 + 2 steps): checked by the test below, and the
+    one process accumulating two micro-batches that the two FSDP ranks are held to."""
     require_interpreter("jax")
-    out = tmp_path / "cmp"
-    result = xfw("compare", RECIPE, "--backends", "jax,torch", "--set", "measure.warmup_steps=1",
-                 "--set", "measure.steps=3", "--out", str(out))
+    out = tmp_path_factory.mktemp("compare") / "cmp"
+    result = xfw("compare", RECIPE, "--backends", "jax,torch", *SHORT, "--out", str(out))
+    return out, result
+
+
+def test_compare_jax_torch_runs_both_with_equal_parameter_counts(compared):
+    out, result = compared
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     sides = {b: load_records(out / "tiny-llava-sft" / b / "steps.jsonl") for b in ("jax", "torch")}
     for records in sides.values():
         assert all(validate_record(r) == [] for r in records)
-        assert kinds(records) == ["start"] + ["step"] * 4 + ["window", "applied", "end"]
+        assert kinds(records) == ["start"] + ["step"] * 3 + ["window", "applied", "end"]
     jax_applied, torch_applied = applied(sides["jax"]), applied(sides["torch"])
     assert jax_applied["num_params_total"] == torch_applied["num_params_total"] == COUNTS["total"]
     assert jax_applied["num_params_trainable"] == torch_applied["num_params_trainable"]
@@ -120,8 +132,8 @@ def test_explain_times_the_step_by_its_parts(tmp_path):
     from conftest import TINY_RECIPE
 
     python = require_interpreter("jax")
-    spec = resolve_spec(recipe_from_dict({**TINY_RECIPE, "measure": {"warmup_steps": 1, "steps": 2}}),
-                        backend="jax", run_id="test")
+    spec = resolve_spec(recipe_from_dict({**TINY_RECIPE, "batch": LLAVA_BATCH,
+                                          "measure": {"warmup_steps": 1, "steps": 2}}), backend="jax", run_id="test")
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     out = subprocess.run([str(python), "-m", "xfw_jax", "--explain", str(tmp_path / "explain.json"), "--spec",
                           str(tmp_path / "spec.json")], capture_output=True, text=True, timeout=300)
@@ -133,8 +145,9 @@ def test_explain_times_the_step_by_its_parts(tmp_path):
 
 
 def test_bf16_with_remat_and_clipping_is_recorded_as_applied(tmp_path):
+    # one micro-batch a step: a gradient program of one forward and backward, half of what two unroll to compile
     code, records, stderr = run_adapter(
-        "jax", tmp_path, measure={"warmup_steps": 1, "steps": 2, "timeout_s": 120},
+        "jax", tmp_path, batch={"global": 2, "micro": 2}, measure={"warmup_steps": 1, "steps": 2, "timeout_s": 120},
         precision={"dtype": "bf16", "amp_level": "O1"}, recompute=True,
         optimizer={"lr": 1.0e-3, "max_grad_norm": 1.0})
     assert code == 0, stderr[-3000:]
@@ -155,14 +168,14 @@ def test_what_is_not_ported_is_unsupported_with_its_reason(tmp_path, sections, r
     assert error["kind"] == "error" and error["status"] == "unsupported" and reason in error["message"]
 
 
-def test_two_ranks_fsdp_train_the_same_losses_as_one_process_accumulating(tmp_path):
+def test_two_ranks_fsdp_train_the_same_losses_as_one_process_accumulating(tmp_path, compared):
     """stage3 on two processes (xfw_jax.launch, jax.distributed over Gloo, parameters sharded over the mesh)
-    against one process accumulating the same two micro-batches: one seeded start, the same samples. The two
-    processes run as docs/jax.md's compare writes it (PyTorch's FSDP2 beside them; that command is not run again
-    by test_documented_commands)."""
+    against one process accumulating the same two micro-batches (the one-process compare of the same recipe and
+    steps, :func:`compared`): one seeded start, the same samples. The two processes run as docs/jax.md's compare
+    writes it (PyTorch's FSDP2 beside them; that command is not run again by test_documented_commands)."""
     require_interpreter("jax")
     out = tmp_path / "fsdp"
-    short = ("--set", "measure.warmup_steps=1", "--set", "measure.steps=2")
+    short = SHORT  # test_documented_commands' COVERED table looks for this call's text, `*short` included
     result = xfw("compare", RECIPE, "--backends", "jax,torch", "--set", "parallel.nproc_per_node=2",
                  "--set", "parallel.sharding=stage3", *short, "--out", str(out))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -171,9 +184,10 @@ def test_two_ranks_fsdp_train_the_same_losses_as_one_process_accumulating(tmp_pa
     assert sorted({r["rank"] for r in records if r["kind"] == "end"}) == [0, 1]
     a = applied(records)
     assert (a["sharding_impl"], a["num_processes"], a["grad_accum_steps"]) == ("jax_fsdp", 2, 1)
-    code, single, stderr = run_adapter("jax", tmp_path, batch={"global": 8, "micro": 4},
-                                       measure={"warmup_steps": 1, "steps": 2, "timeout_s": 120})
-    assert code == 0, stderr[-2000:]
+    one_dir, one_result = compared
+    assert one_result.returncode == 0, one_result.stdout[-2000:] + one_result.stderr[-2000:]
+    single = load_records(one_dir / "tiny-llava-sft" / "jax" / "steps.jsonl")
+    assert (applied(single)["num_processes"], applied(single)["grad_accum_steps"]) == (1, 2)
     two = [r["loss"] for r in records if r["kind"] == "step" and r["rank"] == 0]
     one = [r["loss"] for r in single if r["kind"] == "step"]
-    assert two == pytest.approx(one, rel=1e-5)
+    assert len(two) == 3 and two == pytest.approx(one, rel=1e-5)
