@@ -22,7 +22,8 @@ from conftest import ROOT, require_interpreter
 pytestmark = pytest.mark.contract
 RECIPE = ROOT / "examples" / "attach" / "diffusers_lora.yaml"
 NAME = "tiny-sd15-attach-diffusers"
-TQDM = r"steps_per_s='Steps: +\d+%\|[^|]*\| *(?P<step>\d+)/\d+ \[[^,\]]*, *([0-9.]+)it/s'"  # YAML-quoted
+# YAML-quoted; the unit group reads the bar when it switches to s/it (a step over a second: a loaded machine)
+TQDM = r"steps_per_s='Steps: +\d+%\|[^|]*\| *(?P<step>\d+)/\d+ \[[^,\]]*, *([0-9.]+)(?P<unit>it/s|s/it)'"
 
 
 def xfw(*args):
@@ -97,7 +98,7 @@ def test_a_tqdm_bar_is_parsed_from_the_start_of_training_and_stops_the_command(r
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     steps, applied = records(out, "torch")
     assert len(steps) == 4 and applied == {}
-    assert all(0.5 < 8 * r["step_time_s"] ** -1 / 8 < 1000 for r in steps)  # a training step's it/s, not loading's
+    assert all(0.01 < r["step_time_s"] ** -1 < 1000 for r in steps)  # a training step's rate, not loading's
     assert "100/100" not in (out / NAME / "torch" / "stderr.log").read_text()  # stopped after 4 steps
 
 

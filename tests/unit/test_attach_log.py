@@ -68,6 +68,7 @@ def test_a_log_without_newlines_is_read_in_bounded_memory(tmp_path):
     ({"ips": r"(?P<step>\d+) (\d+)", "after": "("}, "after", "not a regular expression"),
     ({"ips": "x" * 2000}, "ips", "at most 1000"),
     ({"ips": r"(\d)", "before": "x"}, "before", "unknown key"),
+    ({"ips": r"([0-9.]+)(?P<unit>it/s|s/it)"}, "ips", "is for steps_per_s and step_time_s"),
 ])
 def test_a_bad_log_pattern_names_its_key(pattern, key, words):
     from xfw.run.launch import logparse
@@ -181,3 +182,19 @@ def test_the_matcher_process_ends_with_xfw_even_inside_a_match_that_never_return
         time.sleep(0.1)
     os.kill(worker, signal.SIGKILL)
     pytest.fail(f"the matcher {worker} outlived the process that started it (state {state})")
+
+
+def test_a_bar_that_switches_to_seconds_per_step_is_read_through_a_unit_group():
+    """tqdm prints it/s, and s/it once a step takes longer than a second (a loaded machine, a large model):
+    a group named unit reads both, as the kind's unit; without it the slow lines would not count."""
+    from xfw.run.launch import logparse
+
+    log = "Steps: 1/100 [00:01, 4.00it/s]\rSteps: 2/100 [00:02, 1.25s/it]\rSteps: 3/100 [00:04, 2.00it/s]\n"
+    rate = logparse.LogPattern.parse({"steps_per_s": r"Steps: +(?P<step>\d+)/\d+ .*?([0-9.]+)(?P<unit>it/s|s/it)"})
+    assert rate.values(log) == [4.0, 0.8, 2.0]
+    assert [rate.step_time_s(v, 8) for v in rate.values(log)] == [0.25, 1.25, 0.5]
+    seconds = logparse.LogPattern.parse({"step_time_s": r"([0-9.]+)(?P<unit>s/it|it/s)"})
+    assert seconds.values(log) == [0.25, 1.25, 0.5]
+    plain = logparse.LogPattern.parse({"steps_per_s": r"([0-9.]+)it/s"})
+    assert plain.values(log) == [4.0, 2.0]  # the s/it line is not a match: what the unit group is for
+

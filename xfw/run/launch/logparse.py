@@ -15,6 +15,9 @@ bar's ``it/s``), which becomes a step time of 1 / rate, and samples/s with the r
 batch. ``after``: lines count only after the first line it matches (the start of training: a
 weight-loading bar before it is not a step). A group named ``step`` (optional) makes a line count
 only when its step differs from the last counted line's (a progress bar redrawn for the same step).
+A group named ``unit`` (``steps_per_s`` and ``step_time_s``) that captures tqdm's other unit inverts
+the number: ``([0-9.]+)(?P<unit>it/s|s/it)`` reads a bar that switches to ``s/it`` once a step takes
+longer than a second (:data:`INVERSE_UNIT`).
 
 Lines end at ``\\n`` or ``\\r`` (a progress bar rewrites its line with ``\\r``), the same while the
 command runs and at the end. Each counted line is one step: the first ``measure.warmup_steps`` are
@@ -44,6 +47,9 @@ from pathlib import Path
 from xfw.contract.records import RecordWriter
 
 KINDS = ("step_time_s", "ips", "steps_per_s")
+INVERSE_UNIT = {"steps_per_s": "s/it", "step_time_s": "it/s"}
+"""A group named ``unit`` that captures this text means the number is the inverse of the kind's unit: tqdm
+prints ``it/s``, and ``s/it`` once a step takes longer than a second (a bar can switch mid-run)."""
 STREAMS = ("stdout", "stderr")
 SOURCE = "command_log"
 NOTE = "parsed from the command's log: not measured by xfw"
@@ -68,8 +74,8 @@ except Exception:
     pass
 cfg = json.loads(sys.stdin.readline())
 rx, after = re.compile(cfg["regex"]), re.compile(cfg["after"]) if cfg["after"] else None
-step = rx.groupindex.get("step")
-group = next(i for i in range(1, rx.groups + 1) if i != step)
+step, unit = rx.groupindex.get("step"), rx.groupindex.get("unit")
+group = next(i for i in range(1, rx.groups + 1) if i not in (step, unit))
 started, last = after is None, None
 for request in sys.stdin:
     out = []
@@ -86,6 +92,8 @@ for request in sys.stdin:
             continue
         if not (math.isfinite(value) and value > 0):
             continue
+        if unit is not None and m.group(unit) == cfg["inverse_unit"]:
+            value = 1.0 / value
         if step is not None:
             if m.group(step) == last:
                 continue
@@ -132,10 +140,12 @@ class LogPattern:
             raise PatternError("", f"needs exactly one of {', '.join(KINDS)}, got {len(kinds)}")
         kind = kinds[0]
         regex = _compile(kind, data[kind])
-        numbered = regex.groups - (1 if "step" in regex.groupindex else 0)
+        if "unit" in regex.groupindex and kind not in INVERSE_UNIT:
+            raise PatternError(kind, "a group named unit (tqdm's it/s or s/it) is for steps_per_s and step_time_s")
+        numbered = regex.groups - len({"step", "unit"} & set(regex.groupindex))
         if numbered != 1:
-            raise PatternError(kind, f"needs exactly one group capturing the number (and optionally one named "
-                               f"step), has {regex.groups}")
+            raise PatternError(kind, f"needs exactly one group capturing the number (and optionally ones named "
+                               f"step and unit), has {regex.groups}")
         after = _compile("after", data["after"]) if "after" in data else None
         stream = data.get("stream", "stdout")
         if stream not in STREAMS:
@@ -184,7 +194,8 @@ class Matcher:
         self.deadline_s = MATCH_DEADLINE_S if deadline_s is None else deadline_s
         self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WORKER], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        config = {"regex": pattern.regex.pattern, "after": pattern.after.pattern if pattern.after else None}
+        config = {"regex": pattern.regex.pattern, "after": pattern.after.pattern if pattern.after else None,
+                  "inverse_unit": INVERSE_UNIT.get(pattern.kind)}
         self.proc.stdin.write((json.dumps(config) + "\n").encode())
         self.proc.stdin.flush()
 
