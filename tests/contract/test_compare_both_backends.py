@@ -1,4 +1,8 @@
-"""End to end, as a user runs it: `xfw compare` across the real Paddle and PyTorch adapters."""
+"""End to end, as a user runs it: `xfw compare` across the real Paddle and PyTorch adapters.
+
+Four commands, shared at module scope where one serves several tests: a parity run and a compare of tiny LLaVA
+(the llava fixture), a compare whose Paddle side is rejected in another configuration (the rejected fixture:
+also the parity lookup that must not match), and a compare of two real-data recipes."""
 
 import json
 import re
@@ -58,14 +62,26 @@ def test_compare_trains_both_backends_and_reports_equal_parameter_counts(llava):
     assert len(digests) == 1 and None not in digests  # both sides trained on the same micro-batches
 
 
-def test_a_backend_that_rejects_its_settings_loses_no_other_result(tmp_path):
-    out = tmp_path / "out"
-    weights = tmp_path / "broken"
+@pytest.fixture(scope="module")
+def rejected(llava):
+    """One compare of the recipe in another configuration (a different batch) whose Paddle side is given a weight
+    file that is not one: the rejection the test below checks, and the parity lookup of a configuration the
+    llava fixture's parity run does not vouch for (test_the_compare_report_shows_the_parity_run_of_the_same_recipe).
+    One command where there were two: the PyTorch side trains once for both."""
+    tmp = llava[0]
+    out = tmp / "rejected"
+    weights = tmp / "broken"
     weights.mkdir()
     (weights / "model.safetensors").write_text("not a safetensors file")  # only the adapter reads it
     result = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "paddle,torch", "--out", out,
+                 "--parity", tmp / "parity", "--set", "batch.micro=2",
                  "--set", "measure.warmup_steps=0", "--set", "measure.steps=2",
                  "--set", f"backends.paddle.override.model.weights={weights}")
+    return out, result
+
+
+def test_a_backend_that_rejects_its_settings_loses_no_other_result(rejected):
+    out, result = rejected
     assert result.returncode == 1
     row = next(line for line in result.stdout.splitlines() if line.startswith("| Tiny LLaVA"))
     assert "| **invalid** | n/a |" in row
@@ -74,18 +90,17 @@ def test_a_backend_that_rejects_its_settings_loses_no_other_result(tmp_path):
     assert torch_summary["status"] == "ok" and torch_summary["measurement"]["ips"] > 0
 
 
-def test_the_compare_report_shows_the_parity_run_of_the_same_recipe(llava):
+def test_the_compare_report_shows_the_parity_run_of_the_same_recipe(llava, rejected):
     tmp, parity, out, shown = llava  # the compare measured 1 + 4 steps: measure is not what parity vouches for
     assert parity.returncode == 0, parity.stderr[-2000:]
     assert shown.returncode == 0, shown.stderr[-2000:]
     line = next(line for line in shown.stdout.splitlines() if "Parity:" in line)
     assert "passed, 2 steps" in line and str(tmp / "parity") in line
     assert line in (out / "report.md").read_text()
-    # Another configuration of the recipe (a different batch) is not vouched for by that run: the lookup is by the
-    # recipe, so one backend shows it.
-    other = xfw("compare", "recipes/tiny/llava_sft.yaml", "--backends", "torch", "--out", tmp / "b",
-                "--parity", tmp / "parity", "--set", "batch.micro=2", "--set", "measure.warmup_steps=0",
-                "--set", "measure.steps=2")
+    # Another configuration of the recipe (a different batch, and Paddle's own weights: the `rejected` compare) is
+    # not vouched for by that run: the lookup is by the recipe's fingerprint. A different batch alone changes it:
+    # tests/unit/test_parity_report.py::test_a_compare_finds_the_parity_run_of_the_same_recipe_by_fingerprint.
+    _, other = rejected
     assert "Parity: no parity run" in other.stdout and "passed" not in next(
         line for line in other.stdout.splitlines() if "Parity:" in line)
 
