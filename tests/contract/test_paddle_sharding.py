@@ -10,8 +10,8 @@ compared, not just run (xfw_paddle.parallel; issues 22 and 27).
 * The CPU test device (``backends.paddle.device: testcpu``; skipped where it is not built): stage 2 and
   stage 3 through ``group_sharded_parallel`` over two processes equal one process on the same global batch,
   fp32 and bf16 O2 with fp32 ``main_grad``, for LLaVA; for every other tiny family stage 3 at bf16 O2 equals
-  one process and stage 2 at fp32 PyTorch's FSDP2 stage 2 (SD1.5, SD3) or PyTorch's one process (LLaVA-Next,
-  Qwen2-VL: :data:`FSDP2_FAMILIES`) (so each runs both stages and both precisions, each stage x precision
+  one process and stage 2 at fp32 PyTorch's FSDP2 stage 2 (SD1.5, SD3, Qwen2-VL) or PyTorch's one process
+  (LLaVA-Next: :data:`FSDP2_FAMILIES`) (so each runs both stages and both precisions, each stage x precision
   path runs on LLaVA); and
   ``paddle.amp.decorate(master_grad=True)`` under stage 2 — the route the adapter no longer takes —
   diverges where ``MixPrecisionLayer`` does not (:func:`test_decorate_master_grad_under_sharding_diverges`).
@@ -205,12 +205,10 @@ PRECISIONS = {"fp32": ([], FP32), "bf16-o2": (BF16_O2, BF16)}
 SEGMENT = 1024  # stage 3 slices every parameter of at least this many elements (LLaVA's matrices, embeddings)
 CROSS_FAMILIES = ["qwen2vl"]  # bf16 O2 against PyTorch's in the suite besides LLaVA (two PyTorch runs each)
 # The families whose stage 2 at fp32 is held to PyTorch's FSDP2 stage 2 on two processes: those whose blocks no
-# other test wraps in FSDP2 (xfw_torch's sd15 and sd3 shard_units). The others are held to PyTorch's one process
-# (loss and gradient norm: stricter; issue 44, two launches of three PyTorch processes fewer): LLaVA-Next, whose
-# FSDP2 blocks are LLaVA's (llava.shard_units, wrapped by test_llava_stage2_equals_pytorch_stage2_at_fp32), and
-# Qwen2-VL, whose one-process run its cross-framework test needs anyway (its blocks, qwen2vl.shard_units, are
-# wrapped in FSDP2 by no test now).
-FSDP2_FAMILIES = ("sd15", "sd3")
+# other test wraps in FSDP2 (xfw_torch's sd15, sd3 and qwen2vl shard_units). LLaVA-Next is held to PyTorch's one
+# process instead (loss and gradient norm: stricter; issue 44, a launch of three PyTorch processes fewer): its
+# FSDP2 blocks are LLaVA's (llava.shard_units, wrapped by test_llava_stage2_equals_pytorch_stage2_at_fp32).
+FSDP2_FAMILIES = ("sd15", "sd3", "qwen2vl")
 
 
 @pytest.fixture(scope="module")
@@ -333,8 +331,8 @@ def family_starts(testcpu, tmp_path_factory):
 class TestEveryFamily:
     """Every other tiny family runs stage 2 and stage 3, fp32 and bf16 O2, in two checks: stage 3 at bf16 O2
     (slicing, gathering and fp32 ``main_grad``: the seed rows' precision) equals one process to fp32 rounding
-    (:data:`BF16`), and stage 2 at fp32 equals PyTorch from the same exported start (FSDP2 stage 2 for SD1.5
-    and SD3; PyTorch's one process, loss and norm, for LLaVA-Next and Qwen2-VL: :data:`FSDP2_FAMILIES`). The
+    (:data:`BF16`), and stage 2 at fp32 equals PyTorch from the same exported start (FSDP2 stage 2 for SD1.5,
+    SD3 and Qwen2-VL; PyTorch's one process, loss and norm, for LLaVA-Next: :data:`FSDP2_FAMILIES`). The
     other two stage x precision cases are LLaVA's only (issue 44: two launches of two processes fewer a
     family): stage 2 at bf16 O2 against one process is
     ``test_llava_stages_on_two_processes_equal_one_process[stage2-bf16-o2]`` (and the overlap test), stage 3
@@ -366,7 +364,7 @@ class TestEveryFamily:
                                  [*start, "parallel.nproc_per_node=2", "parallel.sharding=stage2"])
             assert torch_run.applied["sharding_impl"] == "fsdp2"
             assert_same_steps(paddle_run, torch_run, {"loss": 1e-4}, norms=False)
-        else:  # the cross-framework test's fp32 run where there is one (Qwen2-VL's)
+        else:  # LLaVA-Next: PyTorch's one process
             torch_one = runs.get(f"torch-one-norm-{family}", FAMILY_RECIPES[family], "torch",
                                  [*start, "backends.torch.grad_norm=true"])
             assert_same_steps(paddle_run, torch_one, {"loss": 1e-4, "norm": 1e-3})
