@@ -6,7 +6,7 @@ train on the same samples; DDP averages gradients, so the mean of the ranks' los
 the single process's loss at every step, up to fp32 reduction order. Every sharded run accumulates
 two micro-batches per rank (:data:`ACCUM`), so the same runs also show each implementation's
 accumulation (DeepSpeed's its own) equal to one process's; the one-micro-batch layout (global 4 in
-micro-batches of 2 on two ranks) is run by test_paddle_sharding.py's PyTorch DDP and FSDP2 runs and
+micro-batches of 2 on two ranks) is run by test_paddle_sharding.py's PyTorch FSDP2 runs and
 test_text_only_sharded.py. A process start costs ~15 s of CPU and a tiny step ~0.1 s: runs, not
 steps, are what this file is counted in.
 """
