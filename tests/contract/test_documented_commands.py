@@ -52,6 +52,9 @@ COVERED = {
     "xfw compare recipes/tiny/llava_sft.yaml --explain":
         ("tests/contract/test_explain_both_backends.py",
          '"compare", "recipes/tiny/llava_sft.yaml", "--backends", "paddle,torch", "--explain"'),
+    "xfw explain recipes/tiny/llava_sft.yaml":  # the same call (tests/unit/test_cli.py::test_explain_is_compare_...)
+        ("tests/contract/test_explain_both_backends.py",
+         '"compare", "recipes/tiny/llava_sft.yaml", "--backends", "paddle,torch", "--explain"'),
     "xfw parity recipes/tiny/llava_sft.yaml --backends jax,torch --steps 10":
         ("tests/contract/test_jax_adapter.py", '"parity", RECIPE, "--backends", "jax,torch", "--steps", "10"'),
     "xfw compare recipes/tiny/llava_sft.yaml --backends jax,torch":
@@ -84,7 +87,8 @@ COVERED = {
 """Documented commands (as :func:`same_command` writes them) that another contract test runs as written (its
 own --out, and a measured window of a few steps as this test gives one), with the text of that call in its
 source, one string or several that must all be there (checked below, so the coverage cannot silently go): not
-run twice. A converge counts as written with other counts (``--seeds/--steps/--eval-every``, which this test
+run twice. ``xfw explain R`` counts as ``xfw compare R --explain``: the CLI makes the same call for both
+(tests/unit/test_cli.py::test_explain_is_compare_with_explain). A converge counts as written with other counts (``--seeds/--steps/--eval-every``, which this test
 rewrites to its smallest anyway) and other ``--set`` values: test_converge runs README's converge at 3 seeds
 of 80 steps, a smaller learning rate and batch, and asserts on every part of its output."""
 

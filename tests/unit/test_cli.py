@@ -135,3 +135,28 @@ def test_the_cli_names_every_report_layout():
     from xfw.report.layouts import LAYOUTS
 
     assert cli.LAYOUT_NAMES == tuple(LAYOUTS)
+
+
+def test_explain_is_compare_with_explain(monkeypatch, write_recipe):
+    """`xfw explain R` makes the very call `xfw compare R --explain` makes (test_documented_commands then runs
+    README's `xfw explain` once, as test_explain_both_backends' `compare --explain`)."""
+    import inspect
+
+    from xfw import workflow
+
+    calls = []
+    real = inspect.signature(workflow.compare)
+
+    def record(*args, **kwargs):
+        bound = real.bind(*args, **kwargs)
+        bound.apply_defaults()
+        calls.append({k: v for k, v in bound.arguments.items() if k not in ("progress", "log")})
+        return None
+
+    monkeypatch.setattr(workflow, "compare", record)
+    path = write_recipe()
+    for argv in (("explain", path, "--set", "measure.steps=3"), ("compare", path, "--explain", "--set", "measure.steps=3")):
+        CliRunner().invoke(cli.main, [str(a) for a in argv])
+    for call in calls:  # no --parity: compare passes [], explain leaves the default None
+        call["parity_dirs"] = list(call["parity_dirs"] or [])
+    assert len(calls) == 2 and calls[0] == calls[1] and calls[0]["explain"] is True, calls
