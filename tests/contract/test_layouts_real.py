@@ -11,7 +11,7 @@ The sweep's points are the fewest that reach every kind of row the layouts rende
 nothing to shard (single device), two processes unsharded (DDP / DataParallel), a sharded stage that
 runs (torch ZeRO-2), and both kinds of unsupported point (a stage at one process; Paddle's GPU-only
 stage 2 at two). Stages 1 and 3 add rows of the same kinds (their adapters' paths are run by
-test_torch_parallel and test_paddle_parallel); dropping them took the sweep from 16 launches (24
+test_torch_parallel and test_paddle_sharding); dropping them took the sweep from 16 launches (24
 processes) to 8 (12). One sweep is shared by every test in this module.
 """
 
