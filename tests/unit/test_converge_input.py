@@ -109,3 +109,35 @@ def test_the_speed_window_is_measured_longer_at_once_when_the_curves_pace_puts_i
     assert longer_steps(2, 0.03) == 40  # at most 20x the recipe's steps
     assert longer_steps(50, 0.05) == 201  # about 10 s
     assert longer_steps(50, 0.5) == 51  # always more than the recipe's
+
+
+def test_the_starts_are_exported_by_one_process_and_a_failure_is_retried_seed_by_seed(tmp_path, monkeypatch):
+    """One export process for every seed; when it fails, each seed again alone, so the failure names its seed
+    and the other seeds keep their starts; a start already there (same spec) is kept, not exported again."""
+    from xfw.run.commands import converge, parity
+    from xfw.run.launch.launcher import Backend
+
+    chosen = converge.plan(str(ROOT / "recipes" / "tiny" / "llava_json_sft.yaml"), [], backends=("paddle", "torch"),
+                           seeds=3, steps=4, eval_every=2)
+    calls = []
+
+    def export_starts(backend, starts, timeout_s):
+        calls.append([d.parent.name for d, _ in starts])
+        if len(starts) > 1 or starts[0][0].parent.name == "seed-1":
+            raise parity.ParityError("backend 'torch': could not export the initial weights (boom)")
+        starts[0][0].mkdir(parents=True, exist_ok=True)
+        (starts[0][0] / "model.safetensors").write_bytes(b"x")
+        (starts[0][0] / "spec.json").write_text(json.dumps(starts[0][1]))
+
+    monkeypatch.setattr(parity, "export_starts", export_starts)
+    torch = Backend("torch", "python")
+    lines = []
+    done = converge._export_seeds(chosen, [0, 1, 2], torch, tmp_path, log=lines.append)
+    assert calls == [["seed-0", "seed-1", "seed-2"], ["seed-0"], ["seed-1"], ["seed-2"]]
+    assert done[0] is True and done[2] is True and str(done[1]) == (
+        "seed 1: backend 'torch': could not export the initial weights (boom)")
+    assert lines == ["seeds 0, 1, 2: torch exports their starts (one process)"]
+    calls.clear()
+    again = converge._export_seeds(chosen, [0, 1, 2], torch, tmp_path)  # a rerun: 0 and 2 kept, 1 alone
+    assert again[0] is False and again[2] is False and isinstance(again[1], converge.ConvergeError)
+    assert calls == [["seed-1"]]

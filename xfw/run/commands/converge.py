@@ -223,7 +223,9 @@ def _export_seeds(chosen: Plan, seeds: list[int], backend: launcher.Backend, out
         if todo:
             par.export_starts(backend, [(_weights_dir(out_dir, s), wanted[s]) for s in todo], timeout_s)
         done.update((seed, True) for seed in todo)
-    except par.ParityError:
+    except par.ParityError as err:
+        if len(todo) == 1:
+            return {**done, todo[0]: ConvergeError(f"seed {todo[0]}: {err}")}
         for seed in todo:  # again one at a time: which seed's start could not be written, and why
             try:
                 par.export_starts(backend, [(_weights_dir(out_dir, seed), wanted[seed])], timeout_s)
