@@ -49,11 +49,16 @@ def torch_exports_in_this_process():
     real = launcher.adapter_task
 
     def task(backend, args, **kwargs):
-        if backend.name != "torch" or args[:1] != ["--export-weights"] or len(args) != 4:
+        if backend.name != "torch" or args[:1] != ["--export-weights"]:
             return real(backend, args, **kwargs)
+        from xfw.contract import harness
         from xfw_torch.side_tasks import export_weights
+        from xfw_torch.session import build_session, describe
 
-        export_weights(json.loads(Path(args[3]).read_text()), args[1])  # --export-weights DIR --spec SPEC
+        # what `python -m xfw_torch --export-weights DIR --spec SPEC ...` runs (xfw_torch/__main__.py)
+        code = harness.main(build_session, describe, args, export_weights=export_weights)
+        if code != harness.EXIT_OK:
+            raise launcher.BackendError(f"backend 'torch': {kwargs.get('failed')} (exit {code})")
         return ""
 
     with pytest.MonkeyPatch.context() as patch:
