@@ -225,25 +225,25 @@ def test_xfw_killed_and_rerun_attaches_to_its_job_and_runs_nothing_twice(cluster
             "measure.warmup_steps=1", "--set", "measure.steps=40", "--out", str(out), "--executor", "slurm")
     proc = start_xfw(*args)
     running, ended = (out / "tiny-llava-sft" / f"torch-r{k}" for k in (0, 1))
-    ids = []
-    for run in (running, ended):  # each held as soon as it runs: the kill below cannot race a job's end
-        ids.append(wait_running(run))
-        _scontrol("suspend", ids[-1])
-    proc.kill()  # SIGKILL: no chance to cancel; the jobs run on
-    proc.communicate()
-    _scontrol("resume", ids[1])
-    _wait_gone(ids[1])
-    rerun = start_xfw(*args)
-    lines = []
-    try:
+    ids, rerun, lines = [], None, []
+    try:  # whatever fails, no job of this test is left suspended on a node (it would hold the next test's job)
+        for run in (running, ended):  # each held as soon as it runs: the kill below cannot race a job's end
+            ids.append(wait_running(run))
+            _scontrol("suspend", ids[-1])
+        proc.kill()  # SIGKILL: no chance to cancel; the jobs run on
+        proc.communicate()
+        _scontrol("resume", ids[1])
+        _wait_gone(ids[1], timeout=240)  # 40 steps and its xfw's start on a loaded machine
+        rerun = start_xfw(*args)
         for line in rerun.stdout:
             lines.append(line)
             if f"attached to Slurm job {ids[0]}" in line:
                 _scontrol("resume", ids[0])
         rerun.wait(timeout=200)
     finally:
-        if rerun.poll() is None:
-            rerun.kill()
+        for started in (proc, rerun):
+            if started is not None and started.poll() is None:
+                started.kill()
         subprocess.run(["scancel", *ids], capture_output=True)
     output = "".join(lines)
     assert rerun.returncode == 0, output[-4000:]
