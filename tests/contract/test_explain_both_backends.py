@@ -124,11 +124,13 @@ def test_compare_explain_prints_the_aligned_tables_and_writes_chart_and_traces(p
         rows = sum(r["fwd_s"] + r["bwd_s"] for r in e["modules"].values())
         assert rows == pytest.approx(e["hooked_step_s"], rel=0.02)  # every span of the step is in one row
         assert e["steps"] == 7 and len(e["hooked_steps_s"]) == 7  # EXPLAIN_STEPS: the run measured 8
-        measured = sorted(s["step_time_s"] for s in _steps(out, backend))[len(_steps(out, backend)) // 2]
-        # Coverage: the rows hold at least 90% of a step, the measured one or the same step run plainly in the
-        # explain process, whichever was faster (a loaded host slows either; CI once read rows 0.0709 s, measured
-        # 0.0813 s, plain 0.0747 s). Rows missing a part of the step (the optimizer, the loss) fall below both.
-        assert rows >= 0.9 * min(measured, e["plain_step_s"]), (backend, rows, measured, e["plain_step_s"])
+        # Coverage: the rows hold at least 90% of a step: of the fastest step run without hooks, in the measured
+        # run or plainly in the explain process (load only slows a step, so the fastest of the 15 is the least
+        # disturbed; medians failed on loaded hosts: CI read rows 0.0709 s, measured 0.0813, plain 0.0747, and a
+        # loaded run here rows 0.066 s, plain 0.104). Rows missing a part of the step (the optimizer, the loss)
+        # fall below it.
+        fastest = min([s["step_time_s"] for s in _steps(out, backend)] + e["plain_steps_s"])
+        assert rows >= 0.9 * fastest, (backend, rows, fastest, e["plain_steps_s"])
         assert sum(e["categories"].values()) > 0.3 * e["profiler_step_s"]
         assert e["categories"]["matmul"] > 0 and e["categories"]["optimizer"] > 0
         assert all(r["recompute_s"] == 0 for r in e["modules"].values())
