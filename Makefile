@@ -4,9 +4,8 @@
 XFW := .venv/torch/bin/xfw
 PYTEST := .venv/torch/bin/python -m pytest
 
-setup:
+setup:  # .venv/torch, .venv/paddle and .venv/jax (scripts/setup_jax.sh), built side by side
 	bash scripts/setup.sh
-	bash scripts/setup_jax.sh  # .venv/jax: its own script and stamp (docs/jax.md)
 
 # Debian's chromium, for the test that opens the nightly report in a real headless browser.
 browser:

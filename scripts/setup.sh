@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Create the two environments xfw needs, from nothing, and skip what is already up to date.
+# Create the environments xfw needs, from nothing, and skip what is already up to date.
 #   .venv/torch   PyTorch stack + the xfw core with its CLI/reporting extras + xfw_torch
 #   .venv/paddle  Paddle stack (numpy<=1.26, docs/design.md §3) + the bare xfw core + xfw_paddle
-# The two stacks cannot share one environment: paddlenlp pins numpy<=1.26, pandas 3 needs numpy 2.
+#   .venv/jax     scripts/setup_jax.sh (its own script and stamp; not with --gpu)
+# The stacks cannot share one environment: paddlenlp pins numpy<=1.26, pandas 3 needs numpy 2.
+# They are built side by side, each line of output prefixed with its environment's name: installing is
+# CPU-bound (unpacking, compiling bytecode) and one pip uses one core (4.5 minutes one after another on a
+# clean 2-core machine). Only the editable installs of this tree take turns (.venv/.editable.lock): each
+# writes the project's egg-info here.
 # scripts/setup.sh --gpu CUDA_VERSION builds the same two environments for a CUDA node instead (docs/gpu.md):
 #   requirements-gpu.txt per adapter (no CPU pins), torch's CUDA build, Paddle's CUDA wheel from Paddle's index.
 set -euo pipefail
@@ -29,9 +34,14 @@ quiet_pip() {  # pip's progress lines, without the index's repetitive location w
   "$@" 2>&1 | sed -u '/is ignored: it is neither a file nor a directory/d; /^Requirement already satisfied/d'
 }
 
-make_env() {
+LOCK=.venv/.editable.lock
+mkdir -p .venv
+
+make_env() {  # make_env NAME REQUIREMENTS [INDEX OPTIONS...] -e EDITABLE...
   local name=$1; shift
   local requirements=$1; shift
+  local index=()
+  while [ $# -gt 0 ] && [ "$1" != "-e" ]; do index+=("$1"); shift; done
   local dir=.venv/$name
   local stamp="$dir/.xfw-setup-stamp"
   local want
@@ -46,7 +56,8 @@ make_env() {
   rm -rf "$dir"
   "$PYTHON" -m venv "$dir"
   quiet_pip "$dir/bin/python" -m pip install --progress-bar off --upgrade pip
-  quiet_pip "$dir/bin/python" -m pip install --progress-bar off -r "$requirements" "$@"
+  quiet_pip "$dir/bin/python" -m pip install --progress-bar off -r "$requirements" "${index[@]}"
+  (flock 9 && quiet_pip "$dir/bin/python" -m pip install --progress-bar off "${index[@]}" "$@") 9>"$LOCK"
   if [ -f "$late" ]; then  # packages that must build against this environment's torch (see the file)
     quiet_pip env DS_BUILD_OPS=0 "$dir/bin/python" -m pip install --progress-bar off --no-build-isolation -r "$late"
   fi
@@ -55,15 +66,29 @@ make_env() {
   echo "==> .venv/$name ready"
 }
 
+pids=()
+beside() {  # beside NAME COMMAND...: run it in the background, its lines prefixed with "[NAME] "
+  local name=$1; shift
+  (set -o pipefail; "$@" 2>&1 | sed -u "s/^/[$name] /") &
+  pids+=($!)
+}
+paddle_and_device() {
+  make_env paddle "$@"
+  bash scripts/build_testdevice.sh  # the CPU test device for Paddle (docs/testdevice.md), into .venv/paddle
+}
+
 if [ -z "$GPU_CUDA" ]; then
-make_env torch adapters/torch/requirements.txt -e ".[cli,test]" -e adapters/torch
-make_env paddle adapters/paddle/requirements.txt -e . -e adapters/paddle
+  beside torch make_env torch adapters/torch/requirements.txt -e ".[cli,test]" -e adapters/torch
+  beside paddle paddle_and_device adapters/paddle/requirements.txt -e . -e adapters/paddle
+  beside jax bash scripts/setup_jax.sh
 else
   cu=cu${GPU_CUDA/./}
   torch_index=()  # torch 2.13.0's wheel on the default index is the CUDA 13.0 build; others from PyTorch's index
   [ "$GPU_CUDA" = 13.0 ] || torch_index=(--extra-index-url "https://download.pytorch.org/whl/$cu")
-  make_env torch adapters/torch/requirements-gpu.txt "${torch_index[@]}" -e ".[cli,test]" -e adapters/torch
-  make_env paddle adapters/paddle/requirements-gpu.txt --extra-index-url "https://www.paddlepaddle.org.cn/packages/stable/$cu/" \
-    -e . -e adapters/paddle
+  beside torch make_env torch adapters/torch/requirements-gpu.txt "${torch_index[@]}" -e ".[cli,test]" -e adapters/torch
+  beside paddle paddle_and_device adapters/paddle/requirements-gpu.txt \
+    --extra-index-url "https://www.paddlepaddle.org.cn/packages/stable/$cu/" -e . -e adapters/paddle
 fi
-bash scripts/build_testdevice.sh  # the CPU test device for Paddle (docs/testdevice.md), into .venv/paddle
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+if [ "$failed" != 0 ]; then echo "scripts/setup.sh: an environment failed to build (its lines above say which and why)" >&2; exit 1; fi
