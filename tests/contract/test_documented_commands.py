@@ -3,7 +3,7 @@
 The fenced ``bash`` blocks are read, continuation lines joined and comments dropped; each ``xfw``
 command is run in a scratch directory that links the repository's files (so ``runs/...`` and the
 commands' default output directories land there, shared by the commands in document order: ``xfw
-report runs/sweep-demo`` reads what the sweep before it wrote). Commands that train (and ``xfw
+report runs/demo`` reads what make demo's compare wrote). Commands that train (and ``xfw
 explain``, which trains that window before its profiled steps) get ``--set measure.warmup_steps=1 --set
 measure.steps=2`` appended (how long the window is does not change what the command does). A command
 that cannot run here is skipped with the reason, and the skipped list is printed: a GPU-sized model, a
@@ -79,6 +79,16 @@ COVERED = {
         ("tests/contract/test_converge.py",
          ('RECIPE = "recipes/tiny/llava_json_sft.yaml"', '"--backends", "paddle,torch", "--seeds", "3"',
           '"converge", RECIPE, *COMMON, "--out"')),
+    "xfw sweep recipes/tiny/llava_sft.yaml --set parallel.nproc_per_node=1,2 --set parallel.sharding=none,stage2":
+        ("tests/contract/test_layouts_real.py",
+         '"sweep", "recipes/tiny/llava_sft.yaml", "--set", "parallel.nproc_per_node=1,2", "--set",\n'
+         '                        "parallel.sharding=none,stage2", "--backends", "paddle,torch"'),
+    **{f"xfw report runs/sweep-demo --layout {layout}{price}":  # each layout rendered from that sweep's directory
+       ("tests/contract/test_layouts_real.py",
+        ('invoke("report", sweep_dir, "--layout", layout, "--out", out, *extra)', f'"{layout}"', *price_call))
+       for layout, price, price_call in [("strategies", "", ()), ("scaling", "", ()), ("ranks", "", ()),
+                                         ("cost", " --price-per-gpu-hour 2.5",
+                                          ('["--price-per-gpu-hour", PRICE] if layout == "cost"', "PRICE = 2.5"))]},
     "xfw compare examples/attach/diffusers_lora.yaml":
         ("tests/contract/test_attach_shapes.py",
          ('RECIPE = ROOT / "examples" / "attach" / "diffusers_lora.yaml"',

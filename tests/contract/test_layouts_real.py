@@ -1,5 +1,7 @@
 """The seed layouts on real runs: one `xfw sweep` of a tiny LLaVA over 1 and 2 processes x no sharding
-and sharding stage 2, on both backends, then `xfw report --layout strategies|scaling|ranks|cost`.
+and sharding stage 2, on both backends, then `xfw report --layout strategies|scaling|ranks|cost`: README's
+sweep and reports as written but for their directory and a window of 1 + 2 steps (so test_documented_commands
+does not run them again: its COVERED).
 
 Each rendered table must carry its seed's header exactly (seeds 000, 001, 004), one row per
 (GPU count, framework, strategy), and numbers that follow from the runs' own summary.json and
@@ -15,6 +17,7 @@ test_torch_parallel and test_paddle_sharding); dropping them took the sweep from
 processes) to 8 (12). One sweep is shared by every test in this module.
 """
 
+import contextlib
 import json
 import math
 import re
@@ -22,12 +25,11 @@ from html.parser import HTMLParser
 
 import pandas as pd
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from xfw import cli
 
-from conftest import TINY_RECIPE, require_interpreter
+from conftest import ROOT, require_interpreter
 
 pytestmark = pytest.mark.contract
 
@@ -58,14 +60,11 @@ def invoke(*args):
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory):
     pythons = [x for b in BACKENDS for x in ("--python", f"{b}={require_interpreter(b)}")]
-    root = tmp_path_factory.mktemp("layouts")
-    recipe = root / "tiny_layouts.yaml"
-    recipe.write_text(yaml.safe_dump({**TINY_RECIPE, "name": "tiny-layouts", "batch": {"global": 2, "micro": 1},
-                                      "measure": {"warmup_steps": 1, "steps": 2, "timeout_s": 240}}))
-    out = root / "sweep"
-    result = invoke("sweep", recipe, "--set", "parallel.nproc_per_node=1,2",
-                    "--set", f"parallel.sharding={','.join(SHARDINGS)}", "--backends", ",".join(BACKENDS),
-                    "--out", out, *pythons)
+    out = tmp_path_factory.mktemp("layouts") / "sweep"
+    short = ["--set", "measure.warmup_steps=1", "--set", "measure.steps=2", "--set", "measure.timeout_s=240"]
+    with contextlib.chdir(ROOT):  # README's command, from the repository's root
+        result = invoke("sweep", "recipes/tiny/llava_sft.yaml", "--set", "parallel.nproc_per_node=1,2", "--set",
+                        "parallel.sharding=none,stage2", "--backends", "paddle,torch", "--out", out, *short, *pythons)
     assert result.exit_code == 0, result.output  # unsupported points are not applicable, not failures; nothing crashed
     return out
 
@@ -232,7 +231,7 @@ def test_batch_lists_every_run_with_its_throughput_or_status_in_the_seed_002_for
         run = runs[(int(hardware.split(" ")[0]), variant.removeprefix("parallel.sharding="), framework)]
         assert size == str(run["spec"]["batch"]["global"]) and micro == str(run["spec"]["batch"]["micro"])
         assert throughput == (f"{run['measurement']['ips']:,.3g}" if ok(run) else "**unsupported**")
-    bullet = re.compile(r"^- \*[12] process(es)? on .+\* \((torch|paddle), tiny-layouts\): global batch size 2 "
+    bullet = re.compile(r"^- \*[12] process(es)? on .+\* \((torch|paddle), tiny-llava-sft\): global batch size 8 "
                         r"\(micro-batch \d+\)[^:]*: ([\d.,]+ samples/s|unsupported)$")
     assert len([n for n in table["notes"] if bullet.match(n)]) == len(runs)
 
