@@ -72,20 +72,36 @@ beside() {  # beside NAME COMMAND...: run it in the background, its lines prefix
   (set -o pipefail; "$@" 2>&1 | sed -u "s/^/[$name] /") &
   pids+=($!)
 }
+torch_and_op() {
+  make_env torch "$@"
+  # DeepSpeed's CPU shared-memory op (deepspeed.comm on CPU), compiled into torch's extension cache once here, not
+  # by the first DeepSpeed run inside its timeout (70 CPU s; a rank killed mid-build left the cache locked)
+  local stamp=.venv/torch/.xfw-deepspeed-op-stamp
+  if [ -z "$GPU_CUDA" ] && [ "$(cat "$stamp" 2>/dev/null)" != "$(cat .venv/torch/.xfw-setup-stamp)" ]; then
+    echo "==> compiling DeepSpeed's CPU shared-memory op (once, about 1 minute)"
+    if .venv/torch/bin/python -c "from deepspeed.comm.torch import build_shm_op; assert build_shm_op()" \
+         >.venv/torch/deepspeed-op.log 2>&1; then
+      cp .venv/torch/.xfw-setup-stamp "$stamp"
+      echo "==> DeepSpeed's CPU shared-memory op is built"
+    else  # not fatal: DeepSpeed compiles it at its first CPU run, as it does without this step
+      echo "warning: DeepSpeed's CPU shared-memory op did not compile (.venv/torch/deepspeed-op.log); its first run will try"
+    fi
+  fi
+}
 paddle_and_device() {
   make_env paddle "$@"
   bash scripts/build_testdevice.sh  # the CPU test device for Paddle (docs/testdevice.md), into .venv/paddle
 }
 
 if [ -z "$GPU_CUDA" ]; then
-  beside torch make_env torch adapters/torch/requirements.txt -e ".[cli,test]" -e adapters/torch
+  beside torch torch_and_op adapters/torch/requirements.txt -e ".[cli,test]" -e adapters/torch
   beside paddle paddle_and_device adapters/paddle/requirements.txt -e . -e adapters/paddle
   beside jax bash scripts/setup_jax.sh
 else
   cu=cu${GPU_CUDA/./}
   torch_index=()  # torch 2.13.0's wheel on the default index is the CUDA 13.0 build; others from PyTorch's index
   [ "$GPU_CUDA" = 13.0 ] || torch_index=(--extra-index-url "https://download.pytorch.org/whl/$cu")
-  beside torch make_env torch adapters/torch/requirements-gpu.txt "${torch_index[@]}" -e ".[cli,test]" -e adapters/torch
+  beside torch torch_and_op adapters/torch/requirements-gpu.txt "${torch_index[@]}" -e ".[cli,test]" -e adapters/torch
   beside paddle paddle_and_device adapters/paddle/requirements-gpu.txt \
     --extra-index-url "https://www.paddlepaddle.org.cn/packages/stable/$cu/" -e . -e adapters/paddle
 fi
