@@ -13,7 +13,7 @@ browser:
 
 # What only the tests need, from Debian (apt): chromium, then a real two-node Slurm cluster on loopback for
 # tests/contract/test_slurm.py (docs/slurm.md). `make test` installs it while `setup` builds the Python
-# environments (pip and apt share nothing; two pip installs would share the project's egg-info).
+# environments (pip and apt share nothing; scripts/setup.sh builds the three environments side by side).
 services: browser
 	bash scripts/setup_slurm.sh
 

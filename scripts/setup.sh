@@ -5,8 +5,8 @@
 #   .venv/jax     scripts/setup_jax.sh (its own script and stamp; not with --gpu)
 # The stacks cannot share one environment: paddlenlp pins numpy<=1.26, pandas 3 needs numpy 2.
 # They are built side by side, each line of output prefixed with its environment's name: installing is
-# CPU-bound (unpacking, compiling bytecode) and one pip uses one core (4.5 minutes one after another on a
-# clean 2-core machine). Only the editable installs of this tree take turns (.venv/.editable.lock): each
+# CPU-bound (unpacking, compiling bytecode) and one pip uses one core (272 s one after another, 202 s side by side, on a
+# clean 2-core machine with pip's cache off). Only the editable installs of this tree take turns (.venv/.editable.lock): each
 # writes the project's egg-info here.
 # scripts/setup.sh --gpu CUDA_VERSION builds the same two environments for a CUDA node instead (docs/gpu.md):
 #   requirements-gpu.txt per adapter (no CPU pins), torch's CUDA build, Paddle's CUDA wheel from Paddle's index.
