@@ -162,6 +162,35 @@ def test_a_two_node_recipe_is_one_job_on_both_nodes_assembled(cluster, tmp_path)
     assert "2 processes" in done.stdout
 
 
+def _suspend(job_id: str, run_dir: Path, timeout: float = 30) -> None:
+    """``scontrol suspend``, returning once slurmd has stopped the job (the adapter, or the job's script over it:
+    here it stops the script): slurmctld answers at once and slurmd stops the processes later, so a resume sent
+    10 ms after (xfw killed in between) was applied first and the suspend after it, leaving the job stopped for
+    good (a full run here, job 356, queued 240 s after its resume)."""
+    _scontrol("suspend", job_id)
+    pid = int(json.loads((run_dir / "adapter.json").read_text())["process"].split(":")[0])
+    deadline = time.monotonic() + timeout
+    while not any(state == "T" for state in _states_up_from(pid)):  # the adapter or the job's script over it
+        assert time.monotonic() < deadline, f"Slurm job {job_id}: none of its processes was stopped"
+        time.sleep(0.1)
+
+
+def _states_up_from(pid: int) -> list[str]:
+    """The state letter (``T``: stopped) of ``pid`` and of each process above it, up to slurmstepd."""
+    states = []
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if name.startswith("slurmstepd"):
+            break
+        states.append(rest[0])
+        pid = int(rest[1])
+    return states
+
+
 def _signal_adapter(run_dir: Path, signum: int) -> None:
     """SIGSTOP: an adapter whose job's fate Slurm decides (slurmctld's NODE_FAIL for a dead slurmd, the time
     limit's TIMEOUT) computes nothing while it waits for it; SIGKILL: the one a dead slurmd no longer watches
@@ -229,7 +258,7 @@ def test_xfw_killed_and_rerun_attaches_to_its_job_and_runs_nothing_twice(cluster
     try:  # whatever fails, no job of this test is left suspended on a node (it would hold the next test's job)
         for run in (running, ended):  # each held as soon as it runs: the kill below cannot race a job's end
             ids.append(wait_running(run))
-            _scontrol("suspend", ids[-1])
+            _suspend(ids[-1], run)
         proc.kill()  # SIGKILL: no chance to cancel; the jobs run on
         proc.communicate()
         _scontrol("resume", ids[1])
