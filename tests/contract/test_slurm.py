@@ -168,11 +168,16 @@ def _suspend(job_id: str, run_dir: Path, timeout: float = 30) -> None:
     10 ms after (xfw killed in between) was applied first and the suspend after it, leaving the job stopped for
     good (a full run here, job 356, queued 240 s after its resume)."""
     _scontrol("suspend", job_id)
-    pid = int(json.loads((run_dir / "adapter.json").read_text())["process"].split(":")[0])
+    pid = _adapter_pid(run_dir)
     deadline = time.monotonic() + timeout
     while not any(state == "T" for state in _states_up_from(pid)):  # the adapter or the job's script over it
         assert time.monotonic() < deadline, f"Slurm job {job_id}: none of its processes was stopped"
         time.sleep(0.1)
+
+
+def _adapter_pid(run_dir: Path) -> int:
+    """The adapter's pid, from the ``adapter.json`` the launcher writes while it runs."""
+    return int(json.loads((run_dir / "adapter.json").read_text())["process"].split(":")[0])
 
 
 def _states_up_from(pid: int) -> list[str]:
@@ -196,8 +201,7 @@ def _signal_adapter(run_dir: Path, signum: int) -> None:
     limit's TIMEOUT) computes nothing while it waits for it; SIGKILL: the one a dead slurmd no longer watches
     ends with the test, not minutes later."""
     try:
-        pid = int(json.loads((run_dir / "adapter.json").read_text())["process"].split(":")[0])
-        os.killpg(pid, signum)
+        os.killpg(_adapter_pid(run_dir), signum)
     except (OSError, ValueError, KeyError):
         pass
 
