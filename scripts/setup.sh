@@ -27,8 +27,7 @@ elif [ $# -gt 0 ]; then
   echo "scripts/setup.sh: unknown argument '$1' (usage: scripts/setup.sh [--gpu CUDA_VERSION])" >&2; exit 2
 fi
 
-PYTHON=python3
-if command -v python3.11 >/dev/null 2>&1; then PYTHON=python3.11; fi
+. scripts/python.sh  # $PYTHON: which interpreter the environments are built from
 
 quiet_pip() {  # pip's progress lines, without the index's repetitive location warnings
   "$@" 2>&1 | sed -u '/is ignored: it is neither a file nor a directory/d; /^Requirement already satisfied/d'
@@ -46,8 +45,8 @@ make_env() {  # make_env NAME REQUIREMENTS [INDEX OPTIONS...] -e EDITABLE...
   local stamp="$dir/.xfw-setup-stamp"
   local want
   local late=${requirements%.txt}-no-build-isolation.txt
-  want=$( { cat "$requirements" pyproject.toml adapters/"$name"/pyproject.toml scripts/setup.sh $( [ -f "$late" ] && echo "$late"); \
-           printf %s "$GPU_CUDA"; } | sha256sum | cut -c1-16)
+  want=$( { cat "$requirements" pyproject.toml adapters/"$name"/pyproject.toml scripts/setup.sh scripts/python.sh \
+           $( [ -f "$late" ] && echo "$late"); printf %s "$GPU_CUDA $PYTHON"; } | sha256sum | cut -c1-16)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$dir/bin/python" -c "import xfw_$name" 2>/dev/null; then
     echo "==> .venv/$name is up to date"
     return

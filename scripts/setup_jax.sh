@@ -5,13 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=python3
-if command -v python3.11 >/dev/null 2>&1; then PYTHON=python3.11; fi
+. scripts/python.sh  # $PYTHON: which interpreter the environments are built from
 
 dir=.venv/jax
 stamp="$dir/.xfw-setup-stamp"
 requirements=adapters/jax/requirements.txt
-want=$(cat "$requirements" pyproject.toml adapters/jax/pyproject.toml scripts/setup_jax.sh | sha256sum | cut -c1-16)
+want=$( { cat "$requirements" pyproject.toml adapters/jax/pyproject.toml scripts/setup_jax.sh scripts/python.sh; \
+         printf %s "$PYTHON"; } | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$dir/bin/python" -c "import xfw_jax" 2>/dev/null; then
   echo "==> .venv/jax is up to date"
   exit 0
