@@ -89,13 +89,18 @@ COVERED = {
        for layout, price, price_call in [("strategies", "", ()), ("scaling", "", ()), ("ranks", "", ()),
                                          ("cost", " --price-per-gpu-hour 2.5",
                                           ('["--price-per-gpu-hour", PRICE] if layout == "cost"', "PRICE = 2.5"))]},
+    "xfw nightly suites/cpu_smoke.yaml --history runs/nightly":  # its first night, its own history
+        ("tests/contract/test_nightly_suite.py", 'xfw("nightly", "suites/cpu_smoke.yaml", "--history", history)'),
+    "xfw nightly suites/cpu_smoke.yaml --history runs/nightly --report-only":
+        ("tests/contract/test_nightly_suite.py",
+         'xfw("nightly", "suites/cpu_smoke.yaml", "--history", history, "--report-only")'),
     "xfw compare examples/attach/diffusers_lora.yaml":
         ("tests/contract/test_attach_shapes.py",
          ('RECIPE = ROOT / "examples" / "attach" / "diffusers_lora.yaml"',
           'xfw("compare", RECIPE, "--backends", "paddle,torch", "--out", out / "both")')),
 }
 """Documented commands (as :func:`same_command` writes them) that another contract test runs as written (its
-own --out, and a measured window of a few steps as this test gives one), with the text of that call in its
+own --out or --history, and a measured window of a few steps as this test gives one, or the command's own), with the text of that call in its
 source, one string or several that must all be there (checked below, so the coverage cannot silently go): not
 run twice. ``xfw explain R`` counts as ``xfw compare R --explain``: the CLI makes the same call for both
 (tests/unit/test_cli.py::test_explain_is_compare_with_explain). A converge counts as written with other counts (``--seeds/--steps/--eval-every``, which this test
