@@ -185,6 +185,10 @@ def runnable(argv: list[str]) -> list[str]:
         argv += ["--steps", "2"]  # the last --steps counts: two steps already compare losses and gradients
     if sub == "converge":  # the last of each counts: two seeds of two steps already give a verdict and a target
         argv += [*(["--seeds", "2"] if "auto" not in argv else []), "--steps", "2", "--eval-every", "2"]
+        # its speed runs: converge measures the recipe's steps scaled up to its 10 s target, at most 20 times
+        # as many, at once when the curves' pace puts the window under 5 s (always, here): 20 steps a side
+        # from one, not 40 from CHEAP's two
+        argv += ["--set", "measure.steps=1"]
         if "--max-seeds" in argv:  # sequential: auto's start (2 seeds), then at most one added seed, not up to 8
             argv += ["--max-seeds", "3"]
     if sub == "parity" and "--out" not in argv:  # its default, runs/parity-<name>, is what compare --parity reads
