@@ -6,8 +6,8 @@ its three entries: tiny LLaVA and Qwen2-VL, vision-language models, and SD1.5 Lo
 `--report-only` then rewrites its report: test_documented_commands counts both as run here (its COVERED) instead
 of running that night again. The second night runs two of the entries, LLaVA and SD1.5 LoRA (Qwen2-VL is of
 LLaVA's kind: every line of nightly and its report is run by the two), and the third (the injected slowdown)
-LLaVA alone on both backends: one entry is all its verdict, exit code and two-backend report need; nights n1
-and n2 hold both entries' history. 12 runs in all, where running every entry every night would be 18."""
+LLaVA alone on both backends: one entry is all its verdict, exit code and two-backend report need; the first
+two nights hold both entries' history. 12 runs in all, where running every entry every night would be 18."""
 
 from __future__ import annotations
 
