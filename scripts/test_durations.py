@@ -1,9 +1,9 @@
 """Write tests/durations.json from a pytest JUnit XML: seconds per xdist scope (a test file, or a class in it).
 
-    .venv/torch/bin/python -m pytest tests -n 2 --dist loadscope --junitxml=/tmp/suite.xml
+    make test JUNIT=/tmp/suite.xml
     .venv/torch/bin/python scripts/test_durations.py /tmp/suite.xml
 
-tests/conftest.py hands the scopes to the two workers longest first (a longest-first schedule ends both workers
+tests/conftest.py hands the scopes to the workers longest first (a longest-first schedule ends the workers
 at about the same time; in collection order a 9-minute file started last kept one worker busy alone). The figures
 only order the work: a stale or missing entry changes the order, never a result.
 """

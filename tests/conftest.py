@@ -1,9 +1,10 @@
 """Shared fixtures: paths to the project, the backends' interpreters, and a tiny recipe.
 
-``make test`` runs the suite in two pytest-xdist workers with ``--dist loadscope``: every test
+``make test`` runs the suite in three pytest-xdist workers with ``--dist loadscope``: every test
 function of a file runs in one worker, so a module-scoped fixture (a sweep, a night, the FLOP
 counts) is built once (a class is a scope of its own: test_documented_commands.py splits its long
-run into classes that go to both workers); each worker is its own session with its own prepared-data directory (below). Tests never
+run into classes that go to several workers); the workers share the run's prepared data, kept --describe
+answers and compiled JAX programs (below). Tests never
 share a fixed path or port: their output goes under ``tmp_path`` and a rendezvous takes a free port.
 """
 
@@ -19,16 +20,26 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKES = Path(__file__).resolve().parent / "fakes"
-# Real data the tests prepare (the tiny recipes' fixtures, in-test data) goes to one directory per
-# test session (per worker), shared by its tests and every xfw process they start, never ~/.cache.
-TEST_DATA_CACHE = os.environ["XFW_CACHE_DIR"] = tempfile.mkdtemp(prefix="xfw-test-data-")
-# Each backend's --describe answer, kept per worker session for the next xfw command that asks the same question
-# (same interpreter, adapter files, packages and environment: xfw.run.launch.described); never across sessions.
-DESCRIBED = os.environ["XFW_DESCRIBE_CACHE"] = tempfile.mkdtemp(prefix="xfw-test-described-")
-# JAX's own persistent compilation cache, per worker session: the JAX runs of one session compile the same step
-# programs again and again (test_jax_adapter: 177 -> 139 CPU s). Never set for users: their compile_time_s
-# would then count loading a cached program, not compiling it.
-JAX_PROGRAMS = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="xfw-test-jax-")
+# Three caches of one test run, shared by its workers: made by the process that collects the tests (xdist's
+# controller, or the one pytest process) and handed to the workers it starts through the environment (SHARED).
+# Sharing is safe: a preparation writes a locked temporary directory and renames it (xfw.run.data.cache), a kept
+# answer and a compiled JAX program are written whole; three workers each building their own repeated every
+# --describe and every preparation three times.
+SHARED = "XFW_TEST_RUN_CACHES"
+OWNER = not (os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(SHARED))
+if OWNER:
+    os.environ[SHARED] = os.pathsep.join(tempfile.mkdtemp(prefix=f"xfw-test-{what}-")
+                                         for what in ("data", "described", "jax"))
+# Real data the tests prepare (the tiny recipes' fixtures, in-test data) goes to one directory per test run,
+# shared by its tests and every xfw process they start, never ~/.cache.
+# Each backend's --describe answer, kept for the next xfw command that asks the same question (same interpreter,
+# adapter files, packages and environment but for the worker's name: xfw.run.launch.described); never across runs.
+# JAX's own persistent compilation cache: the JAX runs of one test run compile the same step programs again and
+# again (test_jax_adapter: 177 -> 139 CPU s). Never set for users: their compile_time_s would then count loading a
+# cached program, not compiling it.
+TEST_DATA_CACHE, DESCRIBED, JAX_PROGRAMS = os.environ[SHARED].split(os.pathsep)
+os.environ["XFW_CACHE_DIR"], os.environ["XFW_DESCRIBE_CACHE"] = TEST_DATA_CACHE, DESCRIBED
+os.environ["JAX_COMPILATION_CACHE_DIR"] = JAX_PROGRAMS
 # Every program kept, not only those compiling over JAX's default 1 s: a tiny LLaVA's optimizer update and its
 # parameters' initialisers compile again in every run otherwise (one run of it: 11.8 -> 7.2 CPU s, warm).
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
@@ -42,7 +53,7 @@ for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Longest scopes first (tests/durations.json, measured by scripts/test_durations.py), so the two workers of
+    """Longest scopes first (tests/durations.json, measured by scripts/test_durations.py), so the workers of
     ``--dist loadscope`` finish together; the order inside a scope is kept, and unknown scopes go last."""
     import json
 
@@ -59,6 +70,8 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_sessionfinish(session, exitstatus):
     import shutil
 
+    if not OWNER:  # a worker: the run's caches are its controller's to remove, after every worker ended
+        return
     shutil.rmtree(TEST_DATA_CACHE, ignore_errors=True)
     shutil.rmtree(DESCRIBED, ignore_errors=True)
     shutil.rmtree(JAX_PROGRAMS, ignore_errors=True)

@@ -17,6 +17,8 @@ def test_the_same_question_is_answered_from_the_cache_and_any_change_asks_again(
     assert first == described.cache_file("/venv/bin/python", "xfw_x", adapter.parent)
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "another test")  # volatile: the same question
     assert described.cache_file("/venv/bin/python", "xfw_x", adapter.parent) == first
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")  # another worker of the same test run: the same question
+    assert described.cache_file("/venv/bin/python", "xfw_x", adapter.parent) == first
     assert described.cache_file("/other/bin/python", "xfw_x", adapter.parent) != first
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # another environment: asked again
     changed_env = described.cache_file("/venv/bin/python", "xfw_x", adapter.parent)

@@ -1,12 +1,12 @@
 """A backend's ``--describe`` answer kept for the next command that asks the same question — only when
-``XFW_DESCRIBE_CACHE`` names a directory (the test suite sets it per session: its ~300 xfw commands would
+``XFW_DESCRIBE_CACHE`` names a directory (the test suite sets one per test run: its ~300 xfw commands would
 otherwise start every framework once more per command only to hear the same description).
 
 The answer is reused only for the same question: the same interpreter path and adapter module, the same
 adapter source files (path, size, mtime of every file), the same installed packages (the environment's
 site-packages directory's mtime changes when one is added or removed) and the same process environment
-(every variable but ``PYTEST_CURRENT_TEST``). Anything else asks the adapter again. Without the variable,
-nothing is kept and every command describes afresh (what users get).
+(every variable but :data:`VOLATILE`: pytest's names for the test and for the worker running it). Anything else
+asks the adapter again. Without the variable, nothing is kept and every command describes afresh (what users get).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from xfw.contract.atomic import write_json_atomic
 
 VARIABLE = "XFW_DESCRIBE_CACHE"
-VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
+VOLATILE = frozenset({"PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER"})
 
 
 def _stat_line(path: Path) -> str:
