@@ -44,7 +44,7 @@ os.environ["JAX_COMPILATION_CACHE_DIR"] = JAX_PROGRAMS
 # parameters' initialisers compile again in every run otherwise (one run of it: 11.8 -> 7.2 CPU s, warm).
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 # One host thread per process, for this process and every process it starts (a recipe's measure.cpu_threads
-# still sets its runs' own): two workers on two cores already run two or more processes at once, and a
+# still sets its runs' own): the workers on two cores already run more processes than cores, and a
 # framework's OpenMP team of one thread per core then waits for threads the host has descheduled, spinning.
 # Measured beside two busy loops, one tiny SD1.5 training test: 155 CPU s (165 s wall) with the default, 20 CPU s
 # (35 s wall) with one thread. Set before any test imports a framework; a value set outside is kept.
