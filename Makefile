@@ -11,7 +11,7 @@ PYTEST := .venv/torch/bin/python -m pytest
 # compiled in memory as before (its cached bytecode no longer matches).
 setup:
 	bash scripts/setup.sh
-	.venv/torch/bin/python -m compileall -q xfw adapters tests scripts >/dev/null
+	.venv/torch/bin/python -m compileall -q xfw adapters tests scripts
 
 # Debian's chromium, for the test that opens the nightly report in a real headless browser.
 browser:
