@@ -36,9 +36,9 @@ demo: setup
 # three workers on CI's two cores (a test file's functions stay in one, so its module fixtures are built once; a class
 # is a scope of its own, tests/conftest.py), longest scopes first (tests/durations.json; --no-loadscope-reorder, or xdist
 # re-sorts the scopes by their number of tests and the one-test long scopes go last). A worker waits on its runs'
-# processes (starting, polling, Slurm's one-minute time limit): two workers keep two cores 91% busy, three 98%, for
-# 5% more CPU (spinning ranks): the suite 1,357 s with two, 1,336 s with three, same clone one after the other (about
-# even; README). WORKERS=0: serial; JUNIT=FILE keeps per-test times for scripts/test_durations.py.
+# processes (starting, polling, Slurm's one-minute time limit): a third keeps both cores busy, for a little more CPU
+# (about even with two, measured side by side: README's test paragraph). WORKERS=0: serial; JUNIT=FILE keeps per-test
+# times for scripts/test_durations.py.
 WORKERS ?= 3
 test:
 	$(MAKE) --no-print-directory -j2 setup services
