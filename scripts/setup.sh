@@ -73,14 +73,15 @@ beside() {  # beside NAME COMMAND...: run it in the background, its lines prefix
 }
 torch_and_op() {
   make_env torch "$@"
-  # DeepSpeed's CPU shared-memory op (deepspeed.comm on CPU), compiled into torch's extension cache once here, not
-  # by the first DeepSpeed run inside its timeout (70 CPU s; a rank killed mid-build left the cache locked)
-  local stamp=.venv/torch/.xfw-deepspeed-op-stamp
-  if [ -z "$GPU_CUDA" ] && [ "$(cat "$stamp" 2>/dev/null)" != "$(cat .venv/torch/.xfw-setup-stamp)" ]; then
-    echo "==> compiling DeepSpeed's CPU shared-memory op (once, about 1 minute)"
+  # DeepSpeed's CPU shared-memory op (deepspeed.comm on CPU), compiled into torch's extension cache here, not by the
+  # first DeepSpeed run inside its timeout (70 CPU s; a rank killed mid-build left the cache locked). Checked every
+  # time, not stamped: that cache (~/.cache/torch_extensions) is shared by every checkout on the machine, and a build
+  # for another checkout's environment is rebuilt at the next load (measured: a 178 s test, the build inside it).
+  # Loading a built op is a few CPU seconds.
+  if [ -z "$GPU_CUDA" ]; then
+    echo "==> DeepSpeed's CPU shared-memory op: loading it, or compiling it (about 1 minute) if this environment has no build"
     if .venv/torch/bin/python -c "from deepspeed.comm.torch import build_shm_op; assert build_shm_op()" \
          >.venv/torch/deepspeed-op.log 2>&1; then
-      cp .venv/torch/.xfw-setup-stamp "$stamp"
       echo "==> DeepSpeed's CPU shared-memory op is built"
     else  # not fatal: DeepSpeed compiles it at its first CPU run, as it does without this step
       echo "warning: DeepSpeed's CPU shared-memory op did not compile (.venv/torch/deepspeed-op.log); its first run will try"
