@@ -37,7 +37,7 @@ demo: setup
 # is a scope of its own, tests/conftest.py), longest scopes first (tests/durations.json; --no-loadscope-reorder, or xdist
 # re-sorts the scopes by their number of tests and the one-test long scopes go last). A worker waits on its runs'
 # processes (starting, polling, Slurm's one-minute time limit): a third keeps both cores busy, for a little more CPU
-# (about even with two, measured side by side: README's test paragraph). WORKERS=0: serial; JUNIT=FILE keeps per-test
+# (about even with two, measured side by side: docs/testing.md). WORKERS=0: serial; JUNIT=FILE keeps per-test
 # times for scripts/test_durations.py.
 WORKERS ?= 3
 test:
