@@ -111,11 +111,17 @@ def write_recipe(tmp_path):
     return write
 
 
+def fake_interpreters(monkeypatch) -> dict[str, str]:
+    """Make the fake adapter importable by the interpreter running the tests (through ``monkeypatch``, of any
+    scope); return the --python values for its two backends."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")]))
+    return {"fake": sys.executable, "fake2": sys.executable}
+
+
 @pytest.fixture
 def fake_backend(monkeypatch):
     """Make the fake adapter importable by the interpreter running the tests; return --python args."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")]))
-    return {"fake": sys.executable, "fake2": sys.executable}
+    return fake_interpreters(monkeypatch)
 
 
 def run_adapter(backend: str, tmp_path: Path, *, timeout_s: float = 300, edit_spec=None, in_process: bool = False,

@@ -6,12 +6,15 @@ loaded back from their run directories as ``xfw report`` does.
 
 import pandas as pd
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from xfw import cli
 from xfw.report import layouts
 from xfw.report.compare import Side
 from xfw.report.nodes import load_runs
+
+from conftest import TINY_RECIPE, fake_interpreters
 
 # The header rows of the seeds, copied verbatim (shared/seeds/000, 001, 004).
 # The seeds' headers as CPU runs show them: processes and memory, never GPUs and VRAM.
@@ -31,16 +34,23 @@ def header_of(markdown: str, first_column: str) -> list[str]:
     return [c.strip() for c in line.strip("|").split("|")]
 
 
-@pytest.fixture
-def strategy_runs(write_recipe, tmp_path, fake_backend):
-    """fake and fake2 at 1 and 2 processes, unsharded and stage1: 8 runs; 2 processes at 90% efficiency."""
-    recipe = write_recipe(batch={"global": 8, "micro": 2},
-                          backends={"fake": {"ips": 100, "scale_eff": 0.9, "mem_per_sample_bytes": 10**8},
-                                    "fake2": {"ips": 50, "scale_eff": 0.9}})
-    out = tmp_path / "sweep"
-    result = invoke("sweep", recipe, "--set", "parallel.nproc_per_node=1,2", "--set", "parallel.sharding=none,stage1",
-                    "--backends", "fake,fake2", "--out", out,
-                    *[x for n, p in fake_backend.items() for x in ("--python", f"{n}={p}")])
+@pytest.fixture(scope="module")
+def strategy_runs(tmp_path_factory):
+    """fake and fake2 at 1 and 2 processes, unsharded and stage1: 8 runs; 2 processes at 90% efficiency.
+    One sweep for the module (each test reads it or renders a report of it elsewhere; a report without
+    --out adds its files beside the runs, which every reader skips)."""
+    base = tmp_path_factory.mktemp("layouts")
+    recipe = base / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({**TINY_RECIPE, "batch": {"global": 8, "micro": 2},
+                                      "backends": {"fake": {"ips": 100, "scale_eff": 0.9,
+                                                            "mem_per_sample_bytes": 10**8},
+                                                   "fake2": {"ips": 50, "scale_eff": 0.9}}}))
+    out = base / "sweep"
+    with pytest.MonkeyPatch.context() as env:
+        python = fake_interpreters(env)
+        result = invoke("sweep", recipe, "--set", "parallel.nproc_per_node=1,2", "--set",
+                        "parallel.sharding=none,stage1", "--backends", "fake,fake2", "--out", out,
+                        *[x for n, p in python.items() for x in ("--python", f"{n}={p}")])
     assert result.exit_code == 0, result.output
     return out
 
