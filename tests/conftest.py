@@ -98,17 +98,17 @@ TINY_RECIPE = {
 }
 
 
+def recipe_file(directory: Path, name: str = "recipe.yaml", **sections) -> Path:
+    """Write a recipe (TINY_RECIPE updated with the given top-level sections) into ``directory``; its path."""
+    path = directory / name
+    path.write_text(yaml.safe_dump({**TINY_RECIPE, **sections}))
+    return path
+
+
 @pytest.fixture
 def write_recipe(tmp_path):
-    """Write a recipe (TINY_RECIPE updated with the given top-level sections) and return its path."""
-
-    def write(name: str = "recipe.yaml", **sections) -> Path:
-        data = {**TINY_RECIPE, **sections}
-        path = tmp_path / name
-        path.write_text(yaml.safe_dump(data))
-        return path
-
-    return write
+    """:func:`recipe_file` into the test's own directory."""
+    return lambda name="recipe.yaml", **sections: recipe_file(tmp_path, name, **sections)
 
 
 def fake_interpreters(monkeypatch) -> dict[str, str]:

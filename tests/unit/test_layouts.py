@@ -6,7 +6,6 @@ loaded back from their run directories as ``xfw report`` does.
 
 import pandas as pd
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from xfw import cli
@@ -14,7 +13,7 @@ from xfw.report import layouts
 from xfw.report.compare import Side
 from xfw.report.nodes import load_runs
 
-from conftest import TINY_RECIPE, fake_interpreters
+from conftest import fake_interpreters, recipe_file
 
 # The header rows of the seeds, copied verbatim (shared/seeds/000, 001, 004).
 # The seeds' headers as CPU runs show them: processes and memory, never GPUs and VRAM.
@@ -40,11 +39,9 @@ def strategy_runs(tmp_path_factory):
     One sweep for the module (each test reads it or renders a report of it elsewhere; a report without
     --out adds its files beside the runs, which every reader skips)."""
     base = tmp_path_factory.mktemp("layouts")
-    recipe = base / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({**TINY_RECIPE, "batch": {"global": 8, "micro": 2},
-                                      "backends": {"fake": {"ips": 100, "scale_eff": 0.9,
-                                                            "mem_per_sample_bytes": 10**8},
-                                                   "fake2": {"ips": 50, "scale_eff": 0.9}}}))
+    recipe = recipe_file(base, batch={"global": 8, "micro": 2},
+                         backends={"fake": {"ips": 100, "scale_eff": 0.9, "mem_per_sample_bytes": 10**8},
+                                   "fake2": {"ips": 50, "scale_eff": 0.9}})
     out = base / "sweep"
     with pytest.MonkeyPatch.context() as env:
         python = fake_interpreters(env)
